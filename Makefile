@@ -1,0 +1,54 @@
+# sluice — `make help` lists the targets.
+#
+# run and test use DATABASE_URL / TEST_DATABASE_URL when set; else a server on
+# 127.0.0.1:5432; else a private throwaway cluster under .dev/ (scripts/pg.sh).
+
+SHELL        := /bin/bash
+.SHELLFLAGS  := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO       ?= go
+BIN      := bin/sluice
+PG       := scripts/pg.sh
+# Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
+TESTFLAGS ?=
+
+.PHONY: help build run test generate check bench clean dev-db-start dev-db-stop
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## build bin/sluice
+	$(GO) build -o $(BIN) ./cmd/sluice
+
+run: build ## migrate the database and start a worker (DATABASE_URL, else 127.0.0.1:5432/sluice, else .dev/)
+	@$(PG) with-database sluice bash -c './$(BIN) migrate up && exec ./$(BIN) worker'
+
+test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/)
+	@$(PG) with-server $(GO) test -count=1 $(TESTFLAGS) ./...
+
+generate: ## regenerate db/ from queries/ and migrations/ with sqlc (and River's schema for sqlc)
+	$(GO) run ./internal/cmd/riverschema db/schema/river.sql
+	$(GO) tool sqlc generate
+
+check: ## gofmt, go vet, and generated code up to date
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.dev/*')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@tmp=$$(mktemp); $(GO) run ./internal/cmd/riverschema $$tmp; \
+	  if ! cmp -s $$tmp db/schema/river.sql; then rm -f $$tmp; echo "db/schema/river.sql is stale: run make generate"; exit 1; fi; rm -f $$tmp
+	@$(GO) tool sqlc diff || { echo "db/ is stale: run make generate"; exit 1; }
+	@echo "check: ok"
+
+bench: ## run the benchmarks (reported as ratios measured in one run)
+	@$(PG) with-server $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
+
+dev-db-start: ## start the private cluster under .dev/ (prints its URL)
+	@$(PG) start
+
+dev-db-stop: ## stop the private cluster under .dev/
+	@$(PG) stop
+
+clean: ## stop the private cluster and remove bin/ and .dev/
+	@$(PG) stop || true
+	rm -rf bin .dev

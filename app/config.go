@@ -1,0 +1,115 @@
+package app
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sluice-dev/sluice/jobs"
+)
+
+// Defaults of Config.
+const (
+	DefaultHTTPAddr           = "127.0.0.1:8089"
+	DefaultDefaultWorkers     = 50
+	DefaultMaintenanceWorkers = 4
+	DefaultShutdownTimeout    = 30 * time.Second
+	// DefaultHardStopGrace is how long a stopping worker waits, after
+	// cancelling the jobs still running at the shutdown timeout, for them
+	// to return. Jobs that ignore cancellation longer than this are left
+	// behind (River rescues them later) and the process exits anyway.
+	DefaultHardStopGrace = 5 * time.Second
+)
+
+// Config configures a worker process.
+type Config struct {
+	// DatabaseURL is the pgx connection string.
+	DatabaseURL string
+	// HTTPAddr is the listen address of the HTTP server; empty disables it.
+	HTTPAddr string
+	// ID names the process: River's client ID (river_job.attempted_by) and
+	// maintenance_runs.worker_id. Empty generates host-pid-random.
+	ID string
+	// DefaultWorkers is the size of the default queue.
+	DefaultWorkers int
+	// MaintenanceWorkers is the size of the maintenance queue.
+	MaintenanceWorkers int
+	// ShutdownTimeout is how long a stop waits for running jobs before
+	// cancelling them.
+	ShutdownTimeout time.Duration
+	// HardStopGrace is how long cancelled jobs get to return on stop.
+	HardStopGrace time.Duration
+	// JobTimeout is River's client-level job timeout.
+	JobTimeout time.Duration
+	// MaintenanceTimeout bounds a maintenance run.
+	MaintenanceTimeout time.Duration
+	// Logger receives every log line.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	if out.DefaultWorkers == 0 {
+		out.DefaultWorkers = DefaultDefaultWorkers
+	}
+	if out.MaintenanceWorkers == 0 {
+		out.MaintenanceWorkers = DefaultMaintenanceWorkers
+	}
+	if out.ShutdownTimeout == 0 {
+		out.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if out.HardStopGrace == 0 {
+		out.HardStopGrace = DefaultHardStopGrace
+	}
+	if out.JobTimeout == 0 {
+		out.JobTimeout = jobs.DefaultJobTimeout
+	}
+	if out.MaintenanceTimeout == 0 {
+		out.MaintenanceTimeout = jobs.DefaultMaintenanceTimeout
+	}
+	if out.ID == "" {
+		out.ID = NewID()
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out
+}
+
+// Validate reports the first out-of-range setting.
+func (c *Config) Validate() error {
+	switch {
+	case c.DefaultWorkers < 0 || c.DefaultWorkers > 10000:
+		return fmt.Errorf("default queue workers must be between 1 and 10000, got %d", c.DefaultWorkers)
+	case c.MaintenanceWorkers < 0 || c.MaintenanceWorkers > 1000:
+		return fmt.Errorf("maintenance queue workers must be between 1 and 1000, got %d", c.MaintenanceWorkers)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
+	case c.JobTimeout < 0:
+		return fmt.Errorf("job timeout must not be negative, got %s", c.JobTimeout)
+	case c.MaintenanceTimeout < 0:
+		return fmt.Errorf("maintenance timeout must not be negative, got %s", c.MaintenanceTimeout)
+	case len(c.ID) > 100:
+		return fmt.Errorf("worker id must be at most 100 characters, got %d", len(c.ID))
+	}
+	return nil
+}
+
+// NewID returns a process id of the form host-pid-random.
+func NewID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	host = strings.ReplaceAll(host, ".", "_")
+	if len(host) > 60 {
+		host = host[:60]
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

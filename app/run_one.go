@@ -1,0 +1,149 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/migrations"
+)
+
+// RunResult summarises the job RunOne worked.
+type RunResult struct {
+	JobID    int64
+	Kind     string
+	State    rivertype.JobState
+	Duration time.Duration
+	// Error is the job's error when it did not complete.
+	Error string
+	// Maintenance is the run a maintenance kind recorded, else nil.
+	Maintenance *db.MaintenanceRun
+}
+
+// Succeeded reports whether the job completed.
+func (r *RunResult) Succeeded() bool { return r.State == rivertype.JobStateCompleted }
+
+// RunOne works one job of args' kind now, in this process, through the same
+// River client, workers, middleware and locks as a worker: it inserts the job
+// (one attempt) into a private queue that only this process works, starts a
+// client on that queue, and waits for the job to finish. Cancelling ctx
+// cancels the job.
+func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice run "+cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if err := migrations.Check(ctx, pool, cfg.Logger); err != nil {
+		return nil, err
+	}
+	deps, err := jobs.NewDeps(pool, jobs.DepsConfig{
+		Logger:             cfg.Logger,
+		Registerer:         prometheus.NewRegistry(),
+		WorkerID:           cfg.ID,
+		JobTimeout:         cfg.JobTimeout,
+		MaintenanceTimeout: cfg.MaintenanceTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	queue := privateQueueName()
+	client, err := newWorkClient(pool, deps, clientOpts{
+		id:                cfg.ID,
+		jobTimeout:        cfg.JobTimeout,
+		leaderElectionOff: true,
+		queues:            map[string]river.QueueConfig{queue: {MaxWorkers: 1}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		// The private queue's row is of no use once the job is done.
+		cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = db.New(pool).DeleteRiverQueue(cleanupCtx, queue)
+	}()
+
+	events, unsubscribe := client.Subscribe(
+		river.EventKindJobCancelled, river.EventKindJobCompleted,
+		river.EventKindJobFailed, river.EventKindJobSnoozed,
+	)
+	defer unsubscribe()
+
+	inserted, err := client.Insert(ctx, args, &river.InsertOpts{Queue: queue, MaxAttempts: 1})
+	if err != nil {
+		return nil, fmt.Errorf("insert %s job: %w", args.Kind(), err)
+	}
+	jobID := inserted.Job.ID
+	start := time.Now()
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, fmt.Errorf("start River client: %w", err)
+	}
+
+	var event *river.Event
+wait:
+	for {
+		select {
+		case event = <-events:
+			if event == nil || event.Job == nil || event.Job.ID != jobID {
+				continue
+			}
+			if event.Kind == river.EventKindJobSnoozed {
+				// Snoozed jobs come back to this queue; keep waiting.
+				cfg.Logger.Info("job snoozed; waiting for it to run again", "job_id", jobID)
+				continue
+			}
+			break wait
+		case <-ctx.Done():
+			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.HardStopGrace)
+			defer cancel()
+			_ = client.StopAndCancel(stopCtx)
+			return nil, fmt.Errorf("job %d of %s interrupted: %w", jobID, args.Kind(), context.Cause(ctx))
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil {
+		return nil, fmt.Errorf("stop River client: %w", err)
+	}
+
+	res := &RunResult{JobID: jobID, Kind: args.Kind(), State: event.Job.State, Duration: time.Since(start)}
+	if event.JobStats != nil {
+		res.Duration = event.JobStats.RunDuration
+	}
+	if n := len(event.Job.Errors); n > 0 && !res.Succeeded() {
+		res.Error = event.Job.Errors[n-1].Error
+	}
+	if !res.Succeeded() && res.Error == "" {
+		res.Error = "job did not complete"
+	}
+	run, err := db.New(pool).GetMaintenanceRunByJob(ctx, &jobID)
+	switch {
+	case err == nil:
+		res.Maintenance = run
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("read maintenance run of job %d: %w", jobID, err)
+	}
+	return res, nil
+}
+
+func privateQueueName() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "sluice_run_" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,187 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/riverqueue/river"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/migrations"
+)
+
+// Worker is one `sluice worker` process: River client, HTTP server and the
+// pool they share.
+type Worker struct {
+	cfg      Config
+	pool     *pgxpool.Pool
+	client   *Client
+	deps     *jobs.Deps
+	registry *prometheus.Registry
+	listener net.Listener
+	server   *http.Server
+}
+
+// NewWorker connects to the database, checks that its schema is migrated,
+// and builds the River client and HTTP server. Nothing runs until Run.
+func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+
+	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice worker "+cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, pool: pool, registry: prometheus.NewRegistry()}
+	if err := w.init(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Worker) init(ctx context.Context) error {
+	if err := migrations.Check(ctx, w.pool, w.cfg.Logger); err != nil {
+		return err
+	}
+	w.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	deps, err := jobs.NewDeps(w.pool, jobs.DepsConfig{
+		Logger:             w.cfg.Logger,
+		Registerer:         w.registry,
+		WorkerID:           w.cfg.ID,
+		JobTimeout:         w.cfg.JobTimeout,
+		MaintenanceTimeout: w.cfg.MaintenanceTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	w.deps = deps
+	w.client, err = newWorkClient(w.pool, deps, clientOpts{
+		id:         w.cfg.ID,
+		jobTimeout: w.cfg.JobTimeout,
+		queues: map[string]river.QueueConfig{
+			river.QueueDefault:    {MaxWorkers: w.cfg.DefaultWorkers},
+			jobs.MaintenanceQueue: {MaxWorkers: w.cfg.MaintenanceWorkers},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if w.cfg.HTTPAddr != "" {
+		w.listener, err = net.Listen("tcp", w.cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("listen on %s (SLUICE_HTTP_ADDR): %w", w.cfg.HTTPAddr, err)
+		}
+		w.server = &http.Server{
+			Handler:           newHTTPHandler(w.pool, w.registry),
+			ReadHeaderTimeout: 5 * time.Second,
+		}
+	}
+	return nil
+}
+
+// ID is the worker's id (River client ID).
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// HTTPAddr is the address the HTTP server listens on, or "" if disabled.
+func (w *Worker) HTTPAddr() string {
+	if w.listener == nil {
+		return ""
+	}
+	return w.listener.Addr().String()
+}
+
+// Pool is the worker's database pool.
+func (w *Worker) Pool() *pgxpool.Pool { return w.pool }
+
+// Client is the worker's River client.
+func (w *Worker) Client() *Client { return w.client }
+
+// Run works jobs and serves HTTP until ctx is cancelled, then stops
+// gracefully: it stops fetching, lets running jobs finish for up to
+// ShutdownTimeout, cancels those still running, waits HardStopGrace for them
+// and returns. The pool is closed on return.
+func (w *Worker) Run(ctx context.Context) error {
+	defer w.pool.Close()
+	logger := w.cfg.Logger
+
+	// The client runs on a context of its own: cancelling ctx must start a
+	// graceful stop, not River's hard stop.
+	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
+		if w.listener != nil {
+			_ = w.listener.Close()
+		}
+		return fmt.Errorf("start River client: %w", err)
+	}
+	httpErr := make(chan error, 1)
+	if w.server != nil {
+		go func() { httpErr <- w.server.Serve(w.listener) }()
+	}
+	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(),
+		"default_workers", w.cfg.DefaultWorkers, "maintenance_workers", w.cfg.MaintenanceWorkers)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info("worker stopping: finishing running jobs", "shutdown_timeout", w.cfg.ShutdownTimeout.String())
+	case err := <-httpErr:
+		runErr = fmt.Errorf("http server: %w", err)
+		logger.Error("worker stopping: http server failed", "error", err)
+	}
+
+	w.stopClient()
+	if w.server != nil {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.server.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Warn("http server shutdown", "error", err)
+		}
+	}
+	logger.Info("worker stopped", "worker_id", w.cfg.ID)
+	return runErr
+}
+
+func (w *Worker) stopClient() {
+	logger := w.cfg.Logger
+	softCtx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := w.client.Stop(softCtx); err == nil {
+		return
+	}
+	logger.Warn("shutdown timeout reached: cancelling running jobs")
+	hardCtx, cancelHard := context.WithTimeout(context.Background(), w.cfg.HardStopGrace)
+	defer cancelHard()
+	if err := w.client.StopAndCancel(hardCtx); err != nil {
+		logger.Error("jobs ignored cancellation: exiting without them; River will rescue them",
+			"grace", w.cfg.HardStopGrace.String())
+	}
+}
+
+// OpenPool opens a pool for a sluice process named appName (shown in
+// pg_stat_activity.application_name unless the URL sets one).
+func OpenPool(ctx context.Context, databaseURL, appName string) (*pgxpool.Pool, error) {
+	config, err := db.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := config.ConnConfig.RuntimeParams["application_name"]; !ok && appName != "" {
+		if len(appName) > 63 {
+			appName = appName[:63]
+		}
+		config.ConnConfig.RuntimeParams["application_name"] = appName
+	}
+	return db.OpenConfig(ctx, config, databaseURL, 10*time.Second)
+}

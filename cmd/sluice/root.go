@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// envAnnotation is the flag annotation naming the environment variable that
+// supplies the flag's value when the flag is not given.
+const envAnnotation = "sluice_env"
+
+// globals are the flags every command shares.
+type globals struct {
+	// stderr receives log lines.
+	stderr      io.Writer
+	databaseURL string
+	logLevel    string
+	logFormat   string
+}
+
+func newRootCmd(stderr io.Writer) *cobra.Command {
+	g := &globals{stderr: stderr}
+	root := &cobra.Command{
+		Use:   "sluice",
+		Short: "A SQL-centric job runner on a Postgres queue (River)",
+		Long: `sluice runs background jobs on River, a Postgres queue, and keeps all of
+their state in Postgres: schedules, maintenance locks, concurrency limits and
+parked jobs are tables an operator can query and change with SQL.
+
+Every command reads the database from --database-url or DATABASE_URL.
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyEnv(cmd)
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (pgx URL or key=value)")
+	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info for worker, warn otherwise)")
+	pf.StringVar(&g.logFormat, "log-format", "json", "log format: json or text")
+	bindEnv(pf, "database-url", "DATABASE_URL")
+	bindEnv(pf, "log-level", "SLUICE_LOG_LEVEL")
+	bindEnv(pf, "log-format", "SLUICE_LOG_FORMAT")
+
+	root.AddCommand(
+		newEnqueueCmd(g),
+		newJobsCmd(g),
+		newMigrateCmd(g),
+		newRunCmd(g),
+		newWorkerCmd(g),
+	)
+	for _, cmd := range root.Commands() {
+		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
+	}
+	return root
+}
+
+// bindEnv makes the environment variable env the fallback for flag name.
+func bindEnv(fs *pflag.FlagSet, name, env string) {
+	_ = fs.SetAnnotation(name, envAnnotation, []string{env})
+	f := fs.Lookup(name)
+	f.Usage += fmt.Sprintf(" [$%s]", env)
+}
+
+// applyEnv sets every flag of cmd that was not given on the command line
+// from its environment variable, if that is set.
+func applyEnv(cmd *cobra.Command) error {
+	var firstErr error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		envs := f.Annotations[envAnnotation]
+		if firstErr != nil || f.Changed || len(envs) == 0 {
+			return
+		}
+		val, ok := os.LookupEnv(envs[0])
+		if !ok || val == "" {
+			return
+		}
+		if err := f.Value.Set(val); err != nil {
+			firstErr = usagef("invalid $%s: %v", envs[0], db.Redact(err.Error(), val))
+		}
+	})
+	return firstErr
+}
+
+// logger builds the logger of a command; defaultLevel applies when neither
+// --log-level nor SLUICE_LOG_LEVEL is set.
+func (g *globals) logger(defaultLevel slog.Level) (*slog.Logger, error) {
+	w := g.stderr
+	level := defaultLevel
+	if g.logLevel != "" {
+		if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+			return nil, usagef("invalid --log-level %q: want debug, info, warn or error", g.logLevel)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(g.logFormat) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, usagef("invalid --log-format %q: want json or text", g.logFormat)
+	}
+}
+
+// cliLogger is the logger of a command other than worker.
+func (g *globals) cliLogger() (*slog.Logger, error) {
+	return g.logger(slog.LevelWarn)
+}
+
+// requireDatabaseURL checks that a database URL was given and parses.
+func (g *globals) requireDatabaseURL() error {
+	_, err := db.ParseConfig(g.databaseURL)
+	return err
+}
+
+// exactArgs is cobra.ExactArgs whose error is a usage error naming the
+// arguments expected.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s expects %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+		}
+		return nil
+	}
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/jobs"
+)
+
+func newRunCmd(g *globals) *cobra.Command {
+	var argsJSON string
+	registry := jobs.NewRegistry()
+	cmd := &cobra.Command{
+		Use:   "run KIND [--args JSON]",
+		Short: "Work one job of KIND now, in this process, and print a summary",
+		Long: `run inserts one job of KIND and works it in this process, through the same
+worker code, middleware and locks as a worker (a maintenance kind takes its
+advisory lock and records its run). It makes one attempt and prints a
+one-line summary. Exit 0 when the job completed, 1 when it did not.
+
+Kinds: ` + strings.Join(registry.Names(), ", "),
+		Args: exactArgs(1, "a job KIND"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			jobArgs, err := registry.Decode(args[0], []byte(argsJSON))
+			if err != nil {
+				return err
+			}
+			logger, err := g.cliLogger()
+			if err != nil {
+				return err
+			}
+			if err := g.requireDatabaseURL(); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			res, err := app.RunOne(ctx, app.Config{DatabaseURL: g.databaseURL, Logger: logger}, jobArgs)
+			if err != nil {
+				return err
+			}
+			summary := fmt.Sprintf("%s job %d %s in %s", res.Kind, res.JobID, res.State, res.Duration.Round(1000))
+			if run := res.Maintenance; run != nil {
+				summary += fmt.Sprintf("; maintenance run %d %s, affected %d", run.ID, run.Status, run.Affected)
+			}
+			if !res.Succeeded() {
+				return fmt.Errorf("%s: %s", summary, res.Error)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), summary)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&argsJSON, "args", "{}", "job args as a JSON object")
+	return cmd
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dev/sluice/app"
+)
+
+func newWorkerCmd(g *globals) *cobra.Command {
+	var cfg app.Config
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run a worker: River client, HTTP server (and the schedule dispatcher)",
+		Long: `worker works jobs from the default and maintenance queues and serves HTTP:
+  /healthz  the process is alive
+  /readyz   the database answers
+  /metrics  Prometheus metrics
+
+Any number of workers, on any number of machines, may run against one
+database. SIGINT or SIGTERM stops a worker gracefully: it stops fetching,
+lets running jobs finish for up to --shutdown-timeout, then cancels them and
+exits 0.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := g.logger(slog.LevelInfo)
+			if err != nil {
+				return err
+			}
+			if err := g.requireDatabaseURL(); err != nil {
+				return err
+			}
+			if cfg.DefaultWorkers < 1 || cfg.MaintenanceWorkers < 1 {
+				return usagef("--default-workers and --maintenance-workers must be at least 1")
+			}
+			if err := cfg.Validate(); err != nil {
+				return asUsage(err)
+			}
+			cfg.DatabaseURL = g.databaseURL
+			cfg.Logger = logger
+			w, err := app.NewWorker(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return w.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.HTTPAddr, "http-addr", app.DefaultHTTPAddr, "HTTP listen address; empty disables the server")
+	f.StringVar(&cfg.ID, "id", "", "worker id (River client ID); default host-pid-random")
+	f.IntVar(&cfg.DefaultWorkers, "default-workers", app.DefaultDefaultWorkers, "jobs worked at once from the default queue")
+	f.IntVar(&cfg.MaintenanceWorkers, "maintenance-workers", app.DefaultMaintenanceWorkers, "jobs worked at once from the maintenance queue")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "on SIGINT/SIGTERM, how long running jobs may finish before they are cancelled")
+	f.DurationVar(&cfg.JobTimeout, "job-timeout", time.Minute, "River's job timeout for kinds without their own")
+	f.DurationVar(&cfg.MaintenanceTimeout, "maintenance-timeout", 30*time.Minute, "bound of one maintenance run (the lock's lease)")
+	bindEnv(f, "http-addr", "SLUICE_HTTP_ADDR")
+	bindEnv(f, "id", "SLUICE_WORKER_ID")
+	bindEnv(f, "default-workers", "SLUICE_DEFAULT_WORKERS")
+	bindEnv(f, "maintenance-workers", "SLUICE_MAINTENANCE_WORKERS")
+	bindEnv(f, "shutdown-timeout", "SLUICE_SHUTDOWN_TIMEOUT")
+	bindEnv(f, "job-timeout", "SLUICE_JOB_TIMEOUT")
+	bindEnv(f, "maintenance-timeout", "SLUICE_MAINTENANCE_TIMEOUT")
+	return cmd
+}

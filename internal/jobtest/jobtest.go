@@ -1,0 +1,158 @@
+// Package jobtest starts real River clients with sluice's workers and
+// middleware for tests, on a database from testdb.
+package jobtest
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/jobs"
+)
+
+// Logger is a test logger: quiet unless SLUICE_TEST_LOG is set.
+func Logger(tb testing.TB) *slog.Logger {
+	tb.Helper()
+	if os.Getenv("SLUICE_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", tb.Name())
+}
+
+// NewDeps returns worker dependencies on pool with a private metrics
+// registry.
+func NewDeps(tb testing.TB, pool *pgxpool.Pool) (*jobs.Deps, *prometheus.Registry) {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	deps, err := jobs.NewDeps(pool, jobs.DepsConfig{
+		Logger:     Logger(tb),
+		Registerer: reg,
+		WorkerID:   "test-" + tb.Name(),
+	})
+	if err != nil {
+		tb.Fatalf("jobtest: deps: %v", err)
+	}
+	return deps, reg
+}
+
+// Config tweaks a test client.
+type Config struct {
+	// ID is the client ID; default derived from the test name.
+	ID string
+	// Queues to work; default default and maintenance with 10 workers each.
+	Queues map[string]river.QueueConfig
+	// Configure, if set, edits the River config before the client is made.
+	Configure func(*river.Config)
+}
+
+// Client is a started River client with its event subscription.
+type Client struct {
+	*river.Client[pgx.Tx]
+	Events <-chan *river.Event
+
+	mu   sync.Mutex
+	seen map[int64]*river.Event // finished events not yet asked for
+}
+
+// Start builds a client with every sluice worker and middleware, subscribes
+// to job-finished events and starts it; it is stopped when tb ends.
+func Start(tb testing.TB, pool *pgxpool.Pool, deps *jobs.Deps, cfg Config) *Client {
+	tb.Helper()
+	workers := river.NewWorkers()
+	if err := jobs.AddWorkers(workers, deps); err != nil {
+		tb.Fatalf("jobtest: workers: %v", err)
+	}
+	queues := cfg.Queues
+	if queues == nil {
+		queues = map[string]river.QueueConfig{
+			river.QueueDefault:    {MaxWorkers: 10},
+			jobs.MaintenanceQueue: {MaxWorkers: 10},
+		}
+	}
+	riverCfg := &river.Config{
+		ID:                cfg.ID,
+		FetchCooldown:     10 * time.Millisecond,
+		FetchPollInterval: 50 * time.Millisecond,
+		Logger:            deps.Logger,
+		Queues:            queues,
+		TestOnly:          true,
+		WorkerMiddleware:  jobs.Middleware(deps),
+		Workers:           workers,
+	}
+	if cfg.Configure != nil {
+		cfg.Configure(riverCfg)
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), riverCfg)
+	if err != nil {
+		tb.Fatalf("jobtest: client: %v", err)
+	}
+	events, cancel := client.Subscribe(
+		river.EventKindJobCancelled, river.EventKindJobCompleted,
+		river.EventKindJobFailed, river.EventKindJobSnoozed,
+	)
+	if err := client.Start(context.Background()); err != nil {
+		tb.Fatalf("jobtest: start: %v", err)
+	}
+	tb.Cleanup(func() {
+		cancel()
+		ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = client.StopAndCancel(ctx)
+	})
+	return &Client{Client: client, Events: events, seen: map[int64]*river.Event{}}
+}
+
+// WaitFinished waits for the job-finished events of ids (in any order) and
+// returns them by id.
+func (c *Client) WaitFinished(tb testing.TB, timeout time.Duration, ids ...int64) map[int64]*river.Event {
+	tb.Helper()
+	want := map[int64]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	got := map[int64]*river.Event{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id := range want {
+		if ev, ok := c.seen[id]; ok {
+			got[id] = ev
+			delete(c.seen, id)
+		}
+	}
+	deadline := time.After(timeout)
+	for len(got) < len(want) {
+		select {
+		case ev := <-c.Events:
+			switch {
+			case ev == nil || ev.Job == nil || ev.Kind == river.EventKindJobSnoozed:
+			case want[ev.Job.ID]:
+				got[ev.Job.ID] = ev
+			default:
+				c.seen[ev.Job.ID] = ev
+			}
+		case <-deadline:
+			tb.Fatalf("jobtest: %d of %d jobs finished within %s", len(got), len(want), timeout)
+		}
+	}
+	return got
+}
+
+// InsertAndWait inserts args and waits for the job to finish.
+func (c *Client) InsertAndWait(tb testing.TB, args river.JobArgs, opts *river.InsertOpts) *rivertype.JobRow {
+	tb.Helper()
+	res, err := c.Insert(context.Background(), args, opts)
+	if err != nil {
+		tb.Fatalf("jobtest: insert: %v", err)
+	}
+	return c.WaitFinished(tb, 30*time.Second, res.Job.ID)[res.Job.ID].Job
+}
