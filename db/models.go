@@ -123,6 +123,29 @@ type RiverQueue struct {
 	UpdatedAt time.Time       `json:"updated_at"`
 }
 
+// Durable schedules: the dispatcher of every sluice worker inserts one River job per due time. next_run_at NULL means "compute from cron".
+type Schedule struct {
+	ID           int64           `json:"id"`
+	Name         string          `json:"name"`
+	Cron         string          `json:"cron"`
+	Timezone     string          `json:"timezone"`
+	Kind         string          `json:"kind"`
+	Args         json.RawMessage `json:"args"`
+	Queue        *string         `json:"queue"`
+	Enabled      bool            `json:"enabled"`
+	Status       string          `json:"status"`
+	Misfire      string          `json:"misfire"`
+	NextRunAt    *time.Time      `json:"next_run_at"`
+	LastRunAt    *time.Time      `json:"last_run_at"`
+	LastJobID    *int64          `json:"last_job_id"`
+	RunCount     int64           `json:"run_count"`
+	FailureCount int32           `json:"failure_count"`
+	MaxRetries   int32           `json:"max_retries"`
+	LastError    *string         `json:"last_error"`
+	CreatedAt    time.Time       `json:"created_at"`
+	UpdatedAt    time.Time       `json:"updated_at"`
+}
+
 // Dynamic settings: read on every use, so an UPDATE takes effect at the next run without a restart.
 type Setting struct {
 	Key         string          `json:"key"`

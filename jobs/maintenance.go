@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/db"
@@ -26,6 +27,12 @@ const MaintenanceQueue = "maintenance"
 // MaintenanceMaxAttempts is how often River tries a failed maintenance run
 // before discarding it; the next scheduled run tries again anyway.
 const MaintenanceMaxAttempts = 3
+
+// MaintenanceInsertOpts are the insert options of every maintenance kind:
+// its args type returns them from InsertOpts.
+func MaintenanceInsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: MaintenanceQueue, MaxAttempts: MaintenanceMaxAttempts}
+}
 
 // MaintenanceResult is what a maintenance run reports for its journal row.
 type MaintenanceResult struct {
