@@ -61,6 +61,23 @@ func (ns NullRiverJobState) Value() (driver.Value, error) {
 	return string(ns.RiverJobState), nil
 }
 
+type CiBuild struct {
+	ID            int64      `json:"id"`
+	ProjectID     int64      `json:"project_id"`
+	PipelineID    *int64     `json:"pipeline_id"`
+	RunnerID      *int64     `json:"runner_id"`
+	Name          string     `json:"name"`
+	Stage         string     `json:"stage"`
+	Status        string     `json:"status"`
+	FailureReason *string    `json:"failure_reason"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	ScheduledAt   *time.Time `json:"scheduled_at"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+	LockVersion   int32      `json:"lock_version"`
+}
+
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
 type MaintenanceRun struct {
 	ID         int64           `json:"id"`
