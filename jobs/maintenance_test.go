@@ -130,11 +130,13 @@ func TestRunMaintenance(t *testing.T) {
 	t.Run("timeout ends the run, records it and frees the lock", func(t *testing.T) {
 		t.Parallel()
 		kind := "test.maint.timeout"
-		runCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		defer cancel()
+		runCtx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
 		err := deps.RunMaintenance(runCtx, &rivertype.JobRow{ID: 105, Kind: kind}, func(ctx context.Context) (jobs.MaintenanceResult, error) {
+			// The job's deadline passes while the run works.
+			cancel(context.DeadlineExceeded)
 			<-ctx.Done()
-			return jobs.MaintenanceResult{}, ctx.Err()
+			return jobs.MaintenanceResult{}, context.Cause(ctx)
 		})
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		rows := runs(t, kind)
