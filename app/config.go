@@ -18,6 +18,12 @@ const (
 	DefaultDefaultWorkers     = 50
 	DefaultMaintenanceWorkers = 4
 	DefaultShutdownTimeout    = 30 * time.Second
+	// DefaultFetchCooldown is lower than River's 100ms so that a parked job
+	// resumed into a freed slot starts promptly; a fetch per 20ms per queue
+	// is still a trivial load.
+	DefaultFetchCooldown        = 5 * time.Millisecond
+	DefaultFetchPollInterval    = time.Second
+	DefaultRescueStuckJobsAfter = time.Hour
 	// DefaultHardStopGrace is how long a stopping worker waits, after
 	// cancelling the jobs still running at the shutdown timeout, for them
 	// to return. Jobs that ignore cancellation longer than this are left
@@ -43,6 +49,15 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// HardStopGrace is how long cancelled jobs get to return on stop.
 	HardStopGrace time.Duration
+	// FetchCooldown is the least time between two fetches of a queue
+	// (River's FetchCooldown).
+	FetchCooldown time.Duration
+	// FetchPollInterval is how often a queue is polled when no insert
+	// notification arrives (River's FetchPollInterval).
+	FetchPollInterval time.Duration
+	// RescueStuckJobsAfter is when River's rescuer considers a running job
+	// stuck (its worker presumed dead).
+	RescueStuckJobsAfter time.Duration
 	// JobTimeout is River's client-level job timeout.
 	JobTimeout time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
@@ -61,6 +76,15 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ShutdownTimeout == 0 {
 		out.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if out.FetchCooldown == 0 {
+		out.FetchCooldown = DefaultFetchCooldown
+	}
+	if out.FetchPollInterval == 0 {
+		out.FetchPollInterval = DefaultFetchPollInterval
+	}
+	if out.RescueStuckJobsAfter == 0 {
+		out.RescueStuckJobsAfter = DefaultRescueStuckJobsAfter
 	}
 	if out.HardStopGrace == 0 {
 		out.HardStopGrace = DefaultHardStopGrace
@@ -93,6 +117,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("job timeout must not be negative, got %s", c.JobTimeout)
 	case c.MaintenanceTimeout < 0:
 		return fmt.Errorf("maintenance timeout must not be negative, got %s", c.MaintenanceTimeout)
+	case c.FetchCooldown < 0 || (c.FetchCooldown > 0 && c.FetchCooldown < time.Millisecond):
+		return fmt.Errorf("fetch cooldown must be at least 1ms, got %s", c.FetchCooldown)
+	case c.FetchPollInterval < 0 || (c.FetchPollInterval > 0 && c.FetchPollInterval < c.FetchCooldown):
+		return fmt.Errorf("fetch poll interval must be at least the fetch cooldown, got %s", c.FetchPollInterval)
+	case c.RescueStuckJobsAfter < 0:
+		return fmt.Errorf("rescue-stuck-jobs-after must not be negative, got %s", c.RescueStuckJobsAfter)
+	case c.RescueStuckJobsAfter > 0 && c.RescueStuckJobsAfter < max(c.JobTimeout, jobs.DefaultJobTimeout):
+		return fmt.Errorf("rescue-stuck-jobs-after (%s) must be at least the job timeout (%s)", c.RescueStuckJobsAfter, max(c.JobTimeout, jobs.DefaultJobTimeout))
 	case len(c.ID) > 100:
 		return fmt.Errorf("worker id must be at most 100 characters, got %d", len(c.ID))
 	}

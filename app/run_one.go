@@ -64,6 +64,8 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, er
 
 	queue := privateQueueName()
 	client, err := newWorkClient(pool, deps, clientOpts{
+		fetchCooldown:     cfg.FetchCooldown,
+		fetchPollInterval: cfg.FetchPollInterval,
 		id:                cfg.ID,
 		jobTimeout:        cfg.JobTimeout,
 		leaderElectionOff: true,

@@ -70,8 +70,11 @@ func (w *Worker) init(ctx context.Context) error {
 	}
 	w.deps = deps
 	w.client, err = newWorkClient(w.pool, deps, clientOpts{
-		id:         w.cfg.ID,
-		jobTimeout: w.cfg.JobTimeout,
+		fetchCooldown:        w.cfg.FetchCooldown,
+		fetchPollInterval:    w.cfg.FetchPollInterval,
+		rescueStuckJobsAfter: w.cfg.RescueStuckJobsAfter,
+		id:                   w.cfg.ID,
+		jobTimeout:           w.cfg.JobTimeout,
 		queues: map[string]river.QueueConfig{
 			river.QueueDefault:    {MaxWorkers: w.cfg.DefaultWorkers},
 			jobs.MaintenanceQueue: {MaxWorkers: w.cfg.MaintenanceWorkers},

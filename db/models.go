@@ -78,6 +78,36 @@ type CiBuild struct {
 	LockVersion   int32      `json:"lock_version"`
 }
 
+type ConcurrencyExecution struct {
+	JobID      int64     `json:"job_id"`
+	Kind       string    `json:"kind"`
+	WorkerID   *string   `json:"worker_id"`
+	Reserved   bool      `json:"reserved"`
+	AdmittedAt time.Time `json:"admitted_at"`
+}
+
+// Global concurrency limit per job kind. No row or 0 = unlimited; < 0 = circuit breaker (park everything). Workers read changes within a second.
+type ConcurrencyLimit struct {
+	Kind           string    `json:"kind"`
+	MaxConcurrency int32     `json:"max_concurrency"`
+	Admitted       int32     `json:"admitted"`
+	Parked         int64     `json:"parked"`
+	UpdatedAt      time.Time `json:"updated_at"`
+}
+
+type ConcurrencyParkedJob struct {
+	ID            int64           `json:"id"`
+	Kind          string          `json:"kind"`
+	Args          json.RawMessage `json:"args"`
+	Queue         string          `json:"queue"`
+	Priority      int16           `json:"priority"`
+	MaxAttempts   int16           `json:"max_attempts"`
+	Tags          []string        `json:"tags"`
+	Metadata      json.RawMessage `json:"metadata"`
+	OriginalJobID int64           `json:"original_job_id"`
+	ParkedAt      time.Time       `json:"parked_at"`
+}
+
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
 type MaintenanceRun struct {
 	ID         int64           `json:"id"`
@@ -169,6 +199,14 @@ type Setting struct {
 	Value       json.RawMessage `json:"value"`
 	Description string          `json:"description"`
 	UpdatedAt   time.Time       `json:"updated_at"`
+}
+
+type SluiceConcurrencyOverview struct {
+	Kind            string `json:"kind"`
+	MaxConcurrency  *int32 `json:"max_concurrency"`
+	Admitted        int64  `json:"admitted"`
+	Parked          int64  `json:"parked"`
+	OldestParkedAge int32  `json:"oldest_parked_age"`
 }
 
 type SluiceQueueOverview struct {

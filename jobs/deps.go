@@ -27,6 +27,8 @@ type Deps struct {
 	Logger *slog.Logger
 	// Metrics holds the job metrics.
 	Metrics *Metrics
+	// Limiter enforces the concurrency limits.
+	Limiter *Limiter
 	// Settings reads dynamic settings.
 	Settings *db.Settings
 	// Queries runs sqlc queries on Pool.
@@ -59,7 +61,16 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	limitMetrics, err := NewLimitMetrics(reg, pool, logger)
+	if err != nil {
+		return nil, err
+	}
 	return &Deps{
+		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID),
 		Pool:               pool,
 		Logger:             logger,
 		Metrics:            metrics,
@@ -100,5 +111,6 @@ func AddWorkers(workers *river.Workers, deps *Deps) error {
 func Middleware(deps *Deps) []rivertype.WorkerMiddleware {
 	return []rivertype.WorkerMiddleware{
 		&metricsMiddleware{metrics: deps.Metrics},
+		deps.Limiter,
 	}
 }

@@ -70,6 +70,8 @@ func NewRegistry() *Registry {
 	r := &Registry{kinds: map[string]Kind{}}
 	addKind(r, false, "sleep ms milliseconds; a canary for smoke tests and benchmarks",
 		func(d *Deps) river.Worker[DemoSleepArgs] { return &DemoSleepWorker{deps: d} })
+	addKind(r, false, "resume jobs parked by concurrency limits (all kinds, or {\"kind\": K})",
+		func(d *Deps) river.Worker[ConcurrencyLimitResumeArgs] { return &ConcurrencyLimitResumeWorker{deps: d} })
 	return r
 }
 

@@ -7,9 +7,11 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 )
 
@@ -56,7 +58,9 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 	root.AddCommand(
 		newEnqueueCmd(g),
 		newJobsCmd(g),
+		newLimitsCmd(g),
 		newMigrateCmd(g),
+		newParkedCmd(g),
 		newRunCmd(g),
 		newWorkerCmd(g),
 	)
@@ -123,6 +127,18 @@ func (g *globals) cliLogger() (*slog.Logger, error) {
 func (g *globals) requireDatabaseURL() error {
 	_, err := db.ParseConfig(g.databaseURL)
 	return err
+}
+
+// openPool opens a pool for a CLI command after checking the flags that
+// every database command shares.
+func (g *globals) openPool(cmd *cobra.Command, appName string) (*pgxpool.Pool, error) {
+	if _, err := g.cliLogger(); err != nil {
+		return nil, err
+	}
+	if err := g.requireDatabaseURL(); err != nil {
+		return nil, err
+	}
+	return app.OpenPool(cmd.Context(), g.databaseURL, appName)
 }
 
 // exactArgs is cobra.ExactArgs whose error is a usage error naming the
