@@ -70,6 +70,8 @@ func NewRegistry() *Registry {
 	r := &Registry{kinds: map[string]Kind{}}
 	addKind(r, false, "sleep ms milliseconds; a canary for smoke tests and benchmarks",
 		func(d *Deps) river.Worker[DemoSleepArgs] { return &DemoSleepWorker{deps: d} })
+	addKind(r, false, "count jobs still running long after their cancellation, per kind (periodic monitor, no maintenance lock)",
+		newTaskCancellationMonitorWorker)
 	return r
 }
 
