@@ -7,7 +7,10 @@
 -- metadata.cancel_attempted_at, whichever River client cancelled it
 -- (onTaskCancelled), and forget it when it stops running (onTaskCompleted).
 -- Their WHEN clauses keep River's hot path cheap: no trigger function runs
--- unless a running job is being cancelled, or a cancelled job finishes.
+-- unless a running job is being cancelled, or a cancelled job finishes. The
+-- cheap state comparisons come first: River's fetch (available → running)
+-- stops at the first one, its completion (running → completed) costs one
+-- jsonb key lookup (untrack).
 
 -- +goose Up
 CREATE TABLE task_cancellation_tracker (
@@ -90,7 +93,8 @@ $$;
 CREATE TRIGGER sluice_task_cancellation_track
     AFTER UPDATE ON river_job
     FOR EACH ROW
-    WHEN (NEW.state = 'running'
+    WHEN (OLD.state = 'running'
+          AND NEW.state = 'running'
           AND NEW.metadata ? 'cancel_attempted_at'
           AND NOT OLD.metadata ? 'cancel_attempted_at')
     EXECUTE FUNCTION sluice_task_cancellation_track();
