@@ -551,3 +551,66 @@ func TestTaskCancellationSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestTaskCancellationMonitorKilledMidRun: a pass whose connection dies in
+// the middle of counting leaves nothing half done — no job marked counted
+// without its counter increment — and later passes count those jobs once.
+func TestTaskCancellationMonitorKilledMidRun(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	env := newCancelEnv(t, pool)
+	setSetting(t, pool, jobs.SettingTaskCancellationDurationMillis, 0)
+	ids := env.startHeld(t, 3)
+	env.cancel(t, ids[0])
+	require.Equal(t, map[string]int64{"test.hold": 1}, env.monitor(t).Counted)
+	env.cancel(t, ids[1:]...)
+
+	// Hold the kind's counter row, so the next pass blocks after marking
+	// its jobs counted, inside its one statement.
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer blocker.Rollback(ctx) //nolint:errcheck
+	_, err = blocker.Exec(ctx, "SELECT 1 FROM task_cancellation_counters WHERE kind = 'test.hold' FOR UPDATE")
+	require.NoError(t, err)
+
+	config, err := db.ParseConfig(testdb.WithDatabase(testdb.ServerURL(), pool.Config().ConnConfig.Database))
+	require.NoError(t, err)
+	config.ConnConfig.RuntimeParams["application_name"] = "doomed_monitor"
+	monitorPool, err := pgxpool.NewWithConfig(ctx, config)
+	require.NoError(t, err)
+	t.Cleanup(monitorPool.Close)
+	deps, _ := jobtest.NewDeps(t, monitorPool)
+	passErr := make(chan error, 1)
+	go func() {
+		_, err := deps.MonitorTaskCancellations(ctx)
+		passErr <- err
+	}()
+	var pid int
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `
+			SELECT pid FROM pg_stat_activity
+			WHERE application_name = 'doomed_monitor' AND wait_event_type = 'Lock' AND query LIKE '%CountTaskCancellations%'`).Scan(&pid)
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "the pass never blocked on the counter row")
+	_, err = pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	require.Error(t, <-passErr)
+	require.NoError(t, blocker.Rollback(ctx))
+
+	rows := tracked(t, pool)
+	require.Nil(t, rows[ids[1]].CountedAt, "the killed pass's marks were rolled back")
+	require.Nil(t, rows[ids[2]].CountedAt)
+	require.EqualValues(t, 1, statsOf(t, pool)["test.hold"].TotalCountPostCancel)
+
+	// Later passes count them, once: until the terminated backend has
+	// exited, its row locks make a pass skip them (SKIP LOCKED).
+	var counted []int64
+	require.Eventually(t, func() bool {
+		counted = append(counted, env.monitor(t).CountedJobIDs...)
+		return len(counted) >= 2
+	}, 30*time.Second, 10*time.Millisecond)
+	require.ElementsMatch(t, ids[1:], counted)
+	require.Equal(t, jobs.TaskCancellationStats{"test.hold": {CurrentCountPostCancel: 3, TotalCountPostCancel: 3}}, statsOf(t, pool))
+}
