@@ -28,6 +28,7 @@ func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Hand
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	mux.HandleFunc("GET /stats", statsHandler(pool)) // the stats document (stats.go)
 	return mux
 }
 

@@ -58,6 +58,7 @@ func (w *Worker) init(ctx context.Context) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	w.registry.MustRegister(jobs.NewTaskCancellationCollector(w.pool, w.cfg.Logger))
 	deps, err := jobs.NewDeps(w.pool, jobs.DepsConfig{
 		Logger:             w.cfg.Logger,
 		Registerer:         w.registry,

@@ -215,3 +215,26 @@ type SluiceQueueOverview struct {
 	Jobs               int64       `json:"jobs"`
 	OldestAvailableAge interface{} `json:"oldest_available_age"`
 }
+
+// Jobs still running after their cancellation, per kind: current_count_post_cancel (now, past task_cancellation.duration_millis) and total_count_post_cancel (cumulative).
+type SluiceTaskCancellationStat struct {
+	Kind                   string `json:"kind"`
+	CurrentCountPostCancel int64  `json:"current_count_post_cancel"`
+	TotalCountPostCancel   int64  `json:"total_count_post_cancel"`
+}
+
+// Cumulative number of jobs per kind that kept running at least task_cancellation.duration_millis after their cancellation.
+type TaskCancellationCounter struct {
+	Kind                 string    `json:"kind"`
+	TotalCountPostCancel int64     `json:"total_count_post_cancel"`
+	UpdatedAt            time.Time `json:"updated_at"`
+}
+
+// Running River jobs whose cancellation was requested (cancelledTaskTracker). Rows come from triggers on river_job and from `sluice jobs cancel`; a row goes when its job stops running. counted_at is set once, when task_cancellation.monitor counts the job.
+type TaskCancellationTracker struct {
+	JobID       int64      `json:"job_id"`
+	Kind        string     `json:"kind"`
+	CancelledAt time.Time  `json:"cancelled_at"`
+	TrackedAt   time.Time  `json:"tracked_at"`
+	CountedAt   *time.Time `json:"counted_at"`
+}

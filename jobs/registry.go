@@ -72,6 +72,8 @@ func NewRegistry() *Registry {
 		func(d *Deps) river.Worker[DemoSleepArgs] { return &DemoSleepWorker{deps: d} })
 	addKind(r, false, "resume jobs parked by concurrency limits (all kinds, or {\"kind\": K})",
 		func(d *Deps) river.Worker[ConcurrencyLimitResumeArgs] { return &ConcurrencyLimitResumeWorker{deps: d} })
+	addKind(r, false, "count jobs still running long after their cancellation, per kind (periodic monitor, no maintenance lock)",
+		newTaskCancellationMonitorWorker)
 	return r
 }
 

@@ -62,6 +62,7 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 		newMigrateCmd(g),
 		newParkedCmd(g),
 		newRunCmd(g),
+		newStatsCmd(g),
 		newWorkerCmd(g),
 	)
 	for _, cmd := range root.Commands() {

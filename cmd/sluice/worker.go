@@ -18,6 +18,7 @@ func newWorkerCmd(g *globals) *cobra.Command {
   /healthz  the process is alive
   /readyz   the database answers
   /metrics  Prometheus metrics
+  /stats    the stats document (as sluice stats --json)
 
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops fetching,
