@@ -70,6 +70,10 @@ func NewRegistry() *Registry {
 	r := &Registry{kinds: map[string]Kind{}}
 	addKind(r, false, "sleep ms milliseconds; a canary for smoke tests and benchmarks",
 		func(d *Deps) river.Worker[DemoSleepArgs] { return &DemoSleepWorker{deps: d} })
+	addKind(r, false, "export a project's ci_builds to a gzip'd NDJSON archive (sluice export)",
+		func(d *Deps) river.Worker[ExportProjectArgs] { return &ExportProjectWorker{deps: d} })
+	addKind(r, true, "mark failed the project exports whose River job finished or is gone",
+		func(d *Deps) river.Worker[ExportStuckJobsArgs] { return &ExportStuckJobsWorker{deps: d} })
 	return r
 }
 

@@ -55,6 +55,7 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 
 	root.AddCommand(
 		newEnqueueCmd(g),
+		newExportCmd(g),
 		newJobsCmd(g),
 		newMigrateCmd(g),
 		newRunCmd(g),
