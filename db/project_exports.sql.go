@@ -435,9 +435,8 @@ WITH failed AS (
         error = 'stuck: its River job finished or no longer exists while the export was ' || e.status,
         finished_at = now(),
         updated_at = now()
-    FROM (SELECT unnest($1::bigint[]) AS id,
-                 unnest($2::bigint[]) AS job_id) AS p
-    WHERE e.id = p.id AND e.job_id = p.job_id AND e.status IN ('queued', 'started')
+    WHERE e.status IN ('queued', 'started')
+      AND (e.id, e.job_id) IN (SELECT unnest($1::bigint[]), unnest($2::bigint[]))
     RETURNING e.id, e.job_id
 ), relations AS (
     UPDATE project_relation_exports AS re
@@ -480,14 +479,25 @@ func (q *Queries) StuckExportFail(ctx context.Context, arg StuckExportFailParams
 	return items, nil
 }
 
+const stuckExportForceCustomPlans = `-- name: StuckExportForceCustomPlans :exec
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
+`
+
+// For the rest of export.stuck_jobs' transaction, plan each statement for
+// its actual arrays: a cached generic plan guesses 10 elements and probes
+// river_job once per id, which is slow when 100,000 exports are in progress.
+func (q *Queries) StuckExportForceCustomPlans(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, stuckExportForceCustomPlans)
+	return err
+}
+
 const stuckExportRecheck = `-- name: StuckExportRecheck :many
 SELECT e.id, e.job_id::bigint AS job_id, e.status, e.created_at,
        (EXISTS (SELECT 1 FROM project_relation_exports re WHERE re.project_export_job_id = e.id)
         AND e.created_at > now() - make_interval(secs => $1::float8))::boolean AS in_grace
-FROM (SELECT unnest($2::bigint[]) AS id,
-             unnest($3::bigint[]) AS job_id) AS p
-JOIN project_export_jobs e ON e.id = p.id AND e.job_id = p.job_id
+FROM project_export_jobs e
 WHERE e.status IN ('queued', 'started')
+  AND (e.id, e.job_id) IN (SELECT unnest($2::bigint[]), unnest($3::bigint[]))
 ORDER BY e.id
 `
 
@@ -505,8 +515,9 @@ type StuckExportRecheckRow struct {
 	InGrace   bool      `json:"in_grace"`
 }
 
-// export.stuck_jobs step 3 (the second read): of the (id, job_id) pairs, the
-// exports still queued or started and still pointing at that River job, with
+// export.stuck_jobs step 3 (the second read): of the (id, job_id) pairs (a
+// semi-join the planner drives with index lookups), the exports still queued
+// or started and still pointing at that River job, with
 // step 4's test: in_grace when the export has relation exports and was
 // created less than grace_seconds ago.
 func (q *Queries) StuckExportRecheck(ctx context.Context, arg StuckExportRecheckParams) ([]*StuckExportRecheckRow, error) {

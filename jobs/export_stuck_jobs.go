@@ -18,7 +18,8 @@ const SettingStuckExportGrace = "export.stuck_jobs.relation_exports_grace"
 // EXPORT_JOBS_EXPIRATION.
 const DefaultStuckExportGrace = 6 * time.Hour
 
-// maxDetailIDs caps the ids a run lists in maintenance_runs.details.
+// maxDetailIDs caps the ids a run lists in maintenance_runs.details (the
+// log line lists them all).
 const maxDetailIDs = 100
 
 // ExportStuckJobsArgs are the args of export.stuck_jobs (none).
@@ -78,24 +79,47 @@ func (d *Deps) sweepStuckExports(ctx context.Context, betweenReads func(context.
 	if err != nil {
 		return MaintenanceResult{}, err
 	}
-	details := map[string]any{"grace": grace.String()}
+	// step_ms: how long each step took, for operators and the benchmark.
+	stepMS := map[string]float64{}
+	details := map[string]any{"grace": grace.String(), "step_ms": stepMS}
 	res := MaintenanceResult{Details: details}
+	start := time.Now()
+	lap := func(step string) {
+		now := time.Now()
+		stepMS[step] = float64(now.Sub(start).Microseconds()) / 1000
+		start = now
+	}
+
+	// One READ COMMITTED transaction: each statement still sees what was
+	// committed before it (so the second read sees exports that finished
+	// since the first), and the plan setting stays local to the sweep.
+	tx, err := d.Pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after Commit
+	q := d.Queries.WithTx(tx)
+	if err := q.StuckExportForceCustomPlans(ctx); err != nil {
+		return res, fmt.Errorf("plan settings: %w", err)
+	}
 
 	// 1. Exports in progress.
-	active, err := d.Queries.StuckExportActiveJobs(ctx)
+	active, err := q.StuckExportActiveJobs(ctx)
 	if err != nil {
 		return res, fmt.Errorf("read exports in progress: %w", err)
 	}
+	lap("1_read")
 	details["in_progress"] = len(active.JobIds)
 	if len(active.JobIds) == 0 {
 		return res, nil
 	}
 
 	// 2. Their River jobs that are done.
-	completed, err := d.Queries.StuckExportCompletedRiverJobs(ctx, active.JobIds)
+	completed, err := q.StuckExportCompletedRiverJobs(ctx, active.JobIds)
 	if err != nil {
 		return res, fmt.Errorf("look up River jobs of exports: %w", err)
 	}
+	lap("2_river_jobs")
 	details["river_job_done"] = len(completed)
 	if len(completed) == 0 {
 		return res, nil
@@ -117,15 +141,17 @@ func (d *Deps) sweepStuckExports(ctx context.Context, betweenReads func(context.
 		if err := betweenReads(ctx); err != nil {
 			return res, err
 		}
+		start = time.Now()
 	}
 
 	// 3. The second read, with step 4's grace test.
-	rechecked, err := d.Queries.StuckExportRecheck(ctx, db.StuckExportRecheckParams{
+	rechecked, err := q.StuckExportRecheck(ctx, db.StuckExportRecheckParams{
 		GraceSeconds: grace.Seconds(), Ids: ids, JobIds: jobIDs,
 	})
 	if err != nil {
 		return res, fmt.Errorf("read exports again: %w", err)
 	}
+	lap("3_reread")
 	details["still_in_progress"] = len(rechecked)
 
 	// 4. Parallel exports within their grace period.
@@ -149,10 +175,14 @@ func (d *Deps) sweepStuckExports(ctx context.Context, betweenReads func(context.
 	}
 
 	// 5. Fail the rest.
-	failed, err := d.Queries.StuckExportFail(ctx, db.StuckExportFailParams{Ids: ids, JobIds: jobIDs})
+	failed, err := q.StuckExportFail(ctx, db.StuckExportFailParams{Ids: ids, JobIds: jobIDs})
 	if err != nil {
 		return res, fmt.Errorf("mark stuck exports failed: %w", err)
 	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, fmt.Errorf("commit: %w", err)
+	}
+	lap("5_fail")
 	res.Affected = int64(len(failed))
 	if len(failed) == 0 {
 		return res, nil
@@ -165,7 +195,7 @@ func (d *Deps) sweepStuckExports(ctx context.Context, betweenReads func(context.
 	details["failed_export_job_ids"] = capIDs(failedIDs)
 	d.ExportMetrics.StuckFailed.Add(float64(len(failed)))
 	d.Logger.Info("Marked stuck export jobs as failed",
-		"count", len(failed), "export_job_ids", capIDs(failedIDs), "job_ids", capIDs(failedJobIDs))
+		"count", len(failed), "export_job_ids", failedIDs, "job_ids", failedJobIDs)
 	return res, nil
 }
 

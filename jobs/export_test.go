@@ -7,3 +7,8 @@ import "context"
 func SweepStuckExports(ctx context.Context, d *Deps, betweenReads func(context.Context) error) (MaintenanceResult, error) {
 	return d.sweepStuckExports(ctx, betweenReads)
 }
+
+// NewExportStuckJobsWorker returns the export.stuck_jobs worker on d.
+func NewExportStuckJobsWorker(d *Deps) *ExportStuckJobsWorker {
+	return &ExportStuckJobsWorker{deps: d}
+}

@@ -52,7 +52,7 @@ CREATE TABLE project_relation_exports (
     updated_at            timestamptz NOT NULL DEFAULT now(),
     -- Also the index of export.stuck_jobs' "has relation exports" check.
     UNIQUE (project_export_job_id, relation)
-);
+) WITH (fillfactor = 90); -- room for in-page (HOT) status updates
 
 COMMENT ON TABLE project_relation_exports IS
     'Relations of a parallel project export (sluice export --parallel), one row per relation.';

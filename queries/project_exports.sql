@@ -124,17 +124,17 @@ WHERE NOT EXISTS (
 ORDER BY j.id;
 
 -- name: StuckExportRecheck :many
--- export.stuck_jobs step 3 (the second read): of the (id, job_id) pairs, the
--- exports still queued or started and still pointing at that River job, with
+-- export.stuck_jobs step 3 (the second read): of the (id, job_id) pairs (a
+-- semi-join the planner drives with index lookups), the exports still queued
+-- or started and still pointing at that River job, with
 -- step 4's test: in_grace when the export has relation exports and was
 -- created less than grace_seconds ago.
 SELECT e.id, e.job_id::bigint AS job_id, e.status, e.created_at,
        (EXISTS (SELECT 1 FROM project_relation_exports re WHERE re.project_export_job_id = e.id)
         AND e.created_at > now() - make_interval(secs => sqlc.arg(grace_seconds)::float8))::boolean AS in_grace
-FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id,
-             unnest(sqlc.arg(job_ids)::bigint[]) AS job_id) AS p
-JOIN project_export_jobs e ON e.id = p.id AND e.job_id = p.job_id
+FROM project_export_jobs e
 WHERE e.status IN ('queued', 'started')
+  AND (e.id, e.job_id) IN (SELECT unnest(sqlc.arg(ids)::bigint[]), unnest(sqlc.arg(job_ids)::bigint[]))
 ORDER BY e.id;
 
 -- name: StuckExportFail :many
@@ -147,9 +147,8 @@ WITH failed AS (
         error = 'stuck: its River job finished or no longer exists while the export was ' || e.status,
         finished_at = now(),
         updated_at = now()
-    FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id,
-                 unnest(sqlc.arg(job_ids)::bigint[]) AS job_id) AS p
-    WHERE e.id = p.id AND e.job_id = p.job_id AND e.status IN ('queued', 'started')
+    WHERE e.status IN ('queued', 'started')
+      AND (e.id, e.job_id) IN (SELECT unnest(sqlc.arg(ids)::bigint[]), unnest(sqlc.arg(job_ids)::bigint[]))
     RETURNING e.id, e.job_id
 ), relations AS (
     UPDATE project_relation_exports AS re
@@ -157,3 +156,9 @@ WITH failed AS (
     WHERE re.project_export_job_id IN (SELECT f.id FROM failed f) AND re.status IN ('queued', 'started')
 )
 SELECT f.id, f.job_id::bigint AS job_id FROM failed f ORDER BY f.id;
+
+-- name: StuckExportForceCustomPlans :exec
+-- For the rest of export.stuck_jobs' transaction, plan each statement for
+-- its actual arrays: a cached generic plan guesses 10 elements and probes
+-- river_job once per id, which is slow when 100,000 exports are in progress.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
