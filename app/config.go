@@ -62,6 +62,9 @@ type Config struct {
 	JobTimeout time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
+	// ExportDir is where export.project writes archives (SLUICE_EXPORT_DIR);
+	// empty means jobs.DefaultExportDir.
+	ExportDir string
 	// Logger receives every log line.
 	Logger *slog.Logger
 }

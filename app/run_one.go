@@ -57,6 +57,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, er
 		WorkerID:           cfg.ID,
 		JobTimeout:         cfg.JobTimeout,
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
+		ExportDir:          cfg.ExportDir,
 	})
 	if err != nil {
 		return nil, err

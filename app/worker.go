@@ -65,6 +65,7 @@ func (w *Worker) init(ctx context.Context) error {
 		WorkerID:           w.cfg.ID,
 		JobTimeout:         w.cfg.JobTimeout,
 		MaintenanceTimeout: w.cfg.MaintenanceTimeout,
+		ExportDir:          w.cfg.ExportDir,
 	})
 	if err != nil {
 		return err

@@ -121,6 +121,34 @@ type MaintenanceRun struct {
 	Details    json.RawMessage `json:"details"`
 }
 
+// Project exports: queued -> started -> finished, or failed. job_id is the river_job.id of the export.project job (GitLab's jid); export.stuck_jobs fails queued/started rows whose River job is finalized or pruned.
+type ProjectExportJob struct {
+	ID          int64      `json:"id"`
+	ProjectID   int64      `json:"project_id"`
+	JobID       *int64     `json:"job_id"`
+	Status      string     `json:"status"`
+	Parallel    bool       `json:"parallel"`
+	ArchivePath *string    `json:"archive_path"`
+	Records     *int64     `json:"records"`
+	Error       *string    `json:"error"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	StartedAt   *time.Time `json:"started_at"`
+	FinishedAt  *time.Time `json:"finished_at"`
+}
+
+// Relations of a parallel project export (sluice export --parallel), one row per relation.
+type ProjectRelationExport struct {
+	ID                 int64     `json:"id"`
+	ProjectExportJobID int64     `json:"project_export_job_id"`
+	Relation           string    `json:"relation"`
+	Status             string    `json:"status"`
+	Records            *int64    `json:"records"`
+	Error              *string   `json:"error"`
+	CreatedAt          time.Time `json:"created_at"`
+	UpdatedAt          time.Time `json:"updated_at"`
+}
+
 type RiverJob struct {
 	ID           int64             `json:"id"`
 	State        RiverJobState     `json:"state"`

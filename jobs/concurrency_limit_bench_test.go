@@ -191,9 +191,3 @@ func BenchmarkConcurrencyLimitParked(b *testing.B) {
 		b.ReportMetric(lat[len(lat)*99/100], "p99-release-to-start-ms")
 	}
 }
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}

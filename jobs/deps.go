@@ -39,6 +39,11 @@ type Deps struct {
 	JobTimeout time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
+	// ExportDir is where export.project writes archives; empty means
+	// DefaultExportDir.
+	ExportDir string
+	// ExportMetrics holds the project export metrics.
+	ExportMetrics *ExportMetrics
 }
 
 // DepsConfig configures NewDeps.
@@ -48,12 +53,17 @@ type DepsConfig struct {
 	WorkerID           string
 	JobTimeout         time.Duration
 	MaintenanceTimeout time.Duration
+	ExportDir          string
 }
 
 // NewDeps builds the dependencies of every worker and registers their
 // metrics with cfg.Registerer.
 func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 	metrics, err := NewMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	exportMetrics, err := NewExportMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -79,6 +89,8 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 		WorkerID:           cfg.WorkerID,
 		JobTimeout:         cfg.JobTimeout,
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
+		ExportDir:          cfg.ExportDir,
+		ExportMetrics:      exportMetrics,
 	}, nil
 }
 

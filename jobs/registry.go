@@ -74,6 +74,10 @@ func NewRegistry() *Registry {
 		func(d *Deps) river.Worker[ConcurrencyLimitResumeArgs] { return &ConcurrencyLimitResumeWorker{deps: d} })
 	addKind(r, false, "count jobs still running long after their cancellation, per kind (periodic monitor, no maintenance lock)",
 		newTaskCancellationMonitorWorker)
+	addKind(r, false, "export a project's ci_builds to a gzip'd NDJSON archive (sluice export)",
+		func(d *Deps) river.Worker[ExportProjectArgs] { return &ExportProjectWorker{deps: d} })
+	addKind(r, true, "mark failed the project exports whose River job finished or is gone",
+		func(d *Deps) river.Worker[ExportStuckJobsArgs] { return &ExportStuckJobsWorker{deps: d} })
 	return r
 }
 

@@ -165,13 +165,14 @@ func TestLimitsWorkerKilled(t *testing.T) {
 	require.Equal(t, []string{"2000", "2001", "2002", "2003", "2004", "2005"}, ms)
 }
 
-// startWorkerProcess starts `sluice worker` on url and waits for /healthz;
-// the process is killed when the test ends.
-func startWorkerProcess(t *testing.T, url string, args ...string) *exec.Cmd {
+// startWorkerProcess starts `sluice worker` on url with extra environment
+// env and waits for /healthz; the process is killed when the test ends.
+func startWorkerProcess(t *testing.T, url string, env ...string) *exec.Cmd {
 	t.Helper()
 	addr := freeAddr(t)
-	cmd := exec.Command(sluiceBin, append([]string{"worker"}, args...)...)
+	cmd := exec.Command(sluiceBin, "worker")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "SLUICE_HTTP_ADDR="+addr, "SLUICE_LOG_LEVEL=warn")
+	cmd.Env = append(cmd.Env, env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())

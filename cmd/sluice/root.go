@@ -57,6 +57,7 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 
 	root.AddCommand(
 		newEnqueueCmd(g),
+		newExportCmd(g),
 		newJobsCmd(g),
 		newLimitsCmd(g),
 		newMigrateCmd(g),

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/jobs"
 )
 
 func newWorkerCmd(g *globals) *cobra.Command {
@@ -69,5 +70,7 @@ exits 0.`,
 	bindEnv(f, "shutdown-timeout", "SLUICE_SHUTDOWN_TIMEOUT")
 	bindEnv(f, "job-timeout", "SLUICE_JOB_TIMEOUT")
 	bindEnv(f, "maintenance-timeout", "SLUICE_MAINTENANCE_TIMEOUT")
+	f.StringVar(&cfg.ExportDir, "export-dir", jobs.DefaultExportDir, "directory export.project writes project export archives to")
+	bindEnv(f, "export-dir", "SLUICE_EXPORT_DIR")
 	return cmd
 }
