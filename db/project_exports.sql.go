@@ -371,61 +371,35 @@ func (q *Queries) StartRelationExports(ctx context.Context, arg StartRelationExp
 	return err
 }
 
-const stuckExportActiveJobs = `-- name: StuckExportActiveJobs :one
-SELECT COALESCE(array_agg(job_id), '{}')::bigint[] AS job_ids,
-       COALESCE(array_agg(id), '{}')::bigint[] AS ids
-FROM project_export_jobs
-WHERE status IN ('queued', 'started') AND job_id IS NOT NULL
+const stuckExportCandidates = `-- name: StuckExportCandidates :one
+SELECT count(*)::bigint AS in_progress,
+       COALESCE(array_agg(e.job_id ORDER BY e.id)
+                FILTER (WHERE r.id IS NULL OR r.state IN ('completed', 'cancelled', 'discarded')), '{}')::bigint[] AS job_ids,
+       COALESCE(array_agg(e.id ORDER BY e.id)
+                FILTER (WHERE r.id IS NULL OR r.state IN ('completed', 'cancelled', 'discarded')), '{}')::bigint[] AS ids
+FROM project_export_jobs e
+LEFT JOIN river_job r ON r.id = e.job_id
+WHERE e.status IN ('queued', 'started') AND e.job_id IS NOT NULL
 `
 
-type StuckExportActiveJobsRow struct {
-	JobIds []int64 `json:"job_ids"`
-	Ids    []int64 `json:"ids"`
+type StuckExportCandidatesRow struct {
+	InProgress int64   `json:"in_progress"`
+	JobIds     []int64 `json:"job_ids"`
+	Ids        []int64 `json:"ids"`
 }
 
-// export.stuck_jobs step 1: (job_id, id) of every export still queued or
-// started that has a River job, as two aligned arrays (both aggregates see
-// the rows in the same order): one row to decode, however many exports are
-// in progress.
-func (q *Queries) StuckExportActiveJobs(ctx context.Context) (*StuckExportActiveJobsRow, error) {
-	row := q.db.QueryRow(ctx, stuckExportActiveJobs)
-	var i StuckExportActiveJobsRow
-	err := row.Scan(&i.JobIds, &i.Ids)
+// export.stuck_jobs steps 1 and 2 as one read: of the exports still queued
+// or started that have a River job (in_progress counts them), the
+// (job_id, id) pairs whose River job is done: its river_job row is
+// finalized (completed, cancelled, discarded) or no longer exists (pruned).
+// A job that is available, scheduled, retryable, pending or running is not
+// done. Two aligned arrays: one row to decode, however many exports are in
+// progress.
+func (q *Queries) StuckExportCandidates(ctx context.Context) (*StuckExportCandidatesRow, error) {
+	row := q.db.QueryRow(ctx, stuckExportCandidates)
+	var i StuckExportCandidatesRow
+	err := row.Scan(&i.InProgress, &i.JobIds, &i.Ids)
 	return &i, err
-}
-
-const stuckExportCompletedRiverJobs = `-- name: StuckExportCompletedRiverJobs :many
-SELECT j.id::bigint AS job_id
-FROM unnest($1::bigint[]) AS j(id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM river_job r
-    WHERE r.id = j.id AND r.state NOT IN ('completed', 'cancelled', 'discarded')
-)
-ORDER BY j.id
-`
-
-// export.stuck_jobs step 2: those of job_ids whose River job is done: its
-// river_job row is finalized (completed, cancelled, discarded) or no longer
-// exists (pruned). A job that is available, scheduled, retryable, pending or
-// running is not done.
-func (q *Queries) StuckExportCompletedRiverJobs(ctx context.Context, jobIds []int64) ([]int64, error) {
-	rows, err := q.db.Query(ctx, stuckExportCompletedRiverJobs, jobIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []int64
-	for rows.Next() {
-		var job_id int64
-		if err := rows.Scan(&job_id); err != nil {
-			return nil, err
-		}
-		items = append(items, job_id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const stuckExportFail = `-- name: StuckExportFail :many
@@ -435,8 +409,9 @@ WITH failed AS (
         error = 'stuck: its River job finished or no longer exists while the export was ' || e.status,
         finished_at = now(),
         updated_at = now()
-    WHERE e.status IN ('queued', 'started')
-      AND (e.id, e.job_id) IN (SELECT unnest($1::bigint[]), unnest($2::bigint[]))
+    FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::bigint[]) AS job_id) AS p
+    WHERE e.id = p.id AND e.job_id = p.job_id
+      AND e.status IN ('queued', 'started')
     RETURNING e.id, e.job_id
 ), relations AS (
     UPDATE project_relation_exports AS re

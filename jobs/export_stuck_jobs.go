@@ -38,7 +38,7 @@ func (ExportStuckJobsArgs) InsertOpts() river.InsertOpts { return MaintenanceIns
 // StuckExportJobsWorker): it marks failed the exports still queued or
 // started whose River job has finished or no longer exists.
 //
-// Each step is one set-based query:
+// The steps, as set-based queries (1 and 2 are one read, a join):
 //
 //  1. read (job_id, id) of the exports queued or started with a job_id;
 //  2. of those River jobs, the "completed" ones: river_job row finalized
@@ -103,39 +103,18 @@ func (d *Deps) sweepStuckExports(ctx context.Context, betweenReads func(context.
 		return res, fmt.Errorf("plan settings: %w", err)
 	}
 
-	// 1. Exports in progress.
-	active, err := q.StuckExportActiveJobs(ctx)
+	// 1 and 2. Exports in progress whose River job is done, in one read.
+	candidates, err := q.StuckExportCandidates(ctx)
 	if err != nil {
-		return res, fmt.Errorf("read exports in progress: %w", err)
+		return res, fmt.Errorf("read exports in progress and their River jobs: %w", err)
 	}
-	lap("1_read")
-	details["in_progress"] = len(active.JobIds)
-	if len(active.JobIds) == 0 {
+	lap("1_2_read")
+	details["in_progress"] = candidates.InProgress
+	details["river_job_done"] = len(candidates.Ids)
+	if len(candidates.Ids) == 0 {
 		return res, nil
 	}
-
-	// 2. Their River jobs that are done.
-	completed, err := q.StuckExportCompletedRiverJobs(ctx, active.JobIds)
-	if err != nil {
-		return res, fmt.Errorf("look up River jobs of exports: %w", err)
-	}
-	lap("2_river_jobs")
-	details["river_job_done"] = len(completed)
-	if len(completed) == 0 {
-		return res, nil
-	}
-	done := make(map[int64]struct{}, len(completed))
-	for _, jobID := range completed {
-		done[jobID] = struct{}{}
-	}
-	ids := make([]int64, 0, len(completed))
-	jobIDs := make([]int64, 0, len(completed))
-	for i, jobID := range active.JobIds {
-		if _, ok := done[jobID]; ok {
-			ids = append(ids, active.Ids[i])
-			jobIDs = append(jobIDs, jobID)
-		}
-	}
+	ids, jobIDs := candidates.Ids, candidates.JobIds
 
 	if betweenReads != nil {
 		if err := betweenReads(ctx); err != nil {

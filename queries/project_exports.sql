@@ -100,28 +100,22 @@ SELECT * FROM project_relation_exports
 WHERE project_export_job_id = sqlc.arg(project_export_job_id)
 ORDER BY relation;
 
--- name: StuckExportActiveJobs :one
--- export.stuck_jobs step 1: (job_id, id) of every export still queued or
--- started that has a River job, as two aligned arrays (both aggregates see
--- the rows in the same order): one row to decode, however many exports are
--- in progress.
-SELECT COALESCE(array_agg(job_id), '{}')::bigint[] AS job_ids,
-       COALESCE(array_agg(id), '{}')::bigint[] AS ids
-FROM project_export_jobs
-WHERE status IN ('queued', 'started') AND job_id IS NOT NULL;
-
--- name: StuckExportCompletedRiverJobs :many
--- export.stuck_jobs step 2: those of job_ids whose River job is done: its
--- river_job row is finalized (completed, cancelled, discarded) or no longer
--- exists (pruned). A job that is available, scheduled, retryable, pending or
--- running is not done.
-SELECT j.id::bigint AS job_id
-FROM unnest(sqlc.arg(job_ids)::bigint[]) AS j(id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM river_job r
-    WHERE r.id = j.id AND r.state NOT IN ('completed', 'cancelled', 'discarded')
-)
-ORDER BY j.id;
+-- name: StuckExportCandidates :one
+-- export.stuck_jobs steps 1 and 2 as one read: of the exports still queued
+-- or started that have a River job (in_progress counts them), the
+-- (job_id, id) pairs whose River job is done: its river_job row is
+-- finalized (completed, cancelled, discarded) or no longer exists (pruned).
+-- A job that is available, scheduled, retryable, pending or running is not
+-- done. Two aligned arrays: one row to decode, however many exports are in
+-- progress.
+SELECT count(*)::bigint AS in_progress,
+       COALESCE(array_agg(e.job_id ORDER BY e.id)
+                FILTER (WHERE r.id IS NULL OR r.state IN ('completed', 'cancelled', 'discarded')), '{}')::bigint[] AS job_ids,
+       COALESCE(array_agg(e.id ORDER BY e.id)
+                FILTER (WHERE r.id IS NULL OR r.state IN ('completed', 'cancelled', 'discarded')), '{}')::bigint[] AS ids
+FROM project_export_jobs e
+LEFT JOIN river_job r ON r.id = e.job_id
+WHERE e.status IN ('queued', 'started') AND e.job_id IS NOT NULL;
 
 -- name: StuckExportRecheck :many
 -- export.stuck_jobs step 3 (the second read): of the (id, job_id) pairs (a
@@ -147,8 +141,9 @@ WITH failed AS (
         error = 'stuck: its River job finished or no longer exists while the export was ' || e.status,
         finished_at = now(),
         updated_at = now()
-    WHERE e.status IN ('queued', 'started')
-      AND (e.id, e.job_id) IN (SELECT unnest(sqlc.arg(ids)::bigint[]), unnest(sqlc.arg(job_ids)::bigint[]))
+    FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(job_ids)::bigint[]) AS job_id) AS p
+    WHERE e.id = p.id AND e.job_id = p.job_id
+      AND e.status IN ('queued', 'started')
     RETURNING e.id, e.job_id
 ), relations AS (
     UPDATE project_relation_exports AS re
