@@ -23,6 +23,18 @@ func (q *Queries) BypassTriggersForTransaction(ctx context.Context) error {
 	return err
 }
 
+const currentSynchronousCommit = `-- name: CurrentSynchronousCommit :one
+SELECT current_setting('synchronous_commit')::text AS synchronous_commit
+`
+
+// This session's synchronous_commit, to restore after a sweep.
+func (q *Queries) CurrentSynchronousCommit(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, currentSynchronousCommit)
+	var synchronous_commit string
+	err := row.Scan(&synchronous_commit)
+	return synchronous_commit, err
+}
+
 const databaseNow = `-- name: DatabaseNow :one
 SELECT now()::timestamptz AS now
 `
@@ -411,4 +423,19 @@ func (q *Queries) SelectStuckScheduledBuilds(ctx context.Context, arg SelectStuc
 		return nil, err
 	}
 	return items, nil
+}
+
+const setSynchronousCommit = `-- name: SetSynchronousCommit :exec
+SELECT set_config('synchronous_commit', $1::text, false)
+`
+
+// Sets synchronous_commit for the rest of this session. A sweep turns it off
+// on its connection: its per-batch and per-build commits then do not each
+// wait for the WAL flush; the synchronous commit of the run's journal row
+// flushes them all (WAL is flushed in order), and a server crash before that
+// loses at most the last drops of a run that is not recorded as finished,
+// which the next run redoes.
+func (q *Queries) SetSynchronousCommit(ctx context.Context, value string) error {
+	_, err := q.db.Exec(ctx, setSynchronousCommit, value)
+	return err
 }

@@ -699,3 +699,31 @@ func TestStuckBuildsInterruptedMidRun(t *testing.T) {
 		"SELECT count(*) FROM ci_builds WHERE id = ANY($1) AND status = 'failed' AND lock_version = 1", ids).Scan(&n))
 	require.Equal(t, len(ids), n, "each build dropped exactly once")
 }
+
+// TestStuckBuildsRestoresConnection: the run's own connection goes back to
+// the pool with synchronous_commit as it was.
+func TestStuckBuildsRestoresConnection(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	cfg, err := db.ParseConfig(testdb.New(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 2 // the advisory lock's and the sweep's
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	deps, _ := jobtest.NewDeps(t, pool)
+	insertStuck(t, pool, "canceling", 150)
+
+	_, details, err := sweepOnce(t, ctx, deps, "ci.drop_canceling_builds")
+	require.NoError(t, err)
+	require.EqualValues(t, 150, details["dropped"])
+	for range 2 {
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		var sc string
+		require.NoError(t, conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc))
+		require.Equal(t, "on", sc)
+	}
+}

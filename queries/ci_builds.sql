@@ -110,3 +110,16 @@ SELECT set_config('session_replication_role', 'replica', true);
 -- The database's clock: the sweeps compute their cutoffs from it, so the
 -- clocks of the worker machines do not matter.
 SELECT now()::timestamptz AS now;
+
+-- name: CurrentSynchronousCommit :one
+-- This session's synchronous_commit, to restore after a sweep.
+SELECT current_setting('synchronous_commit')::text AS synchronous_commit;
+
+-- name: SetSynchronousCommit :exec
+-- Sets synchronous_commit for the rest of this session. A sweep turns it off
+-- on its connection: its per-batch and per-build commits then do not each
+-- wait for the WAL flush; the synchronous commit of the run's journal row
+-- flushes them all (WAL is flushed in order), and a server crash before that
+-- loses at most the last drops of a run that is not recorded as finished,
+-- which the next run redoes.
+SELECT set_config('synchronous_commit', sqlc.arg(value)::text, false);
