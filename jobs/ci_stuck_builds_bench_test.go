@@ -20,7 +20,7 @@ import (
 // maintenance framework, 100 batches of 100 builds with optimistic locking)
 // on 1,000,000 ci_builds of which 10,000 are stuck in canceling, against the
 // floor: one set-based UPDATE of the same rows. The rows are reset (and the
-// table vacuumed and checkpointed) before each measurement; three rounds
+// table vacuumed and checkpointed) before each measurement; five rounds
 // alternate the two, and the fastest of each is reported.
 //
 // Reported: ms/run (the sweep), baseline-ms/run (the set-based UPDATE),
@@ -33,7 +33,7 @@ func BenchmarkDropCancelingBuilds(b *testing.B) {
 		kind   = "ci.drop_canceling_builds"
 		total  = 1_000_000
 		stuck  = 10_000
-		rounds = 3
+		rounds = 5
 		target = 3.0
 	)
 	ctx := context.Background()
