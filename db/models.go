@@ -61,6 +61,7 @@ func (ns NullRiverJobState) Value() (driver.Value, error) {
 	return string(ns.RiverJobState), nil
 }
 
+// CI builds (GitLab's statuses). lock_version is the optimistic lock: every writer that changes a build increments it. Builds stuck in canceling, running, scheduled or pending are failed by the ci.drop_*_builds maintenance kinds.
 type CiBuild struct {
 	ID            int64      `json:"id"`
 	ProjectID     int64      `json:"project_id"`

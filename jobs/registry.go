@@ -78,6 +78,14 @@ func NewRegistry() *Registry {
 		func(d *Deps) river.Worker[ExportProjectArgs] { return &ExportProjectWorker{deps: d} })
 	addKind(r, true, "mark failed the project exports whose River job finished or is gone",
 		func(d *Deps) river.Worker[ExportStuckJobsArgs] { return &ExportStuckJobsWorker{deps: d} })
+	addKind(r, true, "fail builds stuck in canceling for ci.drop_canceling_builds.timeout (stuck_or_timeout_failure)",
+		func(d *Deps) river.Worker[CIDropCancelingBuildsArgs] { return &CIDropCancelingBuildsWorker{deps: d} })
+	addKind(r, true, "fail builds stuck in running for ci.drop_running_builds.timeout (stuck_or_timeout_failure)",
+		func(d *Deps) river.Worker[CIDropRunningBuildsArgs] { return &CIDropRunningBuildsWorker{deps: d} })
+	addKind(r, true, "fail scheduled builds overdue by ci.drop_scheduled_builds.timeout (stale_schedule)",
+		func(d *Deps) river.Worker[CIDropScheduledBuildsArgs] { return &CIDropScheduledBuildsWorker{deps: d} })
+	addKind(r, true, "fail builds stuck in pending for ci.drop_pending_builds.timeout (stuck_or_timeout_failure)",
+		func(d *Deps) river.Worker[CIDropPendingBuildsArgs] { return &CIDropPendingBuildsWorker{deps: d} })
 	return r
 }
 
