@@ -39,6 +39,9 @@ type Deps struct {
 	JobTimeout time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
+	// LockCheckInterval is how often a maintenance run checks its lock's
+	// connection (default DefaultLockCheckInterval).
+	LockCheckInterval time.Duration
 	// ExportDir is where export.project writes archives; empty means
 	// DefaultExportDir.
 	ExportDir string
