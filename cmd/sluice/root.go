@@ -59,6 +59,8 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 		newMigrateCmd(g),
 		newRunCmd(g),
 		newWorkerCmd(g),
+		newScheduleCmd(g),
+		newHealthCmd(g),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
