@@ -383,3 +383,37 @@ func TestNewValidatesConfig(t *testing.T) {
 	_, err := scheduler.New(scheduler.Config{})
 	require.ErrorContains(t, err, "Pool is required")
 }
+
+// TestSchedulesTableTriggers covers the table's BEFORE UPDATE rules, as an
+// operator using plain SQL meets them.
+func TestSchedulesTableTriggers(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	due := t0
+	insertRow(t, pool, row{name: "s", cron: "* * * * *", next: &due})
+	exec := func(sql string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	exec(`UPDATE schedules SET updated_at = '2000-01-01Z'`)
+	exec(`UPDATE schedules SET next_run_at = next_run_at + interval '1 minute', run_count = 1`)
+	require.Equal(t, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), getRow(t, pool, "s").UpdatedAt.UTC(), "bookkeeping keeps updated_at")
+	exec(`UPDATE schedules SET misfire = 'skip'`)
+	r := getRow(t, pool, "s")
+	require.WithinDuration(t, time.Now(), r.UpdatedAt, time.Minute, "a definition change sets updated_at")
+	require.NotNil(t, r.NextRunAt, "misfire does not touch the cadence")
+
+	exec(`UPDATE schedules SET status = 'failed', failure_count = 6, retry_due_at = next_run_at`)
+	exec(`UPDATE schedules SET status = 'active'`)
+	require.Zero(t, getRow(t, pool, "s").FailureCount, "failed -> active resets failure_count")
+
+	exec(`UPDATE schedules SET timezone = 'Europe/Paris'`)
+	r = getRow(t, pool, "s")
+	require.Nil(t, r.NextRunAt, "a new zone: next_run_at is recomputed by the dispatcher")
+	require.Nil(t, r.RetryDueAt)
+	exec(`UPDATE schedules SET cron = '0 * * * *', next_run_at = '2030-01-01Z'`)
+	require.Equal(t, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC), getRow(t, pool, "s").NextRunAt.UTC(), "set in the same UPDATE: kept")
+}

@@ -263,3 +263,34 @@ func TestHealthCLI(t *testing.T) {
 	require.Contains(t, string(outb), "CRITICAL: database: unreachable")
 	require.NotContains(t, string(outb), "s3cretpw")
 }
+
+// TestScheduleDatabaseErrors: without a database URL the schedule commands
+// are usage errors (exit 2); with an unreachable one, runtime failures
+// (exit 1); the password never shows.
+func TestScheduleDatabaseErrors(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		env  string
+		code int
+		want string
+	}{
+		{"DATABASE_URL=", 2, "no database URL"},
+		{"DATABASE_URL=postgres://bob:s3cretpw@127.0.0.1:1/x?connect_timeout=2", 1, "connect to database host=127.0.0.1 port=1"},
+	} {
+		for _, args := range [][]string{
+			{"schedule", "list"},
+			{"schedule", "add", "--name", "n", "--cron", "@hourly", "--kind", "demo.sleep"},
+			{"schedule", "trigger", "n"},
+		} {
+			cmd := exec.Command(sluiceBin, args...)
+			cmd.Env = append(os.Environ(), tc.env)
+			out, err := cmd.CombinedOutput()
+			var exitErr *exec.ExitError
+			require.ErrorAs(t, err, &exitErr, "%v: %s", args, out)
+			require.Equal(t, tc.code, exitErr.ExitCode(), "%v: %s", args, out)
+			require.Contains(t, string(out), tc.want, "%v", args)
+			require.NotContains(t, string(out), "s3cretpw", "%v", args)
+		}
+	}
+}
