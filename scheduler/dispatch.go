@@ -264,13 +264,11 @@ func (d *Dispatcher) insert(ctx context.Context, tx pgx.Tx, plans []*plan) error
 	if len(all) == 0 {
 		return nil
 	}
-	results, err := d.insertSavepoint(ctx, tx, all)
+	ids, err := d.insertSavepoint(ctx, tx, all)
 	if err == nil {
-		i := 0
 		for _, p := range todo {
-			for range p.params {
-				p.jobIDs = append(p.jobIDs, results[i])
-				i++
+			if err := p.assignJobIDs(ids); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -288,7 +286,28 @@ func (d *Dispatcher) insert(ctx context.Context, tx pgx.Tx, plans []*plan) error
 			p.err = fmt.Errorf("insert job: %w", err)
 			continue
 		}
-		p.jobIDs = ids
+		if err := p.assignJobIDs(ids); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// jobKey identifies an inserted job by the schedule and due time in its
+// metadata (results are matched by key, not by position).
+type jobKey struct {
+	scheduleID int64
+	due        int64 // unix nanoseconds
+}
+
+// assignJobIDs looks up the ids of the plan's jobs.
+func (p *plan) assignJobIDs(ids map[jobKey]int64) error {
+	for _, due := range p.dues {
+		id, ok := ids[jobKey{p.row.ID, due.UnixNano()}]
+		if !ok {
+			return fmt.Errorf("scheduler: the insert returned no job for schedule %q due %s", p.row.Name, due.UTC().Format(time.RFC3339Nano))
+		}
+		p.jobIDs = append(p.jobIDs, id)
 	}
 	return nil
 }
@@ -298,10 +317,11 @@ type txError struct{ err error }
 
 func (e *txError) Error() string { return e.err.Error() }
 
-// insertSavepoint inserts params under a savepoint and returns the job ids.
+// insertSavepoint inserts params under a savepoint and returns the job ids
+// by schedule and due time.
 // An insert error rolls back to the savepoint and is returned as is;
 // savepoint errors come back as *txError.
-func (d *Dispatcher) insertSavepoint(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) ([]int64, error) {
+func (d *Dispatcher) insertSavepoint(ctx context.Context, tx pgx.Tx, params []river.InsertManyParams) (map[jobKey]int64, error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, &txError{fmt.Errorf("scheduler: savepoint: %w", err)}
@@ -319,9 +339,13 @@ func (d *Dispatcher) insertSavepoint(ctx context.Context, tx pgx.Tx, params []ri
 	if err := sp.Commit(ctx); err != nil {
 		return nil, &txError{fmt.Errorf("scheduler: release savepoint: %w", err)}
 	}
-	ids := make([]int64, len(results))
-	for i, r := range results {
-		ids[i] = r.Job.ID
+	ids := make(map[jobKey]int64, len(results))
+	for _, r := range results {
+		var md JobMetadata
+		if err := json.Unmarshal(r.Job.Metadata, &md); err != nil {
+			return nil, &txError{fmt.Errorf("scheduler: read metadata of job %d: %w", r.Job.ID, err)}
+		}
+		ids[jobKey{md.ScheduleID, md.DueAt.UnixNano()}] = r.Job.ID
 	}
 	return ids, nil
 }

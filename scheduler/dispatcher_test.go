@@ -189,6 +189,12 @@ func TestExactlyOnceRacingDispatchers(t *testing.T) {
 			SELECT metadata->>'schedule', metadata->>'due_at' FROM river_job
 			GROUP BY 1, 2 HAVING count(*) > 1) d`).Scan(&dup))
 	require.Zero(t, dup)
+	var mismatched int
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM schedules s LEFT JOIN river_job j ON j.id = s.last_job_id
+		WHERE j.id IS NULL OR j.metadata->>'schedule' <> s.name
+		   OR (j.metadata->>'due_at')::timestamptz <> s.last_run_at`).Scan(&mismatched))
+	require.Zero(t, mismatched, "last_job_id and last_run_at name the schedule's latest job")
 }
 
 // TestExactlyOnceRunningDispatchers runs three dispatchers for real (Run,
