@@ -59,7 +59,8 @@ type Definition struct {
 	// Misfire is run_once (default), skip or run_all.
 	Misfire string
 	// MaxRetries is how many times a failed dispatch is retried before the
-	// schedule is marked failed.
+	// schedule is marked failed (0: the first failure marks it failed; the
+	// CLI's and the table's default is DefaultMaxRetries).
 	MaxRetries int
 	// Enabled schedules are dispatched.
 	Enabled bool
