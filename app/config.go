@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/scheduler"
 )
 
 // Defaults of Config.
@@ -29,6 +30,9 @@ const (
 	// to return. Jobs that ignore cancellation longer than this are left
 	// behind (River rescues them later) and the process exits anyway.
 	DefaultHardStopGrace = 5 * time.Second
+	// DefaultHeartbeatInterval is how often a worker refreshes its
+	// sluice_workers row.
+	DefaultHeartbeatInterval = 5 * time.Second
 )
 
 // Config configures a worker process.
@@ -67,6 +71,15 @@ type Config struct {
 	ExportDir string
 	// Logger receives every log line.
 	Logger *slog.Logger
+	// SchedulePollInterval is the longest the schedule dispatcher sleeps
+	// between ticks (it also wakes for the next due time and on NOTIFY).
+	SchedulePollInterval time.Duration
+	// ScheduleBatchSize is how many due schedules one dispatcher
+	// transaction claims.
+	ScheduleBatchSize int
+	// HeartbeatInterval is how often the worker refreshes its
+	// sluice_workers row.
+	HeartbeatInterval time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -101,6 +114,15 @@ func (c *Config) withDefaults() Config {
 	if out.ID == "" {
 		out.ID = NewID()
 	}
+	if out.SchedulePollInterval == 0 {
+		out.SchedulePollInterval = scheduler.DefaultPollInterval
+	}
+	if out.ScheduleBatchSize == 0 {
+		out.ScheduleBatchSize = scheduler.DefaultBatchSize
+	}
+	if out.HeartbeatInterval == 0 {
+		out.HeartbeatInterval = DefaultHeartbeatInterval
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -130,6 +152,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("rescue-stuck-jobs-after (%s) must be at least the job timeout (%s)", c.RescueStuckJobsAfter, max(c.JobTimeout, jobs.DefaultJobTimeout))
 	case len(c.ID) > 100:
 		return fmt.Errorf("worker id must be at most 100 characters, got %d", len(c.ID))
+	case c.SchedulePollInterval < 0 || (c.SchedulePollInterval > 0 && c.SchedulePollInterval < 10*time.Millisecond):
+		return fmt.Errorf("schedule poll interval must be at least 10ms, got %s", c.SchedulePollInterval)
+	case c.ScheduleBatchSize < 0 || c.ScheduleBatchSize > scheduler.MaxBatchSize:
+		return fmt.Errorf("schedule batch size must be between 1 and %d, got %d", scheduler.MaxBatchSize, c.ScheduleBatchSize)
+	case c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond):
+		return fmt.Errorf("heartbeat interval must be at least 100ms, got %s", c.HeartbeatInterval)
 	}
 	return nil
 }

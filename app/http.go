@@ -12,7 +12,8 @@ import (
 )
 
 // newHTTPHandler serves /healthz (the process is alive), /readyz (the
-// database answers) and /metrics (Prometheus).
+// database answers), /metrics (Prometheus) and /health (workers and
+// schedules, see checkHealth).
 func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -29,6 +30,7 @@ func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Hand
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	mux.HandleFunc("GET /stats", statsHandler(pool)) // the stats document (stats.go)
+	mux.HandleFunc("GET /health", healthHandler(pool))
 	return mux
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/jobs"
 	"github.com/sluice-dev/sluice/migrations"
+	"github.com/sluice-dev/sluice/scheduler"
 )
 
 // Worker is one `sluice worker` process: River client, HTTP server and the
@@ -28,6 +29,10 @@ type Worker struct {
 	registry *prometheus.Registry
 	listener net.Listener
 	server   *http.Server
+	// dispatcher is the schedule dispatcher; heartbeat keeps the
+	// sluice_workers row.
+	dispatcher *scheduler.Dispatcher
+	heartbeat  *heartbeat
 }
 
 // NewWorker connects to the database, checks that its schema is migrated,
@@ -85,6 +90,9 @@ func (w *Worker) init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := w.initScheduler(); err != nil {
+		return err
+	}
 	if w.cfg.HTTPAddr != "" {
 		w.listener, err = net.Listen("tcp", w.cfg.HTTPAddr)
 		if err != nil {
@@ -131,6 +139,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("start River client: %w", err)
 	}
+	stopDispatcher, stopHeartbeat, err := w.startScheduler(ctx)
+	if err != nil {
+		w.stopClient()
+		if w.listener != nil {
+			_ = w.listener.Close()
+		}
+		return err
+	}
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
@@ -147,7 +163,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		logger.Error("worker stopping: http server failed", "error", err)
 	}
 
+	stopDispatcher()
 	w.stopClient()
+	stopHeartbeat()
+	w.removeHeartbeat()
 	if w.server != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -201,25 +201,27 @@ type RiverQueue struct {
 
 // Durable schedules: the dispatcher of every sluice worker inserts one River job per due time. next_run_at NULL means "compute from cron".
 type Schedule struct {
-	ID           int64           `json:"id"`
-	Name         string          `json:"name"`
-	Cron         string          `json:"cron"`
-	Timezone     string          `json:"timezone"`
-	Kind         string          `json:"kind"`
-	Args         json.RawMessage `json:"args"`
-	Queue        *string         `json:"queue"`
-	Enabled      bool            `json:"enabled"`
-	Status       string          `json:"status"`
-	Misfire      string          `json:"misfire"`
-	NextRunAt    *time.Time      `json:"next_run_at"`
-	LastRunAt    *time.Time      `json:"last_run_at"`
-	LastJobID    *int64          `json:"last_job_id"`
-	RunCount     int64           `json:"run_count"`
-	FailureCount int32           `json:"failure_count"`
-	MaxRetries   int32           `json:"max_retries"`
-	LastError    *string         `json:"last_error"`
-	CreatedAt    time.Time       `json:"created_at"`
-	UpdatedAt    time.Time       `json:"updated_at"`
+	ID               int64           `json:"id"`
+	Name             string          `json:"name"`
+	Cron             string          `json:"cron"`
+	Timezone         string          `json:"timezone"`
+	Kind             string          `json:"kind"`
+	Args             json.RawMessage `json:"args"`
+	Queue            *string         `json:"queue"`
+	Enabled          bool            `json:"enabled"`
+	Status           string          `json:"status"`
+	Misfire          string          `json:"misfire"`
+	NextRunAt        *time.Time      `json:"next_run_at"`
+	LastRunAt        *time.Time      `json:"last_run_at"`
+	LastJobID        *int64          `json:"last_job_id"`
+	RunCount         int64           `json:"run_count"`
+	FailureCount     int32           `json:"failure_count"`
+	MaxRetries       int32           `json:"max_retries"`
+	LastError        *string         `json:"last_error"`
+	CreatedAt        time.Time       `json:"created_at"`
+	UpdatedAt        time.Time       `json:"updated_at"`
+	RetryDueAt       *time.Time      `json:"retry_due_at"`
+	LastDispatchedAt *time.Time      `json:"last_dispatched_at"`
 }
 
 // Dynamic settings: read on every use, so an UPDATE takes effect at the next run without a restart.
@@ -245,11 +247,61 @@ type SluiceQueueOverview struct {
 	OldestAvailableAge interface{} `json:"oldest_available_age"`
 }
 
+type SluiceScheduleStatus struct {
+	ID               int64       `json:"id"`
+	Name             string      `json:"name"`
+	Kind             string      `json:"kind"`
+	Cron             string      `json:"cron"`
+	Timezone         string      `json:"timezone"`
+	Misfire          string      `json:"misfire"`
+	Enabled          bool        `json:"enabled"`
+	Status           string      `json:"status"`
+	Health           string      `json:"health"`
+	NextRunAt        *time.Time  `json:"next_run_at"`
+	OverdueBy        interface{} `json:"overdue_by"`
+	LastRunAt        *time.Time  `json:"last_run_at"`
+	LastDispatchedAt *time.Time  `json:"last_dispatched_at"`
+	LastLag          int32       `json:"last_lag"`
+	LastJobID        *int64      `json:"last_job_id"`
+	LastJobState     string      `json:"last_job_state"`
+	RunCount         int64       `json:"run_count"`
+	FailureCount     int32       `json:"failure_count"`
+	MaxRetries       int32       `json:"max_retries"`
+	LastError        *string     `json:"last_error"`
+}
+
 // Jobs still running after their cancellation, per kind: current_count_post_cancel (now, past task_cancellation.duration_millis) and total_count_post_cancel (cumulative).
 type SluiceTaskCancellationStat struct {
 	Kind                   string `json:"kind"`
 	CurrentCountPostCancel int64  `json:"current_count_post_cancel"`
 	TotalCountPostCancel   int64  `json:"total_count_post_cancel"`
+}
+
+// Live sluice workers: each refreshes heartbeat_at every heartbeat_interval and deletes its row on a clean shutdown. id = River client ID (river_job.attempted_by).
+type SluiceWorker struct {
+	ID                string          `json:"id"`
+	Host              string          `json:"host"`
+	Pid               int32           `json:"pid"`
+	StartedAt         time.Time       `json:"started_at"`
+	HeartbeatAt       time.Time       `json:"heartbeat_at"`
+	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
+	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	PollInterval      pgtype.Interval `json:"poll_interval"`
+}
+
+type SluiceWorkerStatus struct {
+	ID                string          `json:"id"`
+	Host              string          `json:"host"`
+	Pid               int32           `json:"pid"`
+	StartedAt         time.Time       `json:"started_at"`
+	HeartbeatAt       time.Time       `json:"heartbeat_at"`
+	HeartbeatAge      int32           `json:"heartbeat_age"`
+	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
+	Live              bool            `json:"live"`
+	PollInterval      pgtype.Interval `json:"poll_interval"`
+	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	DispatcherTickAge int32           `json:"dispatcher_tick_age"`
+	DispatcherFresh   interface{}     `json:"dispatcher_fresh"`
 }
 
 // Cumulative number of jobs per kind that kept running at least task_cancellation.duration_millis after their cancellation.

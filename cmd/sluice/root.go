@@ -38,7 +38,9 @@ their state in Postgres: schedules, maintenance locks, concurrency limits and
 parked jobs are tables an operator can query and change with SQL.
 
 Every command reads the database from --database-url or DATABASE_URL.
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
+(sluice health follows the monitoring-plugin convention instead: 0 OK,
+1 WARNING, 2 CRITICAL).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -65,6 +67,8 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 		newRunCmd(g),
 		newStatsCmd(g),
 		newWorkerCmd(g),
+		newScheduleCmd(g),
+		newHealthCmd(g),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
