@@ -124,6 +124,7 @@ wait:
 	if err := client.Stop(stopCtx); err != nil {
 		return nil, fmt.Errorf("stop River client: %w", err)
 	}
+	flushLimiter(deps, cfg.Logger)
 
 	res := &RunResult{JobID: jobID, Kind: args.Kind(), State: event.Job.State, Duration: time.Since(start)}
 	if event.JobStats != nil {

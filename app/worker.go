@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -180,6 +181,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 func (w *Worker) stopClient() {
 	logger := w.cfg.Logger
+	// Jobs that ended have their concurrency slots released in the
+	// background: write those releases before the pool closes.
+	defer flushLimiter(w.deps, logger)
 	softCtx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := w.client.Stop(softCtx); err == nil {
@@ -191,6 +195,25 @@ func (w *Worker) stopClient() {
 	if err := w.client.StopAndCancel(hardCtx); err != nil {
 		logger.Error("jobs ignored cancellation: exiting without them; River will rescue them",
 			"grace", w.cfg.HardStopGrace.String())
+	}
+}
+
+// flushTimeout bounds the wait for the last concurrency slot releases.
+const flushTimeout = 5 * time.Second
+
+// flushLimiter waits (at most flushTimeout) for the concurrency slot
+// releases still in flight; releases it gives up on leave stale slot rows
+// that concurrency_limit.resume cleans up.
+func flushLimiter(deps *jobs.Deps, logger *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		deps.Limiter.Flush()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(flushTimeout):
+		logger.Warn("concurrency slot releases still pending at exit; concurrency_limit.resume will free them")
 	}
 }
 

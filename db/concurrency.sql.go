@@ -33,6 +33,88 @@ func (q *Queries) AddConcurrencyCounts(ctx context.Context, arg AddConcurrencyCo
 	return err
 }
 
+const admitJobs = `-- name: AdmitJobs :many
+WITH req AS (
+    SELECT unnest($1::bigint[]) AS job_id,
+           unnest($2::text[]) AS kind,
+           generate_subscripts($1::bigint[], 1) AS ord
+),
+lim AS (
+    SELECT l.kind, l.max_concurrency, l.admitted, l.parked
+    FROM concurrency_limits l
+    WHERE l.kind = ANY($2::text[])
+    ORDER BY l.kind
+    FOR UPDATE
+),
+decided AS (
+    SELECT req.job_id, req.kind, req.ord,
+           CASE
+               WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
+               WHEN lim.max_concurrency < 0 OR lim.parked > 0
+                    OR row_number() OVER (PARTITION BY req.kind ORDER BY req.ord) > lim.max_concurrency - lim.admitted THEN 'park'
+               ELSE 'admit'
+           END AS decision
+    FROM req
+    LEFT JOIN lim ON lim.kind = req.kind
+),
+slots AS (
+    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
+    SELECT d.job_id, d.kind, $3, false
+    FROM decided d
+    WHERE d.decision = 'admit'
+    ON CONFLICT (job_id) DO UPDATE
+    SET worker_id = EXCLUDED.worker_id, reserved = false, admitted_at = now()
+    RETURNING concurrency_executions.kind
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = l.admitted + c.n
+    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s GROUP BY s.kind) AS c
+    WHERE l.kind = c.kind
+    RETURNING l.kind
+)
+SELECT d.job_id::bigint AS job_id, d.decision::text AS decision
+FROM decided d
+ORDER BY d.ord
+`
+
+type AdmitJobsParams struct {
+	JobIds   []int64  `json:"job_ids"`
+	Kinds    []string `json:"kinds"`
+	WorkerID *string  `json:"worker_id"`
+}
+
+type AdmitJobsRow struct {
+	JobID    int64  `json:"job_id"`
+	Decision string `json:"decision"`
+}
+
+// The admission fast path: one batch of jobs (in order) in one statement.
+// Locks the limit rows of their kinds in kind order, decides per job —
+// 'run' (no limit row, or 0: no slot needed), 'park' (circuit breaker, jobs
+// already parked, or no free slot) or 'admit' — writes the admitted jobs'
+// slot rows and raises the kinds' admitted counts. Parking happens in a
+// second transaction.
+func (q *Queries) AdmitJobs(ctx context.Context, arg AdmitJobsParams) ([]*AdmitJobsRow, error) {
+	rows, err := q.db.Query(ctx, admitJobs, arg.JobIds, arg.Kinds, arg.WorkerID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*AdmitJobsRow
+	for rows.Next() {
+		var i AdmitJobsRow
+		if err := rows.Scan(&i.JobID, &i.Decision); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const clearConcurrencyLimit = `-- name: ClearConcurrencyLimit :execrows
 DELETE FROM concurrency_limits WHERE kind = $1
 `
@@ -137,38 +219,6 @@ func (q *Queries) CountParkedJobs(ctx context.Context, kind string) (int64, erro
 	return count, err
 }
 
-const deleteConcurrencyExecutions = `-- name: DeleteConcurrencyExecutions :many
-DELETE FROM concurrency_executions
-WHERE job_id = ANY($1::bigint[])
-RETURNING job_id, kind
-`
-
-type DeleteConcurrencyExecutionsRow struct {
-	JobID int64  `json:"job_id"`
-	Kind  string `json:"kind"`
-}
-
-// Releases the slots of jobs that ended.
-func (q *Queries) DeleteConcurrencyExecutions(ctx context.Context, jobIds []int64) ([]*DeleteConcurrencyExecutionsRow, error) {
-	rows, err := q.db.Query(ctx, deleteConcurrencyExecutions, jobIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*DeleteConcurrencyExecutionsRow
-	for rows.Next() {
-		var i DeleteConcurrencyExecutionsRow
-		if err := rows.Scan(&i.JobID, &i.Kind); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const deleteStaleConcurrencyExecutions = `-- name: DeleteStaleConcurrencyExecutions :many
 DELETE FROM concurrency_executions e
 WHERE e.kind = $1
@@ -202,22 +252,6 @@ func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, kind str
 		return nil, err
 	}
 	return items, nil
-}
-
-const getConcurrencyLimit = `-- name: GetConcurrencyLimit :one
-SELECT kind, max_concurrency FROM concurrency_limits WHERE kind = $1
-`
-
-type GetConcurrencyLimitRow struct {
-	Kind           string `json:"kind"`
-	MaxConcurrency int32  `json:"max_concurrency"`
-}
-
-func (q *Queries) GetConcurrencyLimit(ctx context.Context, kind string) (*GetConcurrencyLimitRow, error) {
-	row := q.db.QueryRow(ctx, getConcurrencyLimit, kind)
-	var i GetConcurrencyLimitRow
-	err := row.Scan(&i.Kind, &i.MaxConcurrency)
-	return &i, err
 }
 
 const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :exec
@@ -489,6 +523,70 @@ WHERE kind = $1
 func (q *Queries) RecountConcurrency(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, recountConcurrency, kind)
 	return err
+}
+
+const releaseJobs = `-- name: ReleaseJobs :many
+WITH lk AS (
+    SELECT l.kind FROM concurrency_limits l
+    WHERE l.kind = ANY($1::text[])
+    ORDER BY l.kind
+    FOR UPDATE
+),
+freed AS (
+    DELETE FROM concurrency_executions e
+    WHERE e.job_id = ANY($2::bigint[])
+    RETURNING e.kind
+),
+per_kind AS (
+    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n
+    FROM lk
+)
+UPDATE concurrency_limits l
+SET admitted = GREATEST(l.admitted - p.n, 0)
+FROM per_kind p
+WHERE l.kind = p.kind
+RETURNING l.kind, l.max_concurrency, l.admitted, l.parked
+`
+
+type ReleaseJobsParams struct {
+	Kinds  []string `json:"kinds"`
+	JobIds []int64  `json:"job_ids"`
+}
+
+type ReleaseJobsRow struct {
+	Kind           string `json:"kind"`
+	MaxConcurrency int32  `json:"max_concurrency"`
+	Admitted       int32  `json:"admitted"`
+	Parked         int64  `json:"parked"`
+}
+
+// The release fast path: frees the slots of jobs that ended, lowers the
+// kinds' admitted counts (limit rows locked in kind order first), and
+// returns the counts of the kinds released, so the caller can resume
+// parked jobs into the free slots.
+func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*ReleaseJobsRow, error) {
+	rows, err := q.db.Query(ctx, releaseJobs, arg.Kinds, arg.JobIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ReleaseJobsRow
+	for rows.Next() {
+		var i ReleaseJobsRow
+		if err := rows.Scan(
+			&i.Kind,
+			&i.MaxConcurrency,
+			&i.Admitted,
+			&i.Parked,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const setConcurrencyLimit = `-- name: SetConcurrencyLimit :one

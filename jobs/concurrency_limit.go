@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -33,6 +35,10 @@ const (
 	// job was parked, and that a job is a resumed parked job.
 	metaParked  = "sluice_parked"
 	metaResumed = "sluice_resumed"
+	// batchesInFlight is how many admission (and release) statements a
+	// worker runs at once: while one waits for the kind's row lock, the next
+	// is on its way.
+	batchesInFlight = 2
 	// parkChunk caps the jobs parked by one transaction.
 	parkChunk = 128
 	// batchTimeout bounds one admission or release transaction.
@@ -78,20 +84,18 @@ type admitRequest struct {
 	job      *rivertype.JobRow
 	done     chan struct{}
 	decision admission
-	deferred bool // parked in the batch's second round
 	err      error
 }
 
 type releaseRequest struct {
-	ctx  context.Context
-	job  *rivertype.JobRow
-	done chan struct{}
+	ctx context.Context
+	job *rivertype.JobRow
 }
 
 func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string) *Limiter {
 	l := &Limiter{pool: pool, logger: logger, metrics: metrics, workerID: workerID}
-	l.admitter.process = l.admitBatch
-	l.releaser.process = l.releaseBatch
+	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
+	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
 	return l
 }
 
@@ -160,12 +164,18 @@ func (l *Limiter) limitOf(ctx context.Context, kind string) (int32, bool, error)
 	return limit, ok, nil
 }
 
-// release frees the job's slot and, in the same transaction, resumes parked
-// jobs of its kind into the freed slots. A release that fails leaves a stale
-// row, which concurrency_limit.resume cleans up.
+// release frees the job's slot, and resumes parked jobs of its kind into
+// the freed slots, in the background: the job's worker goroutine does not
+// wait for it. A release lost to a crash leaves a stale slot row, which
+// concurrency_limit.resume (and the reaper of dead workers) cleans up;
+// Flush waits for the releases still in flight on a clean stop.
 func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
-	req := &releaseRequest{ctx: context.WithoutCancel(ctx), job: job, done: make(chan struct{})}
-	l.releaser.submit(req, req.done)
+	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job})
+}
+
+// Flush waits until the slot releases of jobs that ended have been written.
+func (l *Limiter) Flush() {
+	l.releaser.flush()
 }
 
 // kindCounts is the locked state of one limited kind within a batch, and the
@@ -211,77 +221,95 @@ func saveCounts(ctx context.Context, q *db.Queries, counts map[string]*kindCount
 	return nil
 }
 
-// admitBatch decides a batch of admissions. Admitted jobs are answered as
-// soon as their transaction commits; jobs that must be parked are decided
-// again and parked in later transactions of at most parkChunk jobs (a slot
-// may have freed meanwhile), so a large parking neither delays the jobs that
-// may run nor holds the kind's lock against releases for long.
+// admitBatch decides a batch of admissions. The fast path is one statement
+// (AdmitJobs) that admits what fits and says which jobs must be parked;
+// those are decided again and parked in transactions of at most parkChunk
+// jobs (a slot may have freed meanwhile), so a large parking neither delays
+// the jobs that may run nor holds the kind's lock against releases for long.
 func (l *Limiter) admitBatch(batch []*admitRequest) {
-	pending := batch
-	for round := 0; len(pending) > 0; round++ {
-		parkNow := round > 0 // the second round parks what it cannot admit
-		var deferred []*admitRequest
-		err := l.withBatchTx(pending[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
-			deferred = deferred[:0]
-			q := db.New(tx)
-			kinds := distinctKinds(len(pending), func(i int) string { return pending[i].job.Kind })
-			counts, err := lockKinds(ctx, q, kinds)
-			if err != nil {
-				return err
-			}
-			var admitIDs []int64
-			var admitKinds []string
-			var toPark []*admitRequest
-			for _, r := range pending {
-				r.deferred = false
-				c, ok := counts[r.job.Kind]
-				switch {
-				case !ok || c.limit == 0:
-					r.decision = admitRun
-				case c.limit < 0 || c.parked > 0 || c.parkedAheadInBatch || c.taken >= c.limit:
-					r.decision = admitParked
-					c.parkedAheadInBatch = true // FIFO: later jobs queue behind this one
-					if parkNow && len(toPark) < parkChunk {
-						toPark = append(toPark, r)
-					} else {
-						r.deferred = true
-						deferred = append(deferred, r)
-					}
-				default:
-					r.decision = admitSlot
-					c.taken++
-					c.dAdmit++
-					admitIDs = append(admitIDs, r.job.ID)
-					admitKinds = append(admitKinds, r.job.Kind)
-				}
-			}
-			if len(admitIDs) > 0 {
-				if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
-					JobIds: admitIDs, Kinds: admitKinds, WorkerID: l.workerIDPtr(), Reserved: false,
-				}); err != nil {
-					return fmt.Errorf("admit: %w", err)
-				}
-			}
-			if err := l.park(ctx, tx, toPark, counts); err != nil {
-				return err
-			}
-			return saveCounts(ctx, q, counts)
-		})
-		for _, r := range pending {
-			switch {
-			case err != nil:
-				r.decision, r.err = admitRun, err
-			case r.deferred:
-				continue // decided again in the next round
-			case r.decision == admitParked:
-				l.metrics.Parked.WithLabelValues(r.job.Kind).Inc()
-			}
-			close(r.done)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
+	defer cancel()
+	p := db.AdmitJobsParams{WorkerID: l.workerIDPtr()}
+	for _, r := range batch {
+		p.JobIds = append(p.JobIds, r.job.ID)
+		p.Kinds = append(p.Kinds, r.job.Kind)
+	}
+	rows, err := retryDeadlock(func() ([]*db.AdmitJobsRow, error) { return db.New(l.pool).AdmitJobs(ctx, p) })
+	if err == nil && len(rows) != len(batch) {
+		err = fmt.Errorf("admission decided %d of %d jobs", len(rows), len(batch))
+	}
+	var toPark []*admitRequest
+	for i, r := range batch {
+		switch {
+		case err != nil:
+			r.decision, r.err = admitRun, err
+		case rows[i].Decision == "admit":
+			r.decision = admitSlot
+		case rows[i].Decision == "park":
+			toPark = append(toPark, r)
+			continue // answered once parked (or admitted after all)
+		default:
+			r.decision = admitRun
 		}
+		close(r.done)
+	}
+	for len(toPark) > 0 {
+		n := min(len(toPark), parkChunk)
+		l.parkBatch(toPark[:n])
+		toPark = toPark[n:]
+	}
+}
+
+// parkBatch decides again, under the limit rows' lock, the jobs the fast
+// path found no slot for, admits those that now fit (FIFO permitting) and
+// parks the others, then answers them all.
+func (l *Limiter) parkBatch(batch []*admitRequest) {
+	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
+		q := db.New(tx)
+		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
+		counts, err := lockKinds(ctx, q, kinds)
 		if err != nil {
-			return
+			return err
 		}
-		pending = deferred
+		var admitIDs []int64
+		var admitKinds []string
+		var toPark []*admitRequest
+		for _, r := range batch {
+			c, ok := counts[r.job.Kind]
+			switch {
+			case !ok || c.limit == 0:
+				r.decision = admitRun
+			case c.limit < 0 || c.parked > 0 || c.parkedAheadInBatch || c.taken >= c.limit:
+				r.decision = admitParked
+				c.parkedAheadInBatch = true // FIFO: later jobs queue behind this one
+				toPark = append(toPark, r)
+			default:
+				r.decision = admitSlot
+				c.taken++
+				c.dAdmit++
+				admitIDs = append(admitIDs, r.job.ID)
+				admitKinds = append(admitKinds, r.job.Kind)
+			}
+		}
+		if len(admitIDs) > 0 {
+			if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
+				JobIds: admitIDs, Kinds: admitKinds, WorkerID: l.workerIDPtr(), Reserved: false,
+			}); err != nil {
+				return fmt.Errorf("admit: %w", err)
+			}
+		}
+		if err := l.park(ctx, tx, toPark, counts); err != nil {
+			return err
+		}
+		return saveCounts(ctx, q, counts)
+	})
+	for _, r := range batch {
+		if err != nil {
+			r.decision, r.err = admitRun, err
+		} else if r.decision == admitParked {
+			l.metrics.Parked.WithLabelValues(r.job.Kind).Inc()
+		}
+		close(r.done)
 	}
 }
 
@@ -353,44 +381,62 @@ func (l *Limiter) park(ctx context.Context, tx pgx.Tx, batch []*admitRequest, co
 	return nil
 }
 
+// releaseBatch frees the slots of jobs that ended (the fast path, one
+// statement: ReleaseJobs) and, for kinds with parked jobs and now a free
+// slot, resumes the oldest parked jobs into the free slots in a second
+// transaction. Admissions park rather than take a slot while jobs are
+// parked, so the freed slots wait for the resume.
 func (l *Limiter) releaseBatch(batch []*releaseRequest) {
-	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
+	defer cancel()
+	p := db.ReleaseJobsParams{Kinds: distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })}
+	for _, r := range batch {
+		p.JobIds = append(p.JobIds, r.job.ID)
+	}
+	rows, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) { return db.New(l.pool).ReleaseJobs(ctx, p) })
+	if err != nil {
+		l.logger.Error("concurrency slots not released; concurrency_limit.resume will clean them up", "error", err)
+		return
+	}
+	var resumeKinds []string
+	for _, row := range rows {
+		if row.Parked > 0 && row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency) {
+			resumeKinds = append(resumeKinds, row.Kind)
+		}
+	}
+	if len(resumeKinds) == 0 {
+		return
+	}
+	err = l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(tx)
-		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
-		counts, err := lockKinds(ctx, q, kinds)
+		counts, err := lockKinds(ctx, q, resumeKinds)
 		if err != nil {
 			return err
 		}
-		ids := make([]int64, len(batch))
-		for i, r := range batch {
-			ids[i] = r.job.ID
-		}
-		released, err := q.DeleteConcurrencyExecutions(ctx, ids)
-		if err != nil {
-			return fmt.Errorf("release slots: %w", err)
-		}
-		for _, row := range released {
-			if c, ok := counts[row.Kind]; ok {
-				c.taken--
-				c.dAdmit--
-			}
-		}
-		for _, kind := range kinds {
-			c, ok := counts[kind]
-			if !ok {
-				continue // no limit row: concurrency_limit.resume handles its parked jobs
-			}
-			if err := l.resumeInto(ctx, tx, batch[0].ctx, kind, c); err != nil {
-				return err
+		for _, kind := range resumeKinds {
+			if c, ok := counts[kind]; ok {
+				if err := l.resumeInto(ctx, tx, batch[0].ctx, kind, c); err != nil {
+					return err
+				}
 			}
 		}
 		return saveCounts(ctx, q, counts)
 	})
 	if err != nil {
-		l.logger.Error("concurrency slots not released; concurrency_limit.resume will clean them up", "error", err)
+		l.logger.Error("parked jobs not resumed; concurrency_limit.resume will resume them", "error", err)
 	}
-	for _, r := range batch {
-		close(r.done)
+}
+
+// retryDeadlock runs fn again (up to 3 times) when Postgres aborted it to
+// break a deadlock, which batches of several kinds can run into.
+func retryDeadlock[T any](fn func() (T, error)) (T, error) {
+	for attempt := 1; ; attempt++ {
+		v, err := fn()
+		var pgErr *pgconn.PgError
+		if err == nil || attempt == 3 || !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
+			return v, err
+		}
+		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
 	}
 }
 

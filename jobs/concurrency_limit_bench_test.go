@@ -172,16 +172,6 @@ func BenchmarkConcurrencyLimitParked(b *testing.B) {
 		for k := 0; k+limit < len(starts); k++ {
 			lat = append(lat, float64(starts[k+limit].Sub(ends[k]).Microseconds())/1000)
 		}
-		var sum float64
-		for _, x := range lat {
-			sum += x
-		}
-		b.Logf("first start after %s, 4th start after %s, last end %s, mean gap %.1fms", starts[0].Sub(start), starts[3].Sub(start), ends[len(ends)-1].Sub(start), sum/float64(len(lat)))
-		for k, x := range lat {
-			if x > 200 {
-				b.Logf("gap %d: %.0fms (end %s, start %s)", k, x, ends[k].Sub(start), starts[k+limit].Sub(start))
-			}
-		}
 		sort.Float64s(lat)
 		b.ReportMetric(elapsed.Seconds()*1000, "ms/run")
 		b.ReportMetric(float64(ideal.Milliseconds()), "ideal-ms/run")

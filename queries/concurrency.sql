@@ -7,9 +7,6 @@
 -- Every limit row (the workers' cache of which kinds are limited).
 SELECT kind, max_concurrency FROM concurrency_limits ORDER BY kind;
 
--- name: GetConcurrencyLimit :one
-SELECT kind, max_concurrency FROM concurrency_limits WHERE kind = sqlc.arg(kind);
-
 -- name: SetConcurrencyLimit :one
 INSERT INTO concurrency_limits (kind, max_concurrency)
 VALUES (sqlc.arg(kind), sqlc.arg(max_concurrency))
@@ -53,12 +50,6 @@ INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
 SELECT unnest(sqlc.arg(job_ids)::bigint[]), unnest(sqlc.arg(kinds)::text[]), sqlc.narg(worker_id), sqlc.arg(reserved)::boolean
 ON CONFLICT (job_id) DO UPDATE
 SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now();
-
--- name: DeleteConcurrencyExecutions :many
--- Releases the slots of jobs that ended.
-DELETE FROM concurrency_executions
-WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[])
-RETURNING job_id, kind;
 
 -- name: CompleteParkedRiverJobs :many
 -- Finishes parked jobs as River completes a job (River's JobCompleteTx sets
@@ -154,3 +145,79 @@ ORDER BY kind;
 -- without River's per-client rate limit: a resumed job must start promptly.
 SELECT pg_notify(current_schema() || '.river_insert', json_build_object('queue', q)::text)
 FROM unnest(sqlc.arg(queues)::text[]) AS q;
+
+-- name: AdmitJobs :many
+-- The admission fast path: one batch of jobs (in order) in one statement.
+-- Locks the limit rows of their kinds in kind order, decides per job —
+-- 'run' (no limit row, or 0: no slot needed), 'park' (circuit breaker, jobs
+-- already parked, or no free slot) or 'admit' — writes the admitted jobs'
+-- slot rows and raises the kinds' admitted counts. Parking happens in a
+-- second transaction.
+WITH req AS (
+    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
+           unnest(sqlc.arg(kinds)::text[]) AS kind,
+           generate_subscripts(sqlc.arg(job_ids)::bigint[], 1) AS ord
+),
+lim AS (
+    SELECT l.kind, l.max_concurrency, l.admitted, l.parked
+    FROM concurrency_limits l
+    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
+    ORDER BY l.kind
+    FOR UPDATE
+),
+decided AS (
+    SELECT req.job_id, req.kind, req.ord,
+           CASE
+               WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
+               WHEN lim.max_concurrency < 0 OR lim.parked > 0
+                    OR row_number() OVER (PARTITION BY req.kind ORDER BY req.ord) > lim.max_concurrency - lim.admitted THEN 'park'
+               ELSE 'admit'
+           END AS decision
+    FROM req
+    LEFT JOIN lim ON lim.kind = req.kind
+),
+slots AS (
+    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
+    SELECT d.job_id, d.kind, sqlc.narg(worker_id), false
+    FROM decided d
+    WHERE d.decision = 'admit'
+    ON CONFLICT (job_id) DO UPDATE
+    SET worker_id = EXCLUDED.worker_id, reserved = false, admitted_at = now()
+    RETURNING concurrency_executions.kind
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = l.admitted + c.n
+    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s GROUP BY s.kind) AS c
+    WHERE l.kind = c.kind
+    RETURNING l.kind
+)
+SELECT d.job_id::bigint AS job_id, d.decision::text AS decision
+FROM decided d
+ORDER BY d.ord;
+
+-- name: ReleaseJobs :many
+-- The release fast path: frees the slots of jobs that ended, lowers the
+-- kinds' admitted counts (limit rows locked in kind order first), and
+-- returns the counts of the kinds released, so the caller can resume
+-- parked jobs into the free slots.
+WITH lk AS (
+    SELECT l.kind FROM concurrency_limits l
+    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
+    ORDER BY l.kind
+    FOR UPDATE
+),
+freed AS (
+    DELETE FROM concurrency_executions e
+    WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[])
+    RETURNING e.kind
+),
+per_kind AS (
+    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n
+    FROM lk
+)
+UPDATE concurrency_limits l
+SET admitted = GREATEST(l.admitted - p.n, 0)
+FROM per_kind p
+WHERE l.kind = p.kind
+RETURNING l.kind, l.max_concurrency, l.admitted, l.parked;
