@@ -9,7 +9,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/jobs"
 )
 
@@ -40,22 +39,12 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 				}
 				opts.ScheduledAt = t
 			}
-			if _, err := g.cliLogger(); err != nil {
-				return err
-			}
-			if err := g.requireDatabaseURL(); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			pool, err := app.OpenPool(ctx, g.databaseURL, "sluice enqueue")
+			pool, client, err := g.openClient(cmd, "sluice enqueue")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			client, err := app.NewInsertClient(pool)
-			if err != nil {
-				return err
-			}
+			ctx := cmd.Context()
 			res, err := client.Insert(ctx, jobArgs, opts)
 			if err != nil {
 				return fmt.Errorf("insert %s job: %w", args[0], err)

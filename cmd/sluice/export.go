@@ -6,7 +6,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/jobs"
 )
 
@@ -33,22 +32,12 @@ job has finished or no longer exists.`,
 			if err != nil || projectID <= 0 {
 				return usagef("invalid PROJECT_ID %q: want a positive integer", args[0])
 			}
-			if _, err := g.cliLogger(); err != nil {
-				return err
-			}
-			if err := g.requireDatabaseURL(); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			pool, err := app.OpenPool(ctx, g.databaseURL, "sluice export")
+			pool, client, err := g.openClient(cmd, "sluice export")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			client, err := app.NewInsertClient(pool)
-			if err != nil {
-				return err
-			}
+			ctx := cmd.Context()
 			export, err := jobs.EnqueueProjectExport(ctx, pool, client, projectID, parallel)
 			if err != nil {
 				return err

@@ -32,22 +32,12 @@ unknown ID is an input error (exit 2).`,
 			if err != nil {
 				return err
 			}
-			if _, err := g.cliLogger(); err != nil {
-				return err
-			}
-			if err := g.requireDatabaseURL(); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			pool, err := app.OpenPool(ctx, g.databaseURL, "sluice jobs cancel")
+			pool, client, err := g.openClient(cmd, "sluice jobs cancel")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			client, err := app.NewInsertClient(pool)
-			if err != nil {
-				return err
-			}
+			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
 			job, err := client.JobGet(ctx, id)
 			if errors.Is(err, rivertype.ErrNotFound) {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/migrations"
 )
 
@@ -58,18 +57,12 @@ migrate status lists every migration and whether it is applied.`,
 				return usagef("unknown migrate direction %q: want up, down or status", direction)
 			}
 
-			logger, err := g.cliLogger()
+			pool, err := g.openPool(cmd, "sluice migrate")
 			if err != nil {
 				return err
 			}
-			if err := g.requireDatabaseURL(); err != nil {
-				return err
-			}
+			logger, _ := g.cliLogger() // checked by openPool
 			ctx := cmd.Context()
-			pool, err := app.OpenPool(ctx, g.databaseURL, "sluice migrate")
-			if err != nil {
-				return err
-			}
 			defer pool.Close()
 			out := cmd.OutOrStdout()
 

@@ -147,6 +147,20 @@ func (g *globals) openPool(cmd *cobra.Command, appName string) (*pgxpool.Pool, e
 	return app.OpenPool(cmd.Context(), g.databaseURL, appName)
 }
 
+// openClient is openPool plus an insert-only River client on the pool.
+func (g *globals) openClient(cmd *cobra.Command, appName string) (*pgxpool.Pool, *app.Client, error) {
+	pool, err := g.openPool(cmd, appName)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := app.NewInsertClient(pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, client, nil
+}
+
 // exactArgs is cobra.ExactArgs whose error is a usage error naming the
 // arguments expected.
 func exactArgs(n int, names string) cobra.PositionalArgs {

@@ -313,18 +313,12 @@ func printSchedules(out io.Writer, rows []*db.Schedule) error {
 // the scheduler's input errors become usage errors (exit 2).
 func withStore(cmd *cobra.Command, g *globals, registry *jobs.Registry, appName string,
 	fn func(ctx context.Context, s *scheduler.Store, pool *pgxpool.Pool) error) error {
-	if _, err := g.cliLogger(); err != nil {
-		return err
-	}
-	if err := g.requireDatabaseURL(); err != nil {
-		return err
-	}
-	ctx := cmd.Context()
-	pool, err := app.OpenPool(ctx, g.databaseURL, appName)
+	pool, err := g.openPool(cmd, appName)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	ctx := cmd.Context()
 	return scheduleErr(fn(ctx, scheduler.NewStore(pool, registry), pool))
 }
 

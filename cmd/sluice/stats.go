@@ -28,18 +28,12 @@ OpenSearch's node-stats shape:
     {"current_count_post_cancel": 0, "total_count_post_cancel": 0}}}`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := g.cliLogger()
+			pool, err := g.openPool(cmd, "sluice stats")
 			if err != nil {
 				return err
 			}
-			if err := g.requireDatabaseURL(); err != nil {
-				return err
-			}
+			logger, _ := g.cliLogger() // checked by openPool
 			ctx := cmd.Context()
-			pool, err := app.OpenPool(ctx, g.databaseURL, "sluice stats")
-			if err != nil {
-				return err
-			}
 			defer pool.Close()
 			if err := migrations.Check(ctx, pool, logger); err != nil {
 				return err
