@@ -446,16 +446,16 @@ func TestFenceRules(t *testing.T) {
 	mustExec(t, b.pool, `UPDATE river_job SET state = 'retryable' WHERE id = $1`, rescued)
 	require.Equal(t, "retryable", jobStateOf(t, admin, rescued), "a live worker may rescue another's job")
 
-	j1, j2, j3 := insertJob(t, admin, "running", "b"), insertJob(t, admin, "available"), insertJob(t, admin, "running", "z")
+	j1, j2, j3 := insertJob(t, admin, "running", "z", "b"), insertJob(t, admin, "running", "z"), insertJob(t, admin, "running", "c")
 	mustExec(t, admin, `INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
-	                    VALUES ($1, 'demo.sleep', 'b', false), ($2, 'demo.sleep', NULL, true), ($3, 'demo.sleep', 'z', false)`, j1, j2, j3)
-	deleted, err := db.New(z.pool).DeleteConcurrencyExecutions(ctx, []int64{j1, j2, j3})
+	                    VALUES ($1, 'demo.sleep', 'b', false), ($2, 'demo.sleep', 'z', false), ($3, 'demo.sleep', 'c', false)`, j1, j2, j3)
+	deleted, err := db.New(z.pool).DeleteConcurrencyExecutions(ctx, []int64{j1, j2})
 	require.NoError(t, err)
-	require.Len(t, deleted, 1, "the reaped worker frees only its own slot")
-	require.Equal(t, j3, deleted[0].JobID)
-	deleted, err = db.New(b.pool).DeleteConcurrencyExecutions(ctx, []int64{j1, j2})
+	require.Len(t, deleted, 1, "the reaped worker frees only its own slot, not the next attempt's")
+	require.Equal(t, j2, deleted[0].JobID)
+	deleted, err = db.New(b.pool).DeleteConcurrencyExecutions(ctx, []int64{j1, j3})
 	require.NoError(t, err)
-	require.Len(t, deleted, 2)
+	require.Len(t, deleted, 2, "a live worker frees its own slot and another's")
 
 	// The id reused by a new process: the old incarnation stays fenced.
 	mustExec(t, admin, `INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval) VALUES ('z', 'new', 'h', 1, '1s')`)

@@ -193,3 +193,16 @@ func TestWorkerTakesOverItsID(t *testing.T) {
 	require.ErrorContains(t, dup.wait(t), `worker id "fixed" is in use by a live worker`)
 	require.False(t, live.ended(), "the live worker goes on")
 }
+
+// TestDeadAfterDefaultMatchesMigration: a row inserted without dead_after
+// (by hand, or by a worker of an older version) gets the code's default.
+func TestDeadAfterDefaultMatchesMigration(t *testing.T) {
+	t.Parallel()
+	pool := testdb.NewPool(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO sluice_workers (id, host, pid, heartbeat_interval) VALUES ('w', 'h', 1, '5s')`)
+	require.NoError(t, err)
+	var seconds float64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT extract(epoch FROM dead_after) FROM sluice_workers`).Scan(&seconds))
+	require.Equal(t, app.DefaultDeadAfter.Seconds(), seconds)
+	require.GreaterOrEqual(t, app.DefaultDeadAfter, app.MinDeadAfterBeats*app.DefaultHeartbeatInterval)
+}

@@ -103,14 +103,15 @@ CREATE TRIGGER sluice_worker_fence
           AND OLD.attempted_by[array_upper(OLD.attempted_by, 1)] <> current_setting('sluice.worker_id', true))
     EXECUTE FUNCTION sluice_worker_fence();
 
--- A worker releasing its own slot (worker_id is its id) pays the WHEN clause
--- only; the slot of a resumed job (worker_id NULL) or of another worker
--- goes through the function.
+-- Only another worker's slot goes through the function: a worker releasing
+-- its own slot (worker_id is its id), the reserved slot of a resumed job
+-- (worker_id NULL: when its job was rescued, the reaper deleted it, and a
+-- later attempt's slot names the worker running it), and sessions that name
+-- no worker pay the WHEN clause only.
 CREATE TRIGGER sluice_worker_fence
     BEFORE DELETE ON concurrency_executions
     FOR EACH ROW
-    WHEN (current_setting('sluice.worker_id', true) <> ''
-          AND OLD.worker_id IS DISTINCT FROM current_setting('sluice.worker_id', true))
+    WHEN (OLD.worker_id <> current_setting('sluice.worker_id', true))
     EXECUTE FUNCTION sluice_worker_fence();
 
 -- Terminates the backends named app_name (a dead worker's connections),
