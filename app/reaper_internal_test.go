@@ -125,6 +125,14 @@ func TestReaperReapsDeadWorker(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&deadPid))
 	conn.Release()
 
+	// A worker of the same id in another database is not touched.
+	twin := newMember(t, testdb.New(t), "dead", 100*time.Millisecond, time.Second)
+	conn, err = twin.pool.Acquire(ctx)
+	require.NoError(t, err)
+	var twinPid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&twinPid))
+	conn.Release()
+
 	// Not dead yet: nothing to reap.
 	me.seasoned(time.Hour)
 	n, err := me.rp.pass(ctx)
@@ -161,6 +169,8 @@ func TestReaperReapsDeadWorker(t *testing.T) {
 	                                        WHERE worker_id = 'dead' AND status = 'failed' AND details->>'error' = 'worker dead lost'`))
 	require.Equal(t, 0, countOf(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, deadPid),
 		"the dead worker's backend is terminated")
+	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, twinPid),
+		"its namesake in another database is not")
 	require.Equal(t, 1.0, testutil.ToFloat64(me.rp.metrics.workers))
 	require.Equal(t, 1.0, testutil.ToFloat64(me.rp.metrics.jobs.WithLabelValues("demo.sleep", "retryable")))
 	require.Equal(t, 1.0, testutil.ToFloat64(me.rp.metrics.slots.WithLabelValues("demo.sleep")))

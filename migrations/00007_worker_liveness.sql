@@ -114,8 +114,9 @@ CREATE TRIGGER sluice_worker_fence
     WHEN (OLD.worker_id <> current_setting('sluice.worker_id', true))
     EXECUTE FUNCTION sluice_worker_fence();
 
--- Terminates the backends named app_name (a dead worker's connections),
--- except the caller's own, waiting up to wait_ms for each to exit, and
+-- Terminates the backends named app_name (a dead worker's connections) in
+-- this database (another database's workers may use the same ids), except
+-- the caller's own, waiting up to wait_ms for each to exit, and
 -- returns how many ended. A backend this role may not signal is skipped
 -- with a warning instead of failing the caller's transaction.
 -- +goose StatementBegin
@@ -130,7 +131,9 @@ BEGIN
     END IF;
     FOR target IN
         SELECT a.pid FROM pg_catalog.pg_stat_activity a
-        WHERE a.application_name = app_name AND a.pid <> pg_backend_pid()
+        WHERE a.application_name = app_name
+          AND a.datname = current_database()
+          AND a.pid <> pg_backend_pid()
     LOOP
         BEGIN
             IF pg_terminate_backend(target, wait_ms) THEN

@@ -38,7 +38,9 @@ heartbeated without a gap for the dead worker's dead-after, so a database
 outage does not make workers reap each other. A worker that finds itself
 reaped (it was paused or cut off for longer than --dead-after) cancels its
 jobs, writes nothing more (its sessions are fenced in the database) and
-exits with code 3, for its supervisor to start a new one.
+exits with code 3, for its supervisor to start a new one. A worker started
+with an --id that a live worker uses exits 1; with the --id of a dead worker,
+it waits until that worker counts as dead, reaps it and takes the id over.
 
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
@@ -95,7 +97,7 @@ cancels them and exits 0.`,
 	f.DurationVar(&cfg.SchedulePollInterval, "schedule-poll-interval", scheduler.DefaultPollInterval, "longest the schedule dispatcher sleeps between ticks (it also wakes for the next due time and on NOTIFY)")
 	f.IntVar(&cfg.ScheduleBatchSize, "schedule-batch-size", scheduler.DefaultBatchSize, "due schedules one dispatcher transaction claims")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", app.DefaultHeartbeatInterval, "how often the worker refreshes its sluice_workers row")
-	f.DurationVar(&cfg.DeadAfter, "dead-after", app.DefaultDeadAfter, "the worker counts as dead (a reaper rescues its jobs) when its heartbeat is older than this; at least 3 heartbeat intervals (unset: 30s, or 3 intervals if that is longer)")
+	f.DurationVar(&cfg.DeadAfter, "dead-after", app.DefaultDeadAfter, "a worker whose heartbeat is older than this is dead and its jobs are rescued; at least 3 heartbeat intervals (unset: 30s, or 3 intervals if longer)")
 	bindEnv(f, "http-addr", "SLUICE_HTTP_ADDR")
 	bindEnv(f, "fetch-cooldown", "SLUICE_FETCH_COOLDOWN")
 	bindEnv(f, "fetch-poll-interval", "SLUICE_FETCH_POLL_INTERVAL")
