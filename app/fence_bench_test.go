@@ -57,14 +57,17 @@ func fencePools(b *testing.B) (with, without *pgxpool.Pool) {
 // pre-inserted no-op jobs (demo.sleep, ms 0) worked by one River client
 // with sluice's middleware, whose connections carry sluice.worker_id as a
 // worker's do, in a database with the triggers and in one without them,
-// alternating in the same run. It reports the best round of each side:
-// jobs/s (with the fence), baseline-jobs/s (without), ratio = jobs/s ÷
-// baseline-jobs/s, and target 0.95: the ratio must be above it (a worker
-// completing its own jobs pays the trigger's WHEN clause only).
+// alternating in the same run. It reports the median round of each side
+// (rounds on this shared machine vary by ±20%, and a single lucky round
+// decides a best-of comparison): jobs/s (with the fence), baseline-jobs/s
+// (without), ratio = jobs/s ÷ baseline-jobs/s, and target 0.95: the ratio
+// must be above it (a worker completing its own jobs pays the trigger's
+// WHEN clause, and the row fetch every BEFORE trigger costs, only);
+// best-ratio is the same for the best round of each side.
 func BenchmarkWorkerFenceOverhead(b *testing.B) {
 	const (
 		jobsPerRound = 10_000
-		rounds       = 7
+		rounds       = 11
 	)
 	with, without := fencePools(b)
 	var w, wo []float64
@@ -79,13 +82,12 @@ func BenchmarkWorkerFenceOverhead(b *testing.B) {
 			}
 		}
 	}
-	// Other load only ever slows a round down: the best round of each side
-	// is the least disturbed estimate.
-	best, baseline := slices.Max(w), slices.Max(wo)
-	b.ReportMetric(best, "jobs/s")
+	mid, baseline := median(w), median(wo)
+	b.ReportMetric(mid, "jobs/s")
 	b.ReportMetric(baseline, "baseline-jobs/s")
-	b.ReportMetric(best/baseline, "ratio")
+	b.ReportMetric(mid/baseline, "ratio")
 	b.ReportMetric(0.95, "target")
+	b.ReportMetric(slices.Max(w)/slices.Max(wo), "best-ratio")
 	b.Logf("jobs/s with the fence %v, without %v (rounds of %d no-op jobs)", w, wo, jobsPerRound)
 }
 
@@ -216,4 +218,10 @@ func fenceNoopThroughput(b *testing.B, pool *pgxpool.Pool, n int) float64 {
 		b.Fatal(err)
 	}
 	return float64(n) / elapsed.Seconds()
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
