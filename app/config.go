@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -80,6 +81,10 @@ type Config struct {
 	// HeartbeatInterval is how often the worker refreshes its
 	// sluice_workers row.
 	HeartbeatInterval time.Duration
+	// DeadAfter is how long after its last heartbeat the worker counts as
+	// dead to the other workers' reapers; at least MinDeadAfterBeats
+	// heartbeat intervals.
+	DeadAfter time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -123,6 +128,9 @@ func (c *Config) withDefaults() Config {
 	if out.HeartbeatInterval == 0 {
 		out.HeartbeatInterval = DefaultHeartbeatInterval
 	}
+	if out.DeadAfter == 0 {
+		out.DeadAfter = max(DefaultDeadAfter, MinDeadAfterBeats*out.HeartbeatInterval)
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -158,6 +166,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("schedule batch size must be between 1 and %d, got %d", scheduler.MaxBatchSize, c.ScheduleBatchSize)
 	case c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond):
 		return fmt.Errorf("heartbeat interval must be at least 100ms, got %s", c.HeartbeatInterval)
+	case c.DeadAfter < 0:
+		return fmt.Errorf("dead-after must be positive, got %s", c.DeadAfter)
+	case c.DeadAfter > 0 && c.DeadAfter < MinDeadAfterBeats*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):
+		return fmt.Errorf("dead-after (%s) must be at least %d heartbeat intervals (%s)", c.DeadAfter,
+			MinDeadAfterBeats, MinDeadAfterBeats*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval))
 	}
 	return nil
 }

@@ -23,6 +23,13 @@ const (
 // healthNamesShown bounds the schedule names a report lists.
 const healthNamesShown = 20
 
+// WorkerStatus is a worker as sluice_worker_status shows it: Status is
+// live, late (missed heartbeats, not dead yet) or dead.
+type WorkerStatus = db.WorkerStatusListRow
+
+// healthWorkersShown bounds the workers a report lists.
+const healthWorkersShown = 100
+
 // HealthCheck is one line of a health report.
 type HealthCheck struct {
 	Name    string `json:"name"`
@@ -42,6 +49,13 @@ type HealthReport struct {
 	// StaleWorkers are rows whose heartbeat stopped without a clean
 	// shutdown (crashed or stuck workers); reported, not alarming.
 	StaleWorkers int64 `json:"stale_workers"`
+	// DeadWorkers are stale rows older than their worker's dead-after,
+	// that no reaper has reaped yet (WARNING): their jobs and slots wait
+	// for a live worker to rescue them.
+	DeadWorkers int64 `json:"dead_workers"`
+	// Workers lists (up to 100) workers, dead ones first, with their
+	// last heartbeat and running jobs.
+	Workers []*WorkerStatus `json:"workers"`
 	// DispatcherLastTickAgeSeconds is the age of the latest dispatcher
 	// tick any live worker reported; nil when none did.
 	DispatcherLastTickAgeSeconds *float64 `json:"dispatcher_last_tick_age_seconds"`
@@ -108,8 +122,8 @@ func (r *HealthReport) Summary() string {
 	if r.DispatcherLastTickAgeSeconds != nil {
 		age = fmt.Sprintf("%.3fs", *r.DispatcherLastTickAgeSeconds)
 	}
-	return fmt.Sprintf("%s: %s | live_workers=%d stale_workers=%d dispatcher_tick_age=%s overdue_schedules=%d failed_schedules=%d",
-		r.Status, text, r.LiveWorkers, r.StaleWorkers, age, r.OverdueSchedules, r.FailedSchedules)
+	return fmt.Sprintf("%s: %s | live_workers=%d stale_workers=%d dead_workers=%d dispatcher_tick_age=%s overdue_schedules=%d failed_schedules=%d",
+		r.Status, text, r.LiveWorkers, r.StaleWorkers, r.DeadWorkers, age, r.OverdueSchedules, r.FailedSchedules)
 }
 
 // CheckHealth connects to databaseURL and reports the health of the
@@ -138,6 +152,8 @@ func CheckHealth(ctx context.Context, databaseURL string) (*HealthReport, error)
 //   - database: CRITICAL when it does not answer;
 //   - workers: CRITICAL when no worker is live (heartbeat younger than three
 //     heartbeat intervals);
+//   - dead_workers: WARNING when a worker's heartbeat is older than its
+//     dead-after and no reaper has reaped it yet;
 //   - dispatcher: CRITICAL when no live worker's dispatcher ticked within
 //     three (heartbeat + poll) intervals, WARNING when some did and others
 //     did not;
@@ -147,7 +163,8 @@ func CheckHealth(ctx context.Context, databaseURL string) (*HealthReport, error)
 func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	r := &HealthReport{Status: HealthOK, CheckedAt: time.Now().UTC(), OverdueNames: []string{}, FailedNames: []string{}}
+	r := &HealthReport{Status: HealthOK, CheckedAt: time.Now().UTC(), OverdueNames: []string{}, FailedNames: []string{},
+		Workers: []*WorkerStatus{}}
 	q := db.New(pool)
 	workers, err := q.WorkerHealth(ctx)
 	if err != nil {
@@ -159,6 +176,12 @@ func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 		r.add("database", HealthCritical, "query failed: %s", oneLineErr(err))
 		return r
 	}
+	list, err := q.WorkerStatusList(ctx, healthWorkersShown)
+	if err != nil {
+		r.add("database", HealthCritical, "query failed: %s", oneLineErr(err))
+		return r
+	}
+	r.Workers = list
 	r.DatabaseReachable = true
 	r.add("database", HealthOK, "reachable")
 
@@ -167,6 +190,19 @@ func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 		r.add("workers", HealthCritical, "no live worker (%d stale)", workers.Stale)
 	} else {
 		r.add("workers", HealthOK, "%d live, %d stale", workers.Live, workers.Stale)
+	}
+	r.DeadWorkers = workers.Dead
+	if workers.Dead > 0 {
+		var dead []string
+		for _, w := range list {
+			if w.Status == "dead" && len(dead) < healthNamesShown {
+				dead = append(dead, fmt.Sprintf("%s (heartbeat %.0fs ago, %d running jobs)", w.ID, w.HeartbeatAgeSeconds, w.RunningJobs))
+			}
+		}
+		r.add("dead_workers", HealthWarning, "%d dead, not reaped yet (no live worker has reaped them): %s",
+			workers.Dead, listNames(dead, workers.Dead))
+	} else {
+		r.add("dead_workers", HealthOK, "none")
 	}
 
 	r.FreshDispatchers, r.StaleDispatchers = workers.DispatchersFresh, workers.DispatchersStale

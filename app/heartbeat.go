@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,11 +13,13 @@ import (
 	"github.com/sluice-dev/sluice/db"
 )
 
-// heartbeat keeps the worker's sluice_workers row: inserted at start,
-// refreshed every interval (heartbeat_at, and the end of the dispatcher's
-// last tick), deleted on a clean shutdown.
+// heartbeat keeps the worker's sluice_workers row: inserted at start
+// (register), refreshed every interval (heartbeat_at, and the end of the
+// dispatcher's last tick), deleted on a clean shutdown. A refresh that finds
+// no row means the worker was reaped (liveness.markReaped).
 type heartbeat struct {
 	q        *db.Queries
+	live     *liveness
 	id       string
 	host     string
 	pid      int32
@@ -27,21 +30,57 @@ type heartbeat struct {
 	logger   *slog.Logger
 }
 
-func newHeartbeat(q *db.Queries, id string, interval, poll time.Duration, lastTick func() time.Time, logger *slog.Logger) *heartbeat {
+func newHeartbeat(q *db.Queries, live *liveness, interval, poll time.Duration, lastTick func() time.Time, logger *slog.Logger) *heartbeat {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
 	}
-	return &heartbeat{q: q, id: id, host: host, pid: int32(os.Getpid()), interval: interval, poll: poll, lastTick: lastTick, logger: logger}
+	return &heartbeat{q: q, live: live, id: live.id, host: host, pid: int32(os.Getpid()), interval: interval, poll: poll, lastTick: lastTick, logger: logger}
 }
 
-// beat inserts or refreshes the row.
-func (h *heartbeat) beat(ctx context.Context) error {
-	params := db.UpsertWorkerHeartbeatParams{
+// timeout bounds one beat: at least the interval, at most 5s, and at most a
+// third of dead-after, so that after a database outage a worker's first
+// successful beat comes well within the dead-after other reapers wait.
+func (h *heartbeat) timeout() time.Duration {
+	return max(h.interval, min(5*time.Second, h.live.deadAfter/MinDeadAfterBeats))
+}
+
+// register inserts the worker's row. It reports false, without error, when
+// a row with the same id exists (another process uses or used the id).
+func (h *heartbeat) register(ctx context.Context) (bool, error) {
+	params := db.RegisterWorkerParams{
 		ID:                h.id,
+		Incarnation:       h.live.incarnation,
 		Host:              h.host,
 		Pid:               h.pid,
 		HeartbeatInterval: interval(h.interval),
+		DeadAfter:         interval(h.live.deadAfter),
+		BackendName:       h.live.backendName,
+	}
+	if h.poll > 0 {
+		params.PollInterval = interval(h.poll)
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.timeout())
+	defer cancel()
+	n, err := h.q.RegisterWorker(ctx, params)
+	if err != nil {
+		return false, fmt.Errorf("register worker: %w", err)
+	}
+	if n == 1 {
+		h.live.registered.Store(true)
+		h.live.beatSucceeded(time.Now())
+	}
+	return n == 1, nil
+}
+
+// beat refreshes the row. A row that is gone marks the worker reaped and
+// returns ErrReaped.
+func (h *heartbeat) beat(ctx context.Context) error {
+	params := db.HeartbeatWorkerParams{
+		ID:                h.id,
+		Incarnation:       h.live.incarnation,
+		HeartbeatInterval: interval(h.interval),
+		DeadAfter:         interval(h.live.deadAfter),
 	}
 	if h.poll > 0 {
 		params.PollInterval = interval(h.poll)
@@ -51,11 +90,22 @@ func (h *heartbeat) beat(ctx context.Context) error {
 			params.DispatcherTickAt = &t
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(h.interval, 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, h.timeout())
 	defer cancel()
-	if err := h.q.UpsertWorkerHeartbeat(ctx, params); err != nil {
+	n, err := h.q.HeartbeatWorker(ctx, params)
+	switch {
+	case errors.Is(err, ErrReaped):
+		h.live.beatFailed()
+		return err
+	case err != nil:
+		h.live.beatFailed()
 		return fmt.Errorf("worker heartbeat: %w", err)
+	case n == 0:
+		h.live.beatFailed()
+		h.live.markReaped("its heartbeat found the worker's row gone")
+		return ErrReaped
 	}
+	h.live.beatSucceeded(time.Now())
 	return nil
 }
 
@@ -73,7 +123,9 @@ func (h *heartbeat) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			if err := h.beat(ctx); err != nil && ctx.Err() == nil {
+			if err := h.beat(ctx); errors.Is(err, ErrReaped) {
+				return
+			} else if err != nil && ctx.Err() == nil {
 				h.logger.Warn("worker heartbeat failed", "error", err)
 			}
 		}
@@ -104,7 +156,7 @@ func (h *heartbeat) afterFirstTick(ctx context.Context, regular <-chan time.Time
 func (h *heartbeat) remove(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := h.q.DeleteWorker(ctx, h.id); err != nil {
+	if err := h.q.DeleteWorker(ctx, db.DeleteWorkerParams{ID: h.id, Incarnation: h.live.incarnation}); err != nil {
 		return fmt.Errorf("remove worker row: %w", err)
 	}
 	return nil

@@ -34,6 +34,10 @@ type Worker struct {
 	// sluice_workers row.
 	dispatcher *scheduler.Dispatcher
 	heartbeat  *heartbeat
+	// live is the worker's identity towards the other workers; reaper
+	// rescues the jobs of dead workers.
+	live   *liveness
+	reaper *reaper
 }
 
 // NewWorker connects to the database, checks that its schema is migrated,
@@ -44,11 +48,12 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	cfg = cfg.withDefaults()
 
-	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice worker "+cfg.ID)
+	live := newLiveness(cfg)
+	pool, err := live.openPool(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, pool: pool, registry: prometheus.NewRegistry()}
+	w := &Worker{cfg: cfg, pool: pool, registry: prometheus.NewRegistry(), live: live}
 	if err := w.init(ctx); err != nil {
 		pool.Close()
 		return nil, err
@@ -94,6 +99,9 @@ func (w *Worker) init(ctx context.Context) error {
 	if err := w.initScheduler(); err != nil {
 		return err
 	}
+	if err := w.initLiveness(); err != nil {
+		return err
+	}
 	if w.cfg.HTTPAddr != "" {
 		w.listener, err = net.Listen("tcp", w.cfg.HTTPAddr)
 		if err != nil {
@@ -127,27 +135,34 @@ func (w *Worker) Client() *Client { return w.client }
 // Run works jobs and serves HTTP until ctx is cancelled, then stops
 // gracefully: it stops fetching, lets running jobs finish for up to
 // ShutdownTimeout, cancels those still running, waits HardStopGrace for them
-// and returns. The pool is closed on return.
+// and returns. The pool is closed on return. If the worker finds itself
+// reaped (declared dead by another worker), it cancels its jobs at once and
+// returns ErrReaped.
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.pool.Close()
 	logger := w.cfg.Logger
 
-	// The client runs on a context of its own: cancelling ctx must start a
-	// graceful stop, not River's hard stop.
-	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
-		if w.listener != nil {
-			_ = w.listener.Close()
-		}
-		return fmt.Errorf("start River client: %w", err)
-	}
-	stopDispatcher, stopHeartbeat, err := w.startScheduler(ctx)
-	if err != nil {
-		w.stopClient()
+	// The row comes first: every job this worker takes is attempted under
+	// a registered id, so a reaper can rescue it.
+	if err := w.register(ctx); err != nil {
 		if w.listener != nil {
 			_ = w.listener.Close()
 		}
 		return err
 	}
+	stopReaper, stopHeartbeat := w.startLiveness(ctx)
+	// The client runs on a context of its own: cancelling ctx must start a
+	// graceful stop, not River's hard stop.
+	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
+		stopReaper()
+		stopHeartbeat()
+		w.removeHeartbeat()
+		if w.listener != nil {
+			_ = w.listener.Close()
+		}
+		return fmt.Errorf("start River client: %w", err)
+	}
+	stopDispatcher := w.startScheduler(ctx)
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
@@ -162,12 +177,28 @@ func (w *Worker) Run(ctx context.Context) error {
 	case err := <-httpErr:
 		runErr = fmt.Errorf("http server: %w", err)
 		logger.Error("worker stopping: http server failed", "error", err)
+	case <-w.live.Reaped():
 	}
 
+	stopReaper()
 	stopDispatcher()
-	w.stopClient()
-	stopHeartbeat()
-	w.removeHeartbeat()
+	if w.live.isReaped() {
+		w.stopReaped()
+		stopHeartbeat()
+		runErr = ErrReaped
+	} else {
+		clean := w.stopClient()
+		stopHeartbeat()
+		switch {
+		case w.live.isReaped():
+			runErr = ErrReaped
+		case clean:
+			w.removeHeartbeat()
+		default:
+			logger.Warn("worker row left in place: jobs still running are rescued by a reaper once it counts as dead",
+				"dead_after", w.cfg.DeadAfter.String())
+		}
+	}
 	if w.server != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -179,7 +210,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	return runErr
 }
 
-func (w *Worker) stopClient() {
+// stopClient stops the River client gracefully; false when jobs that
+// ignored cancellation were left running.
+func (w *Worker) stopClient() bool {
 	logger := w.cfg.Logger
 	// Jobs that ended have their concurrency slots released in the
 	// background: write those releases before the pool closes.
@@ -187,15 +220,17 @@ func (w *Worker) stopClient() {
 	softCtx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := w.client.Stop(softCtx); err == nil {
-		return
+		return true
 	}
 	logger.Warn("shutdown timeout reached: cancelling running jobs")
 	hardCtx, cancelHard := context.WithTimeout(context.Background(), w.cfg.HardStopGrace)
 	defer cancelHard()
 	if err := w.client.StopAndCancel(hardCtx); err != nil {
-		logger.Error("jobs ignored cancellation: exiting without them; River will rescue them",
+		logger.Error("jobs ignored cancellation: exiting without them; a reaper will rescue them",
 			"grace", w.cfg.HardStopGrace.String())
+		return false
 	}
+	return true
 }
 
 // flushTimeout bounds the wait for the last concurrency slot releases.

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/sluice-dev/sluice/db"
@@ -29,28 +28,16 @@ func (w *Worker) initScheduler() error {
 	if err != nil {
 		return err
 	}
-	w.heartbeat = newHeartbeat(db.New(w.pool), w.cfg.ID, w.cfg.HeartbeatInterval,
+	w.heartbeat = newHeartbeat(db.New(w.pool), w.live, w.cfg.HeartbeatInterval,
 		w.dispatcher.PollInterval(), w.dispatcher.LastTick, w.cfg.Logger)
 	return nil
 }
 
-// startScheduler registers the worker's sluice_workers row and starts the
-// heartbeat and the dispatcher. stopDispatcher ends the dispatcher (it
-// finishes its batch in flight) and waits for it; stopHeartbeat ends the
-// heartbeat, which keeps beating while running jobs finish. The row stays
-// until removeHeartbeat.
-func (w *Worker) startScheduler(ctx context.Context) (stopDispatcher, stopHeartbeat func(), err error) {
-	if err := w.heartbeat.beat(ctx); err != nil {
-		return nil, nil, fmt.Errorf("register worker: %w", err)
-	}
-	background := context.WithoutCancel(ctx)
-	hbCtx, cancelHB := context.WithCancel(background)
-	hbDone := make(chan struct{})
-	go func() {
-		defer close(hbDone)
-		w.heartbeat.run(hbCtx)
-	}()
-	dispCtx, cancelDisp := context.WithCancel(background)
+// startScheduler starts the dispatcher. stopDispatcher ends it (it finishes
+// its batch in flight) and waits for it. The worker's row and heartbeat are
+// started before (startLiveness).
+func (w *Worker) startScheduler(ctx context.Context) (stopDispatcher func()) {
+	dispCtx, cancelDisp := context.WithCancel(context.WithoutCancel(ctx))
 	dispDone := make(chan struct{})
 	go func() {
 		defer close(dispDone)
@@ -58,7 +45,7 @@ func (w *Worker) startScheduler(ctx context.Context) (stopDispatcher, stopHeartb
 			w.cfg.Logger.Error("schedule dispatcher stopped", "error", err)
 		}
 	}()
-	return func() { cancelDisp(); <-dispDone }, func() { cancelHB(); <-hbDone }, nil
+	return func() { cancelDisp(); <-dispDone }
 }
 
 // removeHeartbeat deletes the worker's row on a clean shutdown.

@@ -159,11 +159,25 @@ func TestHealth(t *testing.T) {
 		exec(`INSERT INTO sluice_workers (id, host, pid, heartbeat_interval, dispatcher_tick_at, poll_interval)
 		      VALUES ('w1', 'h', 1, '5s', now(), '1s')`)
 		check(app.HealthOK)
-		// A dead worker's row: reported, still OK.
+		// A late worker (missed heartbeats, not dead yet): reported, still OK.
 		exec(`INSERT INTO sluice_workers (id, host, pid, started_at, heartbeat_at, heartbeat_interval, poll_interval)
-		      VALUES ('dead', 'h', 2, now() - interval '1 hour', now() - interval '1 hour', '5s', '1s')`)
+		      VALUES ('late', 'h', 2, now() - interval '1 hour', now() - interval '20 seconds', '5s', '1s')`)
 		r := check(app.HealthOK)
 		require.EqualValues(t, 1, r.StaleWorkers)
+		require.Zero(t, r.DeadWorkers)
+		// A dead worker's row no reaper has reaped (older than its
+		// dead_after, 30s by default): WARNING, listed with its running jobs.
+		exec(`INSERT INTO sluice_workers (id, host, pid, started_at, heartbeat_at, heartbeat_interval, poll_interval)
+		      VALUES ('dead', 'h', 4, now() - interval '1 hour', now() - interval '1 hour', '5s', '1s')`)
+		r = check(app.HealthWarning)
+		require.EqualValues(t, 2, r.StaleWorkers)
+		require.EqualValues(t, 1, r.DeadWorkers)
+		require.Contains(t, r.Summary(), "dead_workers: 1 dead, not reaped yet")
+		require.Contains(t, r.Summary(), "dead (heartbeat 3600s ago, 0 running jobs)")
+		require.Equal(t, "dead", r.Workers[0].ID, "dead workers come first")
+		require.Equal(t, "dead", r.Workers[0].Status)
+		exec(`DELETE FROM sluice_workers WHERE id IN ('dead', 'late')`)
+		check(app.HealthOK)
 		// An overdue schedule: WARNING.
 		exec(`INSERT INTO schedules (name, cron, kind, next_run_at) VALUES ('late', '* * * * *', 'demo.sleep', now() - interval '1 minute')`)
 		r = check(app.HealthWarning)

@@ -287,6 +287,10 @@ type SluiceWorker struct {
 	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
 	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
 	PollInterval      pgtype.Interval `json:"poll_interval"`
+	// The worker counts as dead when heartbeat_at is older than this; the reaper of a live worker then rescues its running jobs and slots and deletes the row.
+	DeadAfter   pgtype.Interval `json:"dead_after"`
+	Incarnation string          `json:"incarnation"`
+	BackendName *string         `json:"backend_name"`
 }
 
 type SluiceWorkerStatus struct {
@@ -302,6 +306,10 @@ type SluiceWorkerStatus struct {
 	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
 	DispatcherTickAge int32           `json:"dispatcher_tick_age"`
 	DispatcherFresh   interface{}     `json:"dispatcher_fresh"`
+	DeadAfter         pgtype.Interval `json:"dead_after"`
+	Dead              bool            `json:"dead"`
+	Status            string          `json:"status"`
+	RunningJobs       int64           `json:"running_jobs"`
 }
 
 // Cumulative number of jobs per kind that kept running at least task_cancellation.duration_millis after their cancellation.

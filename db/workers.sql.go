@@ -13,55 +13,140 @@ import (
 )
 
 const deleteWorker = `-- name: DeleteWorker :exec
-DELETE FROM sluice_workers WHERE id = $1
+DELETE FROM sluice_workers WHERE id = $1 AND incarnation = $2
 `
 
+type DeleteWorkerParams struct {
+	ID          string `json:"id"`
+	Incarnation string `json:"incarnation"`
+}
+
 // A clean shutdown removes the worker's row.
-func (q *Queries) DeleteWorker(ctx context.Context, id string) error {
-	_, err := q.db.Exec(ctx, deleteWorker, id)
+func (q *Queries) DeleteWorker(ctx context.Context, arg DeleteWorkerParams) error {
+	_, err := q.db.Exec(ctx, deleteWorker, arg.ID, arg.Incarnation)
 	return err
 }
 
-const upsertWorkerHeartbeat = `-- name: UpsertWorkerHeartbeat :exec
-
-INSERT INTO sluice_workers (id, host, pid, heartbeat_interval, dispatcher_tick_at, poll_interval)
-VALUES ($1, $2, $3, $4,
-        $5, $6)
-ON CONFLICT (id) DO UPDATE
-SET heartbeat_at = now(),
-    heartbeat_interval = EXCLUDED.heartbeat_interval,
-    dispatcher_tick_at = EXCLUDED.dispatcher_tick_at,
-    poll_interval = EXCLUDED.poll_interval
+const getWorkerLiveness = `-- name: GetWorkerLiveness :one
+SELECT id, incarnation, host, pid, heartbeat_at, dead_after, backend_name,
+       (heartbeat_at < now() - dead_after)::boolean AS dead,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
+FROM sluice_workers
+WHERE id = $1
 `
 
-type UpsertWorkerHeartbeatParams struct {
+type GetWorkerLivenessRow struct {
+	ID                  string          `json:"id"`
+	Incarnation         string          `json:"incarnation"`
+	Host                string          `json:"host"`
+	Pid                 int32           `json:"pid"`
+	HeartbeatAt         time.Time       `json:"heartbeat_at"`
+	DeadAfter           pgtype.Interval `json:"dead_after"`
+	BackendName         *string         `json:"backend_name"`
+	Dead                bool            `json:"dead"`
+	HeartbeatAgeSeconds float64         `json:"heartbeat_age_seconds"`
+}
+
+// A worker row and whether it is dead (heartbeat older than its dead_after),
+// by the database's clock.
+func (q *Queries) GetWorkerLiveness(ctx context.Context, id string) (*GetWorkerLivenessRow, error) {
+	row := q.db.QueryRow(ctx, getWorkerLiveness, id)
+	var i GetWorkerLivenessRow
+	err := row.Scan(
+		&i.ID,
+		&i.Incarnation,
+		&i.Host,
+		&i.Pid,
+		&i.HeartbeatAt,
+		&i.DeadAfter,
+		&i.BackendName,
+		&i.Dead,
+		&i.HeartbeatAgeSeconds,
+	)
+	return &i, err
+}
+
+const heartbeatWorker = `-- name: HeartbeatWorker :execrows
+UPDATE sluice_workers
+SET heartbeat_at = now(),
+    heartbeat_interval = $1,
+    dead_after = $2,
+    dispatcher_tick_at = $3,
+    poll_interval = $4
+WHERE id = $5 AND incarnation = $6
+`
+
+type HeartbeatWorkerParams struct {
+	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
+	DeadAfter         pgtype.Interval `json:"dead_after"`
+	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	PollInterval      pgtype.Interval `json:"poll_interval"`
 	ID                string          `json:"id"`
+	Incarnation       string          `json:"incarnation"`
+}
+
+// Refreshes the worker's heartbeat. No row: the worker was declared dead and
+// reaped (or its row was deleted by hand); it must stop working under its id.
+func (q *Queries) HeartbeatWorker(ctx context.Context, arg HeartbeatWorkerParams) (int64, error) {
+	result, err := q.db.Exec(ctx, heartbeatWorker,
+		arg.HeartbeatInterval,
+		arg.DeadAfter,
+		arg.DispatcherTickAt,
+		arg.PollInterval,
+		arg.ID,
+		arg.Incarnation,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const registerWorker = `-- name: RegisterWorker :execrows
+
+INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval, dead_after, backend_name, poll_interval)
+VALUES ($1, $2, $3, $4, $5,
+        $6, $7, $8)
+ON CONFLICT (id) DO NOTHING
+`
+
+type RegisterWorkerParams struct {
+	ID                string          `json:"id"`
+	Incarnation       string          `json:"incarnation"`
 	Host              string          `json:"host"`
 	Pid               int32           `json:"pid"`
 	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
-	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	DeadAfter         pgtype.Interval `json:"dead_after"`
+	BackendName       *string         `json:"backend_name"`
 	PollInterval      pgtype.Interval `json:"poll_interval"`
 }
 
 // sluice_workers: one row per running worker (heartbeat).
-// Registers the worker at start and refreshes its heartbeat; re-creates the
-// row if something deleted it while the worker was alive.
-func (q *Queries) UpsertWorkerHeartbeat(ctx context.Context, arg UpsertWorkerHeartbeatParams) error {
-	_, err := q.db.Exec(ctx, upsertWorkerHeartbeat,
+// Registers the worker at start. A row with the same id (a process that
+// reused the id) is left alone and nothing is inserted: the caller waits for
+// it to be reaped or takes it over once it is dead.
+func (q *Queries) RegisterWorker(ctx context.Context, arg RegisterWorkerParams) (int64, error) {
+	result, err := q.db.Exec(ctx, registerWorker,
 		arg.ID,
+		arg.Incarnation,
 		arg.Host,
 		arg.Pid,
 		arg.HeartbeatInterval,
-		arg.DispatcherTickAt,
+		arg.DeadAfter,
+		arg.BackendName,
 		arg.PollInterval,
 	)
-	return err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const workerHealth = `-- name: WorkerHealth :one
 SELECT
     c.live,
     c.stale,
+    c.dead,
     c.dispatchers_fresh,
     c.dispatchers_stale,
     t.dispatcher_tick_at AS last_tick_at,
@@ -70,6 +155,7 @@ FROM (
     SELECT
         count(*) FILTER (WHERE w.live) AS live,
         count(*) FILTER (WHERE NOT w.live) AS stale,
+        count(*) FILTER (WHERE w.dead) AS dead,
         count(*) FILTER (WHERE w.live AND w.dispatcher_fresh) AS dispatchers_fresh,
         count(*) FILTER (WHERE w.live AND w.poll_interval IS NOT NULL AND NOT w.dispatcher_fresh) AS dispatchers_stale
     FROM sluice_worker_status w
@@ -85,6 +171,7 @@ LEFT JOIN LATERAL (
 type WorkerHealthRow struct {
 	Live             int64      `json:"live"`
 	Stale            int64      `json:"stale"`
+	Dead             int64      `json:"dead"`
 	DispatchersFresh int64      `json:"dispatchers_fresh"`
 	DispatchersStale int64      `json:"dispatchers_stale"`
 	LastTickAt       *time.Time `json:"last_tick_at"`
@@ -99,10 +186,98 @@ func (q *Queries) WorkerHealth(ctx context.Context) (*WorkerHealthRow, error) {
 	err := row.Scan(
 		&i.Live,
 		&i.Stale,
+		&i.Dead,
 		&i.DispatchersFresh,
 		&i.DispatchersStale,
 		&i.LastTickAt,
 		&i.DbNow,
 	)
 	return &i, err
+}
+
+const workerRegistered = `-- name: WorkerRegistered :many
+SELECT id FROM sluice_workers
+WHERE id = $1 AND incarnation = $2
+FOR KEY SHARE
+`
+
+type WorkerRegisteredParams struct {
+	ID          string `json:"id"`
+	Incarnation string `json:"incarnation"`
+}
+
+// The worker's row, if it is still registered: checked on every new
+// connection of a registered worker. FOR KEY SHARE waits for a reaper that is
+// reaping the row, so a worker being reaped cannot open a connection that
+// outlives the reap.
+func (q *Queries) WorkerRegistered(ctx context.Context, arg WorkerRegisteredParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, workerRegistered, arg.ID, arg.Incarnation)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workerStatusList = `-- name: WorkerStatusList :many
+SELECT id, host, pid, status, heartbeat_at,
+       extract(epoch FROM heartbeat_age)::float8 AS heartbeat_age_seconds,
+       extract(epoch FROM dead_after)::float8 AS dead_after_seconds,
+       running_jobs
+FROM sluice_worker_status
+ORDER BY dead DESC, heartbeat_at, id
+LIMIT $1
+`
+
+type WorkerStatusListRow struct {
+	ID                  string    `json:"id"`
+	Host                string    `json:"host"`
+	Pid                 int32     `json:"pid"`
+	Status              string    `json:"status"`
+	HeartbeatAt         time.Time `json:"heartbeat_at"`
+	HeartbeatAgeSeconds float64   `json:"heartbeat_age_seconds"`
+	DeadAfterSeconds    float64   `json:"dead_after_seconds"`
+	RunningJobs         int64     `json:"running_jobs"`
+}
+
+// Every worker with its liveness and running jobs (sluice_worker_status),
+// dead ones first.
+func (q *Queries) WorkerStatusList(ctx context.Context, maxRows int32) ([]*WorkerStatusListRow, error) {
+	rows, err := q.db.Query(ctx, workerStatusList, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*WorkerStatusListRow
+	for rows.Next() {
+		var i WorkerStatusListRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Host,
+			&i.Pid,
+			&i.Status,
+			&i.HeartbeatAt,
+			&i.HeartbeatAgeSeconds,
+			&i.DeadAfterSeconds,
+			&i.RunningJobs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

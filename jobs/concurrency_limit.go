@@ -485,7 +485,7 @@ func (l *Limiter) resume(ctx context.Context, tx pgx.Tx, clientCtx context.Conte
 	if len(parked) == 0 {
 		return 0, nil
 	}
-	client, err := river.ClientFromContextSafely[pgx.Tx](clientCtx)
+	client, err := riverClientFrom(clientCtx)
 	if err != nil {
 		return 0, fmt.Errorf("resume %s jobs: %w", kind, err)
 	}

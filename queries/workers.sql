@@ -1,20 +1,46 @@
 -- sluice_workers: one row per running worker (heartbeat).
 
--- name: UpsertWorkerHeartbeat :exec
--- Registers the worker at start and refreshes its heartbeat; re-creates the
--- row if something deleted it while the worker was alive.
-INSERT INTO sluice_workers (id, host, pid, heartbeat_interval, dispatcher_tick_at, poll_interval)
-VALUES (sqlc.arg(id), sqlc.arg(host), sqlc.arg(pid), sqlc.arg(heartbeat_interval),
-        sqlc.narg(dispatcher_tick_at), sqlc.narg(poll_interval))
-ON CONFLICT (id) DO UPDATE
+-- name: RegisterWorker :execrows
+-- Registers the worker at start. A row with the same id (a process that
+-- reused the id) is left alone and nothing is inserted: the caller waits for
+-- it to be reaped or takes it over once it is dead.
+INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval, dead_after, backend_name, poll_interval)
+VALUES (sqlc.arg(id), sqlc.arg(incarnation), sqlc.arg(host), sqlc.arg(pid), sqlc.arg(heartbeat_interval),
+        sqlc.arg(dead_after), sqlc.narg(backend_name), sqlc.narg(poll_interval))
+ON CONFLICT (id) DO NOTHING;
+
+-- name: HeartbeatWorker :execrows
+-- Refreshes the worker's heartbeat. No row: the worker was declared dead and
+-- reaped (or its row was deleted by hand); it must stop working under its id.
+UPDATE sluice_workers
 SET heartbeat_at = now(),
-    heartbeat_interval = EXCLUDED.heartbeat_interval,
-    dispatcher_tick_at = EXCLUDED.dispatcher_tick_at,
-    poll_interval = EXCLUDED.poll_interval;
+    heartbeat_interval = sqlc.arg(heartbeat_interval),
+    dead_after = sqlc.arg(dead_after),
+    dispatcher_tick_at = sqlc.narg(dispatcher_tick_at),
+    poll_interval = sqlc.narg(poll_interval)
+WHERE id = sqlc.arg(id) AND incarnation = sqlc.arg(incarnation);
 
 -- name: DeleteWorker :exec
 -- A clean shutdown removes the worker's row.
-DELETE FROM sluice_workers WHERE id = sqlc.arg(id);
+DELETE FROM sluice_workers WHERE id = sqlc.arg(id) AND incarnation = sqlc.arg(incarnation);
+
+-- name: WorkerRegistered :many
+-- The worker's row, if it is still registered: checked on every new
+-- connection of a registered worker. FOR KEY SHARE waits for a reaper that is
+-- reaping the row, so a worker being reaped cannot open a connection that
+-- outlives the reap.
+SELECT id FROM sluice_workers
+WHERE id = sqlc.arg(id) AND incarnation = sqlc.arg(incarnation)
+FOR KEY SHARE;
+
+-- name: GetWorkerLiveness :one
+-- A worker row and whether it is dead (heartbeat older than its dead_after),
+-- by the database's clock.
+SELECT id, incarnation, host, pid, heartbeat_at, dead_after, backend_name,
+       (heartbeat_at < now() - dead_after)::boolean AS dead,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
+FROM sluice_workers
+WHERE id = sqlc.arg(id);
 
 -- name: WorkerHealth :one
 -- Counts for health checks (liveness as in sluice_worker_status), and the
@@ -22,6 +48,7 @@ DELETE FROM sluice_workers WHERE id = sqlc.arg(id);
 SELECT
     c.live,
     c.stale,
+    c.dead,
     c.dispatchers_fresh,
     c.dispatchers_stale,
     t.dispatcher_tick_at AS last_tick_at,
@@ -30,6 +57,7 @@ FROM (
     SELECT
         count(*) FILTER (WHERE w.live) AS live,
         count(*) FILTER (WHERE NOT w.live) AS stale,
+        count(*) FILTER (WHERE w.dead) AS dead,
         count(*) FILTER (WHERE w.live AND w.dispatcher_fresh) AS dispatchers_fresh,
         count(*) FILTER (WHERE w.live AND w.poll_interval IS NOT NULL AND NOT w.dispatcher_fresh) AS dispatchers_stale
     FROM sluice_worker_status w
@@ -40,3 +68,14 @@ LEFT JOIN LATERAL (
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
 ) AS t ON true;
+
+-- name: WorkerStatusList :many
+-- Every worker with its liveness and running jobs (sluice_worker_status),
+-- dead ones first.
+SELECT id, host, pid, status, heartbeat_at,
+       extract(epoch FROM heartbeat_age)::float8 AS heartbeat_age_seconds,
+       extract(epoch FROM dead_after)::float8 AS dead_after_seconds,
+       running_jobs
+FROM sluice_worker_status
+ORDER BY dead DESC, heartbeat_at, id
+LIMIT sqlc.arg(max_rows);

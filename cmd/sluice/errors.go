@@ -7,6 +7,7 @@ import (
 
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/jobs"
 )
@@ -16,6 +17,9 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitReaped: a worker found itself declared dead by another worker
+	// (app.ErrReaped); a supervisor should start a new one.
+	exitReaped = app.ExitReaped
 )
 
 // usageError is bad usage or bad input: exit 2, and nothing was written.
@@ -52,6 +56,8 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &silent):
 		return silent.code
+	case errors.Is(err, app.ErrReaped):
+		return exitReaped
 	case isCobraUsage(err):
 		return exitUsage
 	case errors.As(err, &usageErr), errors.As(err, &unknownKind), errors.As(err, &argsErr),

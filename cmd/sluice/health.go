@@ -28,7 +28,7 @@ JSON, the same as a worker's GET /health).
 Exit codes follow the monitoring-plugin convention (Nagios, Icinga, Sensu),
 which differs from sluice's other commands:
   0  OK
-  1  WARNING   some schedules are overdue (due longer ago than five dispatcher
+  1  WARNING   a dead worker is not reaped yet, some schedules are overdue (due longer ago than five dispatcher
                poll intervals, at least 5s) or failed (enabled, status 'failed'),
                or some live workers' dispatchers have stopped ticking
   2  CRITICAL  the database is unreachable, no worker is live (heartbeat
@@ -36,7 +36,12 @@ which differs from sluice's other commands:
                dispatcher has ticked recently; also bad usage (no database URL)
 
 Workers whose heartbeat stopped without a clean shutdown are reported as
-stale; they do not change the status.`,
+stale; they do not change the status. A worker whose heartbeat is older than
+its dead-after and that no live worker has reaped yet (its running jobs and
+concurrency slots wait for it) is a WARNING (dead_workers).
+
+After the checks, one line per worker (dead ones first): its status (live,
+late: missed heartbeats, or dead), last heartbeat and running jobs.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := g.cliLogger(); err != nil {
@@ -60,6 +65,10 @@ stale; they do not change the status.`,
 				fmt.Fprintln(out, report.Summary())
 				for _, c := range report.Checks {
 					fmt.Fprintf(out, "%-18s %-8s %s\n", c.Name, c.Status, c.Message)
+				}
+				for _, w := range report.Workers {
+					fmt.Fprintf(out, "worker %s %s: heartbeat %.1fs ago (dead after %gs), %d running jobs, host %s pid %d\n",
+						w.ID, w.Status, w.HeartbeatAgeSeconds, w.DeadAfterSeconds, w.RunningJobs, w.Host, w.Pid)
 				}
 			}
 			if code := report.ExitCode(); code != 0 {

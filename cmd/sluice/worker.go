@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,7 +28,19 @@ dispatcher (it inserts the jobs of due schedules) and serves HTTP:
 
 The worker keeps a row in sluice_workers (its id, host, pid, heartbeat and
 last dispatcher tick), refreshed every --heartbeat-interval and deleted on a
-clean stop.
+clean stop. A worker whose heartbeat is older than its --dead-after is dead:
+the reaper of a live worker (one at a time, every heartbeat interval)
+makes its running jobs retryable ("worker <id> lost"; discarded when out
+of attempts, cancelled when their cancellation was requested), frees their
+concurrency slots, resumes parked jobs into them, marks its maintenance runs
+failed and deletes its row. A reaper acts only after its own worker has
+heartbeated without a gap for the dead worker's dead-after, so a database
+outage does not make workers reap each other. A worker that finds itself
+reaped (it was paused or cut off for longer than --dead-after) cancels its
+jobs, writes nothing more (its sessions are fenced in the database) and
+exits with code 3, for its supervisor to start a new one. A worker started
+with an --id that a live worker uses exits 1; with the --id of a dead worker,
+it waits until that worker counts as dead, reaps it and takes the id over.
 
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
@@ -50,6 +63,13 @@ cancels them and exits 0.`,
 			}
 			if cfg.SchedulePollInterval <= 0 || cfg.HeartbeatInterval <= 0 {
 				return usagef("--schedule-poll-interval and --heartbeat-interval must be positive")
+			}
+			if cmd.Flags().Changed("dead-after") || os.Getenv("SLUICE_DEAD_AFTER") != "" {
+				if least := app.MinDeadAfterBeats * cfg.HeartbeatInterval; cfg.DeadAfter < least {
+					return usagef("--dead-after (%s) must be at least %d heartbeat intervals (%s)", cfg.DeadAfter, app.MinDeadAfterBeats, least)
+				}
+			} else {
+				cfg.DeadAfter = 0 // the default: 30s, or 3 heartbeat intervals if that is longer
 			}
 			if err := cfg.Validate(); err != nil {
 				return asUsage(err)
@@ -77,6 +97,7 @@ cancels them and exits 0.`,
 	f.DurationVar(&cfg.SchedulePollInterval, "schedule-poll-interval", scheduler.DefaultPollInterval, "longest the schedule dispatcher sleeps between ticks (it also wakes for the next due time and on NOTIFY)")
 	f.IntVar(&cfg.ScheduleBatchSize, "schedule-batch-size", scheduler.DefaultBatchSize, "due schedules one dispatcher transaction claims")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", app.DefaultHeartbeatInterval, "how often the worker refreshes its sluice_workers row")
+	f.DurationVar(&cfg.DeadAfter, "dead-after", app.DefaultDeadAfter, "a worker whose heartbeat is older than this is dead and its jobs are rescued; at least 3 heartbeat intervals (unset: 30s, or 3 intervals if longer)")
 	bindEnv(f, "http-addr", "SLUICE_HTTP_ADDR")
 	bindEnv(f, "fetch-cooldown", "SLUICE_FETCH_COOLDOWN")
 	bindEnv(f, "fetch-poll-interval", "SLUICE_FETCH_POLL_INTERVAL")
@@ -92,5 +113,6 @@ cancels them and exits 0.`,
 	bindEnv(f, "schedule-poll-interval", "SLUICE_SCHEDULE_POLL_INTERVAL")
 	bindEnv(f, "schedule-batch-size", "SLUICE_SCHEDULE_BATCH_SIZE")
 	bindEnv(f, "heartbeat-interval", "SLUICE_HEARTBEAT_INTERVAL")
+	bindEnv(f, "dead-after", "SLUICE_DEAD_AFTER")
 	return cmd
 }

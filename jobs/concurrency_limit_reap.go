@@ -1,0 +1,126 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// riverClientKey carries a River client in a context for code that runs
+// outside a River worker (the reaper) but resumes parked jobs like one.
+type riverClientKey struct{}
+
+// withRiverClient returns ctx carrying client, for resume.
+func withRiverClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
+	return context.WithValue(ctx, riverClientKey{}, client)
+}
+
+// riverClientFrom returns the River client of ctx: the one withRiverClient
+// put there, else the one River gives a worker's context.
+func riverClientFrom(ctx context.Context) (*river.Client[pgx.Tx], error) {
+	if client, ok := ctx.Value(riverClientKey{}).(*river.Client[pgx.Tx]); ok && client != nil {
+		return client, nil
+	}
+	return river.ClientFromContextSafely[pgx.Tx](ctx)
+}
+
+// SlotRelease frees the concurrency slots of a dead worker inside the
+// transaction that rescues its jobs, as the Limiter's release does for a job
+// that ends: the limit rows of the kinds are locked first (LockSlotsOf, the
+// order every admission and release follows, before the reaper locks the
+// jobs), then Release deletes the slot rows, keeps the counts of
+// concurrency_limits equal to the rows, and resumes parked jobs of the kinds
+// into the freed slots.
+type SlotRelease struct {
+	l        *Limiter
+	tx       pgx.Tx
+	workerID string
+	counts   map[string]*kindCounts
+}
+
+// SlotReleaseResult is what a Release did, per kind.
+type SlotReleaseResult struct {
+	// Released counts the slot rows deleted.
+	Released map[string]int
+	// Resumed counts the parked jobs moved back into River.
+	Resumed map[string]int
+}
+
+// LockSlotsOf starts the release of workerID's slots in tx by locking the
+// limit rows of kinds: the kinds of the worker's running jobs and of its
+// slot rows (db.Queries.WorkerJobKinds).
+func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, kinds []string) (*SlotRelease, error) {
+	kinds = slices.Clone(kinds)
+	slices.Sort(kinds)
+	kinds = slices.Compact(kinds)
+	counts, err := lockKinds(ctx, db.New(tx), kinds)
+	if err != nil {
+		return nil, err
+	}
+	return &SlotRelease{l: l, tx: tx, workerID: workerID, counts: counts}, nil
+}
+
+// Release deletes the slots of jobIDs (the jobs rescued from the worker) and
+// every other slot recorded for the worker, and resumes parked jobs of their
+// kinds into the freed slots, inserting them with client in the same
+// transaction. A kind whose slot turns up although it was not locked (not
+// expected: the dead worker cannot take slots any more) is locked late.
+func (r *SlotRelease) Release(ctx context.Context, client *river.Client[pgx.Tx], jobIDs []int64) (SlotReleaseResult, error) {
+	res := SlotReleaseResult{Released: map[string]int{}, Resumed: map[string]int{}}
+	q := db.New(r.tx)
+	if jobIDs == nil {
+		jobIDs = []int64{}
+	}
+	released, err := q.DeleteWorkerSlots(ctx, db.DeleteWorkerSlotsParams{JobIds: jobIDs, WorkerID: r.workerID})
+	if err != nil {
+		return res, fmt.Errorf("release slots of worker %s: %w", r.workerID, err)
+	}
+	var late []string
+	for _, row := range released {
+		res.Released[row.Kind]++
+		if _, ok := r.counts[row.Kind]; !ok && !slices.Contains(late, row.Kind) {
+			late = append(late, row.Kind)
+		}
+	}
+	if len(late) > 0 {
+		slices.Sort(late)
+		more, err := lockKinds(ctx, q, late)
+		if err != nil {
+			return res, err
+		}
+		for kind, c := range more {
+			r.counts[kind] = c
+		}
+	}
+	for kind, n := range res.Released {
+		if c, ok := r.counts[kind]; ok {
+			c.taken -= int32(n)
+			c.dAdmit -= int32(n)
+		}
+	}
+	clientCtx := withRiverClient(ctx, client)
+	kinds := make([]string, 0, len(r.counts))
+	for kind := range r.counts {
+		kinds = append(kinds, kind)
+	}
+	slices.Sort(kinds)
+	for _, kind := range kinds {
+		c := r.counts[kind]
+		before := c.parked
+		if err := r.l.resumeInto(ctx, r.tx, clientCtx, kind, c); err != nil {
+			return res, err
+		}
+		if n := before - c.parked; n > 0 {
+			res.Resumed[kind] = int(n)
+		}
+	}
+	if err := saveCounts(ctx, q, r.counts); err != nil {
+		return res, err
+	}
+	return res, nil
+}
