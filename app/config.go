@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/scheduler"
 )
 
 // Defaults of Config.
@@ -18,11 +19,20 @@ const (
 	DefaultDefaultWorkers     = 50
 	DefaultMaintenanceWorkers = 4
 	DefaultShutdownTimeout    = 30 * time.Second
+	// DefaultFetchCooldown is lower than River's 100ms so that a parked job
+	// resumed into a freed slot starts promptly; a fetch per 20ms per queue
+	// is still a trivial load.
+	DefaultFetchCooldown        = 5 * time.Millisecond
+	DefaultFetchPollInterval    = time.Second
+	DefaultRescueStuckJobsAfter = time.Hour
 	// DefaultHardStopGrace is how long a stopping worker waits, after
 	// cancelling the jobs still running at the shutdown timeout, for them
 	// to return. Jobs that ignore cancellation longer than this are left
 	// behind (River rescues them later) and the process exits anyway.
 	DefaultHardStopGrace = 5 * time.Second
+	// DefaultHeartbeatInterval is how often a worker refreshes its
+	// sluice_workers row.
+	DefaultHeartbeatInterval = 5 * time.Second
 )
 
 // Config configures a worker process.
@@ -43,12 +53,33 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// HardStopGrace is how long cancelled jobs get to return on stop.
 	HardStopGrace time.Duration
+	// FetchCooldown is the least time between two fetches of a queue
+	// (River's FetchCooldown).
+	FetchCooldown time.Duration
+	// FetchPollInterval is how often a queue is polled when no insert
+	// notification arrives (River's FetchPollInterval).
+	FetchPollInterval time.Duration
+	// RescueStuckJobsAfter is when River's rescuer considers a running job
+	// stuck (its worker presumed dead).
+	RescueStuckJobsAfter time.Duration
 	// JobTimeout is River's client-level job timeout.
 	JobTimeout time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
+	// ExportDir is where export.project writes archives (SLUICE_EXPORT_DIR);
+	// empty means jobs.DefaultExportDir.
+	ExportDir string
 	// Logger receives every log line.
 	Logger *slog.Logger
+	// SchedulePollInterval is the longest the schedule dispatcher sleeps
+	// between ticks (it also wakes for the next due time and on NOTIFY).
+	SchedulePollInterval time.Duration
+	// ScheduleBatchSize is how many due schedules one dispatcher
+	// transaction claims.
+	ScheduleBatchSize int
+	// HeartbeatInterval is how often the worker refreshes its
+	// sluice_workers row.
+	HeartbeatInterval time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -62,6 +93,15 @@ func (c *Config) withDefaults() Config {
 	if out.ShutdownTimeout == 0 {
 		out.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if out.FetchCooldown == 0 {
+		out.FetchCooldown = DefaultFetchCooldown
+	}
+	if out.FetchPollInterval == 0 {
+		out.FetchPollInterval = DefaultFetchPollInterval
+	}
+	if out.RescueStuckJobsAfter == 0 {
+		out.RescueStuckJobsAfter = DefaultRescueStuckJobsAfter
+	}
 	if out.HardStopGrace == 0 {
 		out.HardStopGrace = DefaultHardStopGrace
 	}
@@ -73,6 +113,15 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.ID == "" {
 		out.ID = NewID()
+	}
+	if out.SchedulePollInterval == 0 {
+		out.SchedulePollInterval = scheduler.DefaultPollInterval
+	}
+	if out.ScheduleBatchSize == 0 {
+		out.ScheduleBatchSize = scheduler.DefaultBatchSize
+	}
+	if out.HeartbeatInterval == 0 {
+		out.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
@@ -93,8 +142,22 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("job timeout must not be negative, got %s", c.JobTimeout)
 	case c.MaintenanceTimeout < 0:
 		return fmt.Errorf("maintenance timeout must not be negative, got %s", c.MaintenanceTimeout)
+	case c.FetchCooldown < 0 || (c.FetchCooldown > 0 && c.FetchCooldown < time.Millisecond):
+		return fmt.Errorf("fetch cooldown must be at least 1ms, got %s", c.FetchCooldown)
+	case c.FetchPollInterval < 0 || (c.FetchPollInterval > 0 && c.FetchPollInterval < c.FetchCooldown):
+		return fmt.Errorf("fetch poll interval must be at least the fetch cooldown, got %s", c.FetchPollInterval)
+	case c.RescueStuckJobsAfter < 0:
+		return fmt.Errorf("rescue-stuck-jobs-after must not be negative, got %s", c.RescueStuckJobsAfter)
+	case c.RescueStuckJobsAfter > 0 && c.RescueStuckJobsAfter < max(c.JobTimeout, jobs.DefaultJobTimeout):
+		return fmt.Errorf("rescue-stuck-jobs-after (%s) must be at least the job timeout (%s)", c.RescueStuckJobsAfter, max(c.JobTimeout, jobs.DefaultJobTimeout))
 	case len(c.ID) > 100:
 		return fmt.Errorf("worker id must be at most 100 characters, got %d", len(c.ID))
+	case c.SchedulePollInterval < 0 || (c.SchedulePollInterval > 0 && c.SchedulePollInterval < 10*time.Millisecond):
+		return fmt.Errorf("schedule poll interval must be at least 10ms, got %s", c.SchedulePollInterval)
+	case c.ScheduleBatchSize < 0 || c.ScheduleBatchSize > scheduler.MaxBatchSize:
+		return fmt.Errorf("schedule batch size must be between 1 and %d, got %d", scheduler.MaxBatchSize, c.ScheduleBatchSize)
+	case c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond):
+		return fmt.Errorf("heartbeat interval must be at least 100ms, got %s", c.HeartbeatInterval)
 	}
 	return nil
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // newHTTPHandler serves /healthz (the process is alive), /readyz (the
-// database answers) and /metrics (Prometheus).
+// database answers), /metrics (Prometheus) and /health (workers and
+// schedules, see checkHealth).
 func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -28,6 +29,8 @@ func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Hand
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	mux.HandleFunc("GET /stats", statsHandler(pool)) // the stats document (stats.go)
+	mux.HandleFunc("GET /health", healthHandler(pool))
 	return mux
 }
 

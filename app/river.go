@@ -26,11 +26,14 @@ func NewInsertClient(pool *pgxpool.Pool) (*Client, error) {
 }
 
 type clientOpts struct {
-	id                string
-	queues            map[string]river.QueueConfig
-	jobTimeout        time.Duration
-	leaderElectionOff bool
-	softStopTimeout   time.Duration
+	fetchCooldown        time.Duration
+	fetchPollInterval    time.Duration
+	rescueStuckJobsAfter time.Duration
+	id                   string
+	queues               map[string]river.QueueConfig
+	jobTimeout           time.Duration
+	leaderElectionOff    bool
+	softStopTimeout      time.Duration
 }
 
 // newWorkClient builds a River client with every sluice worker and
@@ -41,7 +44,10 @@ func newWorkClient(pool *pgxpool.Pool, deps *jobs.Deps, opts clientOpts) (*Clien
 		return nil, fmt.Errorf("register workers: %w", err)
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		FetchCooldown:          opts.fetchCooldown,
+		FetchPollInterval:      opts.fetchPollInterval,
 		ID:                     opts.id,
+		RescueStuckJobsAfter:   opts.rescueStuckJobsAfter,
 		JobTimeout:             opts.jobTimeout,
 		LeaderElectionDisabled: opts.leaderElectionOff,
 		Logger:                 deps.Logger,

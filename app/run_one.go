@@ -57,6 +57,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, er
 		WorkerID:           cfg.ID,
 		JobTimeout:         cfg.JobTimeout,
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
+		ExportDir:          cfg.ExportDir,
 	})
 	if err != nil {
 		return nil, err
@@ -64,6 +65,8 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, er
 
 	queue := privateQueueName()
 	client, err := newWorkClient(pool, deps, clientOpts{
+		fetchCooldown:     cfg.FetchCooldown,
+		fetchPollInterval: cfg.FetchPollInterval,
 		id:                cfg.ID,
 		jobTimeout:        cfg.JobTimeout,
 		leaderElectionOff: true,

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/jobs"
 	"github.com/sluice-dev/sluice/migrations"
+	"github.com/sluice-dev/sluice/scheduler"
 )
 
 // Worker is one `sluice worker` process: River client, HTTP server and the
@@ -28,6 +29,10 @@ type Worker struct {
 	registry *prometheus.Registry
 	listener net.Listener
 	server   *http.Server
+	// dispatcher is the schedule dispatcher; heartbeat keeps the
+	// sluice_workers row.
+	dispatcher *scheduler.Dispatcher
+	heartbeat  *heartbeat
 }
 
 // NewWorker connects to the database, checks that its schema is migrated,
@@ -58,26 +63,34 @@ func (w *Worker) init(ctx context.Context) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	w.registry.MustRegister(jobs.NewTaskCancellationCollector(w.pool, w.cfg.Logger))
 	deps, err := jobs.NewDeps(w.pool, jobs.DepsConfig{
 		Logger:             w.cfg.Logger,
 		Registerer:         w.registry,
 		WorkerID:           w.cfg.ID,
 		JobTimeout:         w.cfg.JobTimeout,
 		MaintenanceTimeout: w.cfg.MaintenanceTimeout,
+		ExportDir:          w.cfg.ExportDir,
 	})
 	if err != nil {
 		return err
 	}
 	w.deps = deps
 	w.client, err = newWorkClient(w.pool, deps, clientOpts{
-		id:         w.cfg.ID,
-		jobTimeout: w.cfg.JobTimeout,
+		fetchCooldown:        w.cfg.FetchCooldown,
+		fetchPollInterval:    w.cfg.FetchPollInterval,
+		rescueStuckJobsAfter: w.cfg.RescueStuckJobsAfter,
+		id:                   w.cfg.ID,
+		jobTimeout:           w.cfg.JobTimeout,
 		queues: map[string]river.QueueConfig{
 			river.QueueDefault:    {MaxWorkers: w.cfg.DefaultWorkers},
 			jobs.MaintenanceQueue: {MaxWorkers: w.cfg.MaintenanceWorkers},
 		},
 	})
 	if err != nil {
+		return err
+	}
+	if err := w.initScheduler(); err != nil {
 		return err
 	}
 	if w.cfg.HTTPAddr != "" {
@@ -126,6 +139,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("start River client: %w", err)
 	}
+	stopDispatcher, stopHeartbeat, err := w.startScheduler(ctx)
+	if err != nil {
+		w.stopClient()
+		if w.listener != nil {
+			_ = w.listener.Close()
+		}
+		return err
+	}
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
@@ -142,7 +163,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		logger.Error("worker stopping: http server failed", "error", err)
 	}
 
+	stopDispatcher()
 	w.stopClient()
+	stopHeartbeat()
+	w.removeHeartbeat()
 	if w.server != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -56,6 +56,15 @@ func Lock(ctx context.Context, pool *pgxpool.Pool, name string) (*SessionLock, e
 	return &SessionLock{conn: conn, name: name}, nil
 }
 
+// Ping checks that the lock's connection (and so the lock) is alive. It must
+// not run concurrently with Release.
+func (l *SessionLock) Ping(ctx context.Context) error {
+	if l == nil || l.conn == nil {
+		return errors.New("lock released")
+	}
+	return l.conn.Ping(ctx)
+}
+
 // Name is the name the lock was taken for.
 func (l *SessionLock) Name() string { return l.name }
 

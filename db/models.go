@@ -61,6 +61,7 @@ func (ns NullRiverJobState) Value() (driver.Value, error) {
 	return string(ns.RiverJobState), nil
 }
 
+// CI builds (GitLab's statuses). lock_version is the optimistic lock: every writer that changes a build increments it. Builds stuck in canceling, running, scheduled or pending are failed by the ci.drop_*_builds maintenance kinds.
 type CiBuild struct {
 	ID            int64      `json:"id"`
 	ProjectID     int64      `json:"project_id"`
@@ -78,6 +79,36 @@ type CiBuild struct {
 	LockVersion   int32      `json:"lock_version"`
 }
 
+type ConcurrencyExecution struct {
+	JobID      int64     `json:"job_id"`
+	Kind       string    `json:"kind"`
+	WorkerID   *string   `json:"worker_id"`
+	Reserved   bool      `json:"reserved"`
+	AdmittedAt time.Time `json:"admitted_at"`
+}
+
+// Global concurrency limit per job kind. No row or 0 = unlimited; < 0 = circuit breaker (park everything). Workers read changes within a second.
+type ConcurrencyLimit struct {
+	Kind           string    `json:"kind"`
+	MaxConcurrency int32     `json:"max_concurrency"`
+	Admitted       int32     `json:"admitted"`
+	Parked         int64     `json:"parked"`
+	UpdatedAt      time.Time `json:"updated_at"`
+}
+
+type ConcurrencyParkedJob struct {
+	ID            int64           `json:"id"`
+	Kind          string          `json:"kind"`
+	Args          json.RawMessage `json:"args"`
+	Queue         string          `json:"queue"`
+	Priority      int16           `json:"priority"`
+	MaxAttempts   int16           `json:"max_attempts"`
+	Tags          []string        `json:"tags"`
+	Metadata      json.RawMessage `json:"metadata"`
+	OriginalJobID int64           `json:"original_job_id"`
+	ParkedAt      time.Time       `json:"parked_at"`
+}
+
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
 type MaintenanceRun struct {
 	ID         int64           `json:"id"`
@@ -89,6 +120,34 @@ type MaintenanceRun struct {
 	Status     string          `json:"status"`
 	Affected   int64           `json:"affected"`
 	Details    json.RawMessage `json:"details"`
+}
+
+// Project exports: queued -> started -> finished, or failed. job_id is the river_job.id of the export.project job (GitLab's jid); export.stuck_jobs fails queued/started rows whose River job is finalized or pruned.
+type ProjectExportJob struct {
+	ID          int64      `json:"id"`
+	ProjectID   int64      `json:"project_id"`
+	JobID       *int64     `json:"job_id"`
+	Status      string     `json:"status"`
+	Parallel    bool       `json:"parallel"`
+	ArchivePath *string    `json:"archive_path"`
+	Records     *int64     `json:"records"`
+	Error       *string    `json:"error"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	StartedAt   *time.Time `json:"started_at"`
+	FinishedAt  *time.Time `json:"finished_at"`
+}
+
+// Relations of a parallel project export (sluice export --parallel), one row per relation.
+type ProjectRelationExport struct {
+	ID                 int64     `json:"id"`
+	ProjectExportJobID int64     `json:"project_export_job_id"`
+	Relation           string    `json:"relation"`
+	Status             string    `json:"status"`
+	Records            *int64    `json:"records"`
+	Error              *string   `json:"error"`
+	CreatedAt          time.Time `json:"created_at"`
+	UpdatedAt          time.Time `json:"updated_at"`
 }
 
 type RiverJob struct {
@@ -142,25 +201,27 @@ type RiverQueue struct {
 
 // Durable schedules: the dispatcher of every sluice worker inserts one River job per due time. next_run_at NULL means "compute from cron".
 type Schedule struct {
-	ID           int64           `json:"id"`
-	Name         string          `json:"name"`
-	Cron         string          `json:"cron"`
-	Timezone     string          `json:"timezone"`
-	Kind         string          `json:"kind"`
-	Args         json.RawMessage `json:"args"`
-	Queue        *string         `json:"queue"`
-	Enabled      bool            `json:"enabled"`
-	Status       string          `json:"status"`
-	Misfire      string          `json:"misfire"`
-	NextRunAt    *time.Time      `json:"next_run_at"`
-	LastRunAt    *time.Time      `json:"last_run_at"`
-	LastJobID    *int64          `json:"last_job_id"`
-	RunCount     int64           `json:"run_count"`
-	FailureCount int32           `json:"failure_count"`
-	MaxRetries   int32           `json:"max_retries"`
-	LastError    *string         `json:"last_error"`
-	CreatedAt    time.Time       `json:"created_at"`
-	UpdatedAt    time.Time       `json:"updated_at"`
+	ID               int64           `json:"id"`
+	Name             string          `json:"name"`
+	Cron             string          `json:"cron"`
+	Timezone         string          `json:"timezone"`
+	Kind             string          `json:"kind"`
+	Args             json.RawMessage `json:"args"`
+	Queue            *string         `json:"queue"`
+	Enabled          bool            `json:"enabled"`
+	Status           string          `json:"status"`
+	Misfire          string          `json:"misfire"`
+	NextRunAt        *time.Time      `json:"next_run_at"`
+	LastRunAt        *time.Time      `json:"last_run_at"`
+	LastJobID        *int64          `json:"last_job_id"`
+	RunCount         int64           `json:"run_count"`
+	FailureCount     int32           `json:"failure_count"`
+	MaxRetries       int32           `json:"max_retries"`
+	LastError        *string         `json:"last_error"`
+	CreatedAt        time.Time       `json:"created_at"`
+	UpdatedAt        time.Time       `json:"updated_at"`
+	RetryDueAt       *time.Time      `json:"retry_due_at"`
+	LastDispatchedAt *time.Time      `json:"last_dispatched_at"`
 }
 
 // Dynamic settings: read on every use, so an UPDATE takes effect at the next run without a restart.
@@ -171,9 +232,90 @@ type Setting struct {
 	UpdatedAt   time.Time       `json:"updated_at"`
 }
 
+type SluiceConcurrencyOverview struct {
+	Kind            string `json:"kind"`
+	MaxConcurrency  *int32 `json:"max_concurrency"`
+	Admitted        int64  `json:"admitted"`
+	Parked          int64  `json:"parked"`
+	OldestParkedAge int32  `json:"oldest_parked_age"`
+}
+
 type SluiceQueueOverview struct {
 	Kind               string      `json:"kind"`
 	State              string      `json:"state"`
 	Jobs               int64       `json:"jobs"`
 	OldestAvailableAge interface{} `json:"oldest_available_age"`
+}
+
+type SluiceScheduleStatus struct {
+	ID               int64       `json:"id"`
+	Name             string      `json:"name"`
+	Kind             string      `json:"kind"`
+	Cron             string      `json:"cron"`
+	Timezone         string      `json:"timezone"`
+	Misfire          string      `json:"misfire"`
+	Enabled          bool        `json:"enabled"`
+	Status           string      `json:"status"`
+	Health           string      `json:"health"`
+	NextRunAt        *time.Time  `json:"next_run_at"`
+	OverdueBy        interface{} `json:"overdue_by"`
+	LastRunAt        *time.Time  `json:"last_run_at"`
+	LastDispatchedAt *time.Time  `json:"last_dispatched_at"`
+	LastLag          int32       `json:"last_lag"`
+	LastJobID        *int64      `json:"last_job_id"`
+	LastJobState     string      `json:"last_job_state"`
+	RunCount         int64       `json:"run_count"`
+	FailureCount     int32       `json:"failure_count"`
+	MaxRetries       int32       `json:"max_retries"`
+	LastError        *string     `json:"last_error"`
+}
+
+// Jobs still running after their cancellation, per kind: current_count_post_cancel (now, past task_cancellation.duration_millis) and total_count_post_cancel (cumulative).
+type SluiceTaskCancellationStat struct {
+	Kind                   string `json:"kind"`
+	CurrentCountPostCancel int64  `json:"current_count_post_cancel"`
+	TotalCountPostCancel   int64  `json:"total_count_post_cancel"`
+}
+
+// Live sluice workers: each refreshes heartbeat_at every heartbeat_interval and deletes its row on a clean shutdown. id = River client ID (river_job.attempted_by).
+type SluiceWorker struct {
+	ID                string          `json:"id"`
+	Host              string          `json:"host"`
+	Pid               int32           `json:"pid"`
+	StartedAt         time.Time       `json:"started_at"`
+	HeartbeatAt       time.Time       `json:"heartbeat_at"`
+	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
+	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	PollInterval      pgtype.Interval `json:"poll_interval"`
+}
+
+type SluiceWorkerStatus struct {
+	ID                string          `json:"id"`
+	Host              string          `json:"host"`
+	Pid               int32           `json:"pid"`
+	StartedAt         time.Time       `json:"started_at"`
+	HeartbeatAt       time.Time       `json:"heartbeat_at"`
+	HeartbeatAge      int32           `json:"heartbeat_age"`
+	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
+	Live              bool            `json:"live"`
+	PollInterval      pgtype.Interval `json:"poll_interval"`
+	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	DispatcherTickAge int32           `json:"dispatcher_tick_age"`
+	DispatcherFresh   interface{}     `json:"dispatcher_fresh"`
+}
+
+// Cumulative number of jobs per kind that kept running at least task_cancellation.duration_millis after their cancellation.
+type TaskCancellationCounter struct {
+	Kind                 string    `json:"kind"`
+	TotalCountPostCancel int64     `json:"total_count_post_cancel"`
+	UpdatedAt            time.Time `json:"updated_at"`
+}
+
+// Running River jobs whose cancellation was requested (cancelledTaskTracker). Rows come from triggers on river_job and from `sluice jobs cancel`; a row goes when its job stops running. counted_at is set once, when task_cancellation.monitor counts the job.
+type TaskCancellationTracker struct {
+	JobID       int64      `json:"job_id"`
+	Kind        string     `json:"kind"`
+	CancelledAt time.Time  `json:"cancelled_at"`
+	TrackedAt   time.Time  `json:"tracked_at"`
+	CountedAt   *time.Time `json:"counted_at"`
 }

@@ -27,6 +27,8 @@ type Deps struct {
 	Logger *slog.Logger
 	// Metrics holds the job metrics.
 	Metrics *Metrics
+	// Limiter enforces the concurrency limits.
+	Limiter *Limiter
 	// Settings reads dynamic settings.
 	Settings *db.Settings
 	// Queries runs sqlc queries on Pool.
@@ -37,6 +39,14 @@ type Deps struct {
 	JobTimeout time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
+	// LockCheckInterval is how often a maintenance run checks its lock's
+	// connection (default DefaultLockCheckInterval).
+	LockCheckInterval time.Duration
+	// ExportDir is where export.project writes archives; empty means
+	// DefaultExportDir.
+	ExportDir string
+	// ExportMetrics holds the project export metrics.
+	ExportMetrics *ExportMetrics
 }
 
 // DepsConfig configures NewDeps.
@@ -46,6 +56,7 @@ type DepsConfig struct {
 	WorkerID           string
 	JobTimeout         time.Duration
 	MaintenanceTimeout time.Duration
+	ExportDir          string
 }
 
 // NewDeps builds the dependencies of every worker and registers their
@@ -55,11 +66,24 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 	if err != nil {
 		return nil, err
 	}
+	exportMetrics, err := NewExportMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	limitMetrics, err := NewLimitMetrics(reg, pool, logger)
+	if err != nil {
+		return nil, err
+	}
 	return &Deps{
+		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID),
 		Pool:               pool,
 		Logger:             logger,
 		Metrics:            metrics,
@@ -68,6 +92,8 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 		WorkerID:           cfg.WorkerID,
 		JobTimeout:         cfg.JobTimeout,
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
+		ExportDir:          cfg.ExportDir,
+		ExportMetrics:      exportMetrics,
 	}, nil
 }
 
@@ -100,5 +126,6 @@ func AddWorkers(workers *river.Workers, deps *Deps) error {
 func Middleware(deps *Deps) []rivertype.WorkerMiddleware {
 	return []rivertype.WorkerMiddleware{
 		&metricsMiddleware{metrics: deps.Metrics},
+		deps.Limiter,
 	}
 }

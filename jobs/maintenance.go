@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -27,6 +28,46 @@ const MaintenanceQueue = "maintenance"
 // MaintenanceMaxAttempts is how often River tries a failed maintenance run
 // before discarding it; the next scheduled run tries again anyway.
 const MaintenanceMaxAttempts = 3
+
+// ErrLockLost ends a maintenance run whose advisory lock's connection died.
+var ErrLockLost = errors.New("advisory lock lost: its connection died")
+
+// DefaultLockCheckInterval is how often a maintenance run checks that the
+// connection holding its lock is alive.
+const DefaultLockCheckInterval = 5 * time.Second
+
+// watchLock returns a context cancelled (cause ErrLockLost) when lock's
+// connection stops answering, and a stop function that ends the watch; it
+// must be called before the lock is released.
+func (d *Deps) watchLock(ctx context.Context, lock *db.SessionLock, logger *slog.Logger) (context.Context, func()) {
+	interval := d.LockCheckInterval
+	if interval <= 0 {
+		interval = DefaultLockCheckInterval
+	}
+	runCtx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-ticker.C:
+				if err := lock.Ping(runCtx); err != nil && runCtx.Err() == nil {
+					logger.Error("maintenance run stopped: its advisory lock is lost", "error", err)
+					cancel(fmt.Errorf("%w: %v", ErrLockLost, err))
+					return
+				}
+			}
+		}
+	}()
+	return runCtx, func() {
+		cancel(nil)
+		<-done
+	}
+}
 
 // MaintenanceInsertOpts are the insert options of every maintenance kind:
 // its args type returns them from InsertOpts.
@@ -75,7 +116,12 @@ func (d *Deps) RunMaintenance(ctx context.Context, job *rivertype.JobRow, fn Mai
 	if lock == nil {
 		return d.recordSkipped(ctx, logger, kind, jobID, workerID)
 	}
+	// The run works on ctx cancelled as soon as the lock's connection is
+	// found dead: without its session the lock is gone, and another run of
+	// the kind may start.
+	ctx, stopWatch := d.watchLock(ctx, lock, logger)
 	defer func() {
+		stopWatch()
 		if relErr := lock.Release(ctx); relErr != nil {
 			logger.Warn("maintenance lock release", "error", relErr)
 		}
@@ -138,6 +184,9 @@ func (d *Deps) RunMaintenance(ctx context.Context, job *rivertype.JobRow, fn Mai
 	}()
 
 	res, err = fn(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
+		err = cause
+	}
 	if err != nil {
 		err = fmt.Errorf("maintenance %s: %w", kind, err)
 	}

@@ -195,3 +195,41 @@ func TestRunMaintenance(t *testing.T) {
 		}
 	})
 }
+
+// TestRunMaintenanceLockLost kills the connection that holds a run's lock:
+// the run is stopped (its context cancelled) and recorded as failed, and
+// another run of the kind can take the lock.
+func TestRunMaintenanceLockLost(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	deps, _ := jobtest.NewDeps(t, pool)
+	deps.LockCheckInterval = 20 * time.Millisecond
+	kind := "test.maint.lock_lost"
+
+	err := deps.RunMaintenance(ctx, &rivertype.JobRow{ID: 1, Kind: kind}, func(ctx context.Context) (jobs.MaintenanceResult, error) {
+		holders, err := db.New(pool).AdvisoryLockHolders(ctx, kind)
+		require.NoError(t, err)
+		require.Len(t, holders, 1)
+		_, err = pool.Exec(ctx, "SELECT pg_terminate_backend($1)", *holders[0].Pid)
+		require.NoError(t, err)
+		select {
+		case <-ctx.Done():
+			return jobs.MaintenanceResult{}, ctx.Err()
+		case <-time.After(30 * time.Second):
+			return jobs.MaintenanceResult{}, errors.New("the run was not stopped")
+		}
+	})
+	require.ErrorIs(t, err, jobs.ErrLockLost)
+	runs, err := db.New(pool).ListMaintenanceRuns(ctx, db.ListMaintenanceRunsParams{Kind: kind, MaxRows: 10})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, jobs.RunFailed, runs[0].Status)
+	require.Contains(t, string(runs[0].Details), "advisory lock lost")
+
+	lock, err := db.TryLock(ctx, pool, kind)
+	require.NoError(t, err)
+	require.NotNil(t, lock)
+	require.NoError(t, lock.Release(ctx))
+}

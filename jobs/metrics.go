@@ -31,6 +31,8 @@ type Metrics struct {
 	MaintenanceRuns *prometheus.CounterVec
 	// MaintenanceAffected counts rows changed by maintenance runs per kind.
 	MaintenanceAffected *prometheus.CounterVec
+	// CIBuilds counts what the stuck-build sweeps did.
+	CIBuilds *CIBuildsMetrics
 }
 
 // NewMetrics creates the job metrics and registers them with reg (nil: a
@@ -62,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register job metrics: %w", err)
 		}
+	}
+	var err error
+	if m.CIBuilds, err = newCIBuildsMetrics(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -70,6 +70,22 @@ func NewRegistry() *Registry {
 	r := &Registry{kinds: map[string]Kind{}}
 	addKind(r, false, "sleep ms milliseconds; a canary for smoke tests and benchmarks",
 		func(d *Deps) river.Worker[DemoSleepArgs] { return &DemoSleepWorker{deps: d} })
+	addKind(r, false, "resume jobs parked by concurrency limits (all kinds, or {\"kind\": K})",
+		func(d *Deps) river.Worker[ConcurrencyLimitResumeArgs] { return &ConcurrencyLimitResumeWorker{deps: d} })
+	addKind(r, false, "count jobs still running long after their cancellation, per kind (periodic monitor, no maintenance lock)",
+		newTaskCancellationMonitorWorker)
+	addKind(r, false, "export a project's ci_builds to a gzip'd NDJSON archive (sluice export)",
+		func(d *Deps) river.Worker[ExportProjectArgs] { return &ExportProjectWorker{deps: d} })
+	addKind(r, true, "mark failed the project exports whose River job finished or is gone",
+		func(d *Deps) river.Worker[ExportStuckJobsArgs] { return &ExportStuckJobsWorker{deps: d} })
+	addKind(r, true, "fail builds stuck in canceling for ci.drop_canceling_builds.timeout (stuck_or_timeout_failure)",
+		func(d *Deps) river.Worker[CIDropCancelingBuildsArgs] { return &CIDropCancelingBuildsWorker{deps: d} })
+	addKind(r, true, "fail builds stuck in running for ci.drop_running_builds.timeout (stuck_or_timeout_failure)",
+		func(d *Deps) river.Worker[CIDropRunningBuildsArgs] { return &CIDropRunningBuildsWorker{deps: d} })
+	addKind(r, true, "fail scheduled builds overdue by ci.drop_scheduled_builds.timeout (stale_schedule)",
+		func(d *Deps) river.Worker[CIDropScheduledBuildsArgs] { return &CIDropScheduledBuildsWorker{deps: d} })
+	addKind(r, true, "fail builds stuck in pending for ci.drop_pending_builds.timeout (stuck_or_timeout_failure)",
+		func(d *Deps) river.Worker[CIDropPendingBuildsArgs] { return &CIDropPendingBuildsWorker{deps: d} })
 	return r
 }
 

@@ -48,7 +48,10 @@ func exitCode(err error) int {
 	var usageErr *usageError
 	var unknownKind *jobs.UnknownKindError
 	var argsErr *jobs.ArgsError
+	var silent *silentExit
 	switch {
+	case errors.As(err, &silent):
+		return silent.code
 	case isCobraUsage(err):
 		return exitUsage
 	case errors.As(err, &usageErr), errors.As(err, &unknownKind), errors.As(err, &argsErr),

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/jobs"
 )
 
 func newJobsCmd(g *globals) *cobra.Command {
@@ -18,8 +21,11 @@ func newJobsCmd(g *globals) *cobra.Command {
 		Short: "Cancel a River job (a running job has its context cancelled)",
 		Long: `cancel calls River's JobCancel. A job that has not started is cancelled at
 once; a running job is stamped with metadata.cancel_attempted_at and its
-context is cancelled, and it ends when its worker returns. A finished job is
-left as it is. An unknown ID is an input error (exit 2).`,
+context is cancelled, and it ends when its worker returns; in the same
+transaction it is registered with the cancellation monitor
+(task_cancellation.monitor), which counts it if it keeps running longer than
+task_cancellation.duration_millis. A finished job is left as it is. An
+unknown ID is an input error (exit 2).`,
 		Args: exactArgs(1, "a job ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseID(args[0])
@@ -54,12 +60,12 @@ left as it is. An unknown ID is an input error (exit 2).`,
 				fmt.Fprintf(out, "job %d (%s) already %s: left as it is\n", job.ID, job.Kind, job.State)
 				return nil
 			}
-			job, err = client.JobCancel(ctx, id)
+			job, err = cancelAndTrack(ctx, pool, client, id)
 			if errors.Is(err, rivertype.ErrNotFound) {
 				return usagef("no job with id %d", id)
 			}
 			if err != nil {
-				return fmt.Errorf("cancel job %d: %w", id, err)
+				return err
 			}
 			switch job.State {
 			case rivertype.JobStateCancelled:
@@ -73,6 +79,27 @@ left as it is. An unknown ID is an input error (exit 2).`,
 		},
 	})
 	return cmd
+}
+
+// cancelAndTrack cancels job id and, if it is running, registers it with the
+// cancellation monitor's tracker, in one transaction.
+func cancelAndTrack(ctx context.Context, pool *pgxpool.Pool, client *app.Client, id int64) (*rivertype.JobRow, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cancel job %d: %w", id, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	job, err := client.JobCancelTx(ctx, tx, id)
+	if err != nil {
+		return nil, fmt.Errorf("cancel job %d: %w", id, err)
+	}
+	if _, err := jobs.TrackCancelledJob(ctx, tx, job); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("cancel job %d: commit: %w", id, err)
+	}
+	return job, nil
 }
 
 // groupCmd is a command that only holds subcommands; run without one (or

@@ -27,7 +27,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	code := exitCode(err)
-	if err != nil {
+	if _, silent := err.(*silentExit); err != nil && !silent {
 		fmt.Fprintf(stderr, "sluice: %s\n", err)
 		if code == exitUsage {
 			if cmd, _, findErr := root.Find(args); findErr == nil && cmd != nil && cmd != root {

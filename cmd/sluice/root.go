@@ -7,9 +7,11 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 )
 
@@ -36,7 +38,9 @@ their state in Postgres: schedules, maintenance locks, concurrency limits and
 parked jobs are tables an operator can query and change with SQL.
 
 Every command reads the database from --database-url or DATABASE_URL.
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
+(sluice health follows the monitoring-plugin convention instead: 0 OK,
+1 WARNING, 2 CRITICAL).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -55,10 +59,16 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input.`,
 
 	root.AddCommand(
 		newEnqueueCmd(g),
+		newExportCmd(g),
 		newJobsCmd(g),
+		newLimitsCmd(g),
 		newMigrateCmd(g),
+		newParkedCmd(g),
 		newRunCmd(g),
+		newStatsCmd(g),
 		newWorkerCmd(g),
+		newScheduleCmd(g),
+		newHealthCmd(g),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
@@ -123,6 +133,18 @@ func (g *globals) cliLogger() (*slog.Logger, error) {
 func (g *globals) requireDatabaseURL() error {
 	_, err := db.ParseConfig(g.databaseURL)
 	return err
+}
+
+// openPool opens a pool for a CLI command after checking the flags that
+// every database command shares.
+func (g *globals) openPool(cmd *cobra.Command, appName string) (*pgxpool.Pool, error) {
+	if _, err := g.cliLogger(); err != nil {
+		return nil, err
+	}
+	if err := g.requireDatabaseURL(); err != nil {
+		return nil, err
+	}
+	return app.OpenPool(cmd.Context(), g.databaseURL, appName)
 }
 
 // exactArgs is cobra.ExactArgs whose error is a usage error naming the

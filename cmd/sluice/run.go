@@ -11,7 +11,7 @@ import (
 )
 
 func newRunCmd(g *globals) *cobra.Command {
-	var argsJSON string
+	var argsJSON, exportDir string
 	registry := jobs.NewRegistry()
 	cmd := &cobra.Command{
 		Use:   "run KIND [--args JSON]",
@@ -36,7 +36,7 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 				return err
 			}
 			ctx := cmd.Context()
-			res, err := app.RunOne(ctx, app.Config{DatabaseURL: g.databaseURL, Logger: logger}, jobArgs)
+			res, err := app.RunOne(ctx, app.Config{DatabaseURL: g.databaseURL, Logger: logger, ExportDir: exportDir}, jobArgs)
 			if err != nil {
 				return err
 			}
@@ -52,5 +52,7 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 		},
 	}
 	cmd.Flags().StringVar(&argsJSON, "args", "{}", "job args as a JSON object")
+	cmd.Flags().StringVar(&exportDir, "export-dir", jobs.DefaultExportDir, "directory export.project writes project export archives to")
+	bindEnv(cmd.Flags(), "export-dir", "SLUICE_EXPORT_DIR")
 	return cmd
 }

@@ -1,0 +1,193 @@
+package jobs_test
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/jobs"
+)
+
+// benchWorkers is the default queue size of benchmark clients: large enough
+// that no-op jobs are bound by the database, not by River's fetch cadence
+// (a queue fetches at most MaxWorkers jobs per FetchCooldown).
+const benchWorkers = 500
+
+// benchConfig configures benchmark clients like a worker, with benchWorkers.
+func benchConfig(c *river.Config) {
+	c.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: benchWorkers}}
+	c.FetchCooldown = app.DefaultFetchCooldown
+	c.FetchPollInterval = app.DefaultFetchPollInterval
+	c.TestOnly = false
+}
+
+// drainNoOps inserts n demo.sleep jobs of 0 ms, works them with a fresh
+// client and returns the throughput in jobs/s.
+func drainNoOps(b *testing.B, pool *pgxpool.Pool, n int) float64 {
+	b.Helper()
+	ctx := context.Background()
+	insertClient, err := app.NewInsertClient(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	params := make([]river.InsertManyParams, n)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}}
+	}
+	if _, err := insertClient.InsertManyFast(ctx, params); err != nil {
+		b.Fatal(err)
+	}
+	deps, _ := jobtest.NewDeps(b, pool)
+	start := time.Now()
+	client := jobtest.Start(b, pool, deps, jobtest.Config{Configure: benchConfig})
+	for {
+		var left int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state <> 'completed'").Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = client.Stop(stopCtx)
+	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
+		b.Fatal(err)
+	}
+	return float64(n) / elapsed.Seconds()
+}
+
+// BenchmarkConcurrencyLimitOverhead compares the throughput of no-op jobs of
+// a kind with a limit they never reach (1000 > the 50 workers) with the same
+// jobs without a limit row, alternating in one run. Target: ratio ≥ 0.85.
+func BenchmarkConcurrencyLimitOverhead(b *testing.B) {
+	const n = 20000
+	pool := testdb.NewPool(b)
+	ctx := context.Background()
+	q := db.New(pool)
+	for range b.N {
+		var limited, unlimited []float64
+		for round := range 3 {
+			_ = round
+			if _, err := q.ClearConcurrencyLimit(ctx, "demo.sleep"); err != nil {
+				b.Fatal(err)
+			}
+			unlimited = append(unlimited, drainNoOps(b, pool, n))
+			if _, err := q.SetConcurrencyLimit(ctx, db.SetConcurrencyLimitParams{Kind: "demo.sleep", MaxConcurrency: 1000}); err != nil {
+				b.Fatal(err)
+			}
+			limited = append(limited, drainNoOps(b, pool, n))
+		}
+		lim, unl := median(limited), median(unlimited)
+		b.Logf("limited jobs/s %v, unlimited jobs/s %v", limited, unlimited)
+		b.ReportMetric(lim, "limited-jobs/s")
+		b.ReportMetric(unl, "baseline-jobs/s")
+		b.ReportMetric(lim/unl, "ratio")
+		b.ReportMetric(0.85, "target")
+	}
+}
+
+// timedWorker records when each job starts and ends.
+type timedArgs struct {
+	MS int `json:"ms"`
+}
+
+func (timedArgs) Kind() string { return "bench.timed" }
+
+type timedWorker struct {
+	river.WorkerDefaults[timedArgs]
+	mu     sync.Mutex
+	starts []time.Time
+	ends   []time.Time
+}
+
+func (w *timedWorker) Work(ctx context.Context, job *river.Job[timedArgs]) error {
+	w.mu.Lock()
+	w.starts = append(w.starts, time.Now())
+	w.mu.Unlock()
+	time.Sleep(time.Duration(job.Args.MS) * time.Millisecond)
+	w.mu.Lock()
+	w.ends = append(w.ends, time.Now())
+	w.mu.Unlock()
+	return nil
+}
+
+// BenchmarkConcurrencyLimitParked runs 400 jobs of 50 ms through a limit of
+// 4: throughput / ideal (4 per 50 ms; target ≥ 0.9) and the p50 latency from
+// a slot being released to the next parked job starting (target < 50 ms).
+func BenchmarkConcurrencyLimitParked(b *testing.B) {
+	const n, limit, ms = 400, 4, 50
+	ctx := context.Background()
+	for range b.N {
+		pool := testdb.NewPool(b)
+		if _, err := db.New(pool).SetConcurrencyLimit(ctx, db.SetConcurrencyLimitParams{Kind: "bench.timed", MaxConcurrency: limit}); err != nil {
+			b.Fatal(err)
+		}
+		worker := &timedWorker{}
+		deps, _ := jobtest.NewDeps(b, pool)
+		client := jobtest.Start(b, pool, deps, jobtest.Config{Configure: func(c *river.Config) {
+			benchConfig(c)
+			river.AddWorker(c.Workers, worker)
+		}})
+		params := make([]river.InsertManyParams, n)
+		for i := range params {
+			params[i] = river.InsertManyParams{Args: timedArgs{MS: ms}}
+		}
+		start := time.Now()
+		if _, err := client.InsertMany(ctx, params); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			worker.mu.Lock()
+			done := len(worker.ends)
+			worker.mu.Unlock()
+			if done == n {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		ideal := time.Duration(n/limit*ms) * time.Millisecond
+
+		worker.mu.Lock()
+		starts := append([]time.Time(nil), worker.starts...)
+		ends := append([]time.Time(nil), worker.ends...)
+		worker.mu.Unlock()
+		sort.Slice(starts, func(i, j int) bool { return starts[i].Before(starts[j]) })
+		sort.Slice(ends, func(i, j int) bool { return ends[i].Before(ends[j]) })
+		// The k-th slot release lets the (k+limit)-th job start.
+		var lat []float64
+		for k := 0; k+limit < len(starts); k++ {
+			lat = append(lat, float64(starts[k+limit].Sub(ends[k]).Microseconds())/1000)
+		}
+		var sum float64
+		for _, x := range lat {
+			sum += x
+		}
+		b.Logf("first start after %s, 4th start after %s, last end %s, mean gap %.1fms", starts[0].Sub(start), starts[3].Sub(start), ends[len(ends)-1].Sub(start), sum/float64(len(lat)))
+		for k, x := range lat {
+			if x > 200 {
+				b.Logf("gap %d: %.0fms (end %s, start %s)", k, x, ends[k].Sub(start), starts[k+limit].Sub(start))
+			}
+		}
+		sort.Float64s(lat)
+		b.ReportMetric(elapsed.Seconds()*1000, "ms/run")
+		b.ReportMetric(float64(ideal.Milliseconds()), "ideal-ms/run")
+		b.ReportMetric(ideal.Seconds()/elapsed.Seconds(), "ratio")
+		b.ReportMetric(0.9, "target")
+		b.ReportMetric(lat[len(lat)/2], "p50-release-to-start-ms")
+		b.ReportMetric(lat[len(lat)*99/100], "p99-release-to-start-ms")
+	}
+}

@@ -1,0 +1,179 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// ConcurrencyLimitResumeKind is the kind of the resume worker.
+const ConcurrencyLimitResumeKind = "concurrency_limit.resume"
+
+// ResumeRescheduleDelay is how soon the resume worker runs again for a kind
+// that still has parked jobs after a resume (the seed's RESCHEDULE_DELAY).
+const ResumeRescheduleDelay = time.Second
+
+// ConcurrencyLimitResumeArgs are the args of concurrency_limit.resume.
+type ConcurrencyLimitResumeArgs struct {
+	// JobKind is the job kind whose parked jobs to resume; empty: schedule
+	// a resume for every kind with parked jobs.
+	JobKind string `json:"kind,omitempty"`
+}
+
+// Kind is the River job kind.
+func (ConcurrencyLimitResumeArgs) Kind() string { return ConcurrencyLimitResumeKind }
+
+// InsertOpts keeps at most one pending resume per kind (unique by args among
+// jobs not yet finished) on the maintenance queue.
+func (ConcurrencyLimitResumeArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{
+		Queue:       MaintenanceQueue,
+		MaxAttempts: MaintenanceMaxAttempts,
+		UniqueOpts: river.UniqueOpts{
+			ByArgs: true,
+			ByState: []rivertype.JobState{
+				rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
+				rivertype.JobStateRunning, rivertype.JobStateScheduled,
+			},
+		},
+	}
+}
+
+// Validate accepts any kind name; an unknown kind is skipped when worked.
+func (a ConcurrencyLimitResumeArgs) Validate() error {
+	if a.JobKind == ConcurrencyLimitResumeKind {
+		return errors.New(`field "kind": concurrency_limit.resume is never limited`)
+	}
+	return nil
+}
+
+// ConcurrencyLimitResumeWorker is the safety net that moves parked jobs back
+// into River (GitLab's ConcurrencyLimit::ResumeWorker); the release path of
+// the Limiter resumes promptly when a slot frees.
+type ConcurrencyLimitResumeWorker struct {
+	river.WorkerDefaults[ConcurrencyLimitResumeArgs]
+	deps *Deps
+}
+
+// Work schedules a resume per kind (no kind) or resumes one kind.
+func (w *ConcurrencyLimitResumeWorker) Work(ctx context.Context, job *river.Job[ConcurrencyLimitResumeArgs]) error {
+	if job.Args.JobKind == "" {
+		return w.scheduleKinds(ctx)
+	}
+	return w.resumeKind(ctx, job.Args.JobKind)
+}
+
+// scheduleKinds enqueues concurrency_limit.resume {"kind": K} for each kind
+// with parked jobs whose limit is not a circuit breaker.
+func (w *ConcurrencyLimitResumeWorker) scheduleKinds(ctx context.Context) error {
+	q := w.deps.Queries
+	kinds, err := q.ParkedKinds(ctx)
+	if err != nil {
+		return fmt.Errorf("list kinds with parked jobs: %w", err)
+	}
+	if len(kinds) == 0 {
+		return nil
+	}
+	limits, err := q.ListConcurrencyLimits(ctx)
+	if err != nil {
+		return fmt.Errorf("read concurrency limits: %w", err)
+	}
+	broken := map[string]bool{}
+	for _, l := range limits {
+		broken[l.Kind] = l.MaxConcurrency < 0
+	}
+	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
+	if err != nil {
+		return err
+	}
+	var params []river.InsertManyParams
+	for _, kind := range kinds {
+		if !broken[kind] {
+			params = append(params, river.InsertManyParams{Args: ConcurrencyLimitResumeArgs{JobKind: kind}})
+		}
+	}
+	if len(params) == 0 {
+		return nil
+	}
+	if _, err := client.InsertMany(ctx, params); err != nil {
+		return fmt.Errorf("schedule resumes: %w", err)
+	}
+	w.deps.Logger.Info("concurrency_limit.resume scheduled", "kinds", len(params))
+	return nil
+}
+
+// resumeKind resumes parked jobs of kind into its free slots, cleans up
+// stale slots, and runs again in a second while jobs stay parked.
+func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind string) error {
+	logger := w.deps.Logger.With("kind", kind)
+	if _, err := NewRegistry().Lookup(kind); err != nil {
+		logger.Warn("concurrency_limit.resume: unknown job kind; skipped")
+		return nil
+	}
+	var resumed int
+	var remaining int64
+	err := pgx.BeginFunc(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		counts, err := lockKinds(ctx, q, []string{kind})
+		if err != nil {
+			return err
+		}
+		c, limited := counts[kind]
+		if limited && c.limit < 0 {
+			logger.Info("concurrency_limit.resume: circuit breaker is on; nothing resumed", "limit", c.limit)
+			return nil
+		}
+		stale, err := q.DeleteStaleConcurrencyExecutions(ctx, kind)
+		if err != nil {
+			return fmt.Errorf("clean up stale slots: %w", err)
+		}
+		if len(stale) > 0 {
+			logger.Warn("concurrency_limit.resume: freed slots of jobs no longer running", "job_ids", stale)
+		}
+		if limited {
+			// The safety net also corrects the counts the hot path keeps.
+			if err := q.RecountConcurrency(ctx, kind); err != nil {
+				return fmt.Errorf("recount: %w", err)
+			}
+			if counts, err = lockKinds(ctx, q, []string{kind}); err != nil {
+				return err
+			}
+			c = counts[kind]
+		} else {
+			parked, err := q.CountParkedJobs(ctx, kind)
+			if err != nil {
+				return fmt.Errorf("count parked: %w", err)
+			}
+			c = &kindCounts{parked: parked} // unlimited: resume in batches of MaxResumeBatch
+		}
+		if c.parked == 0 {
+			return nil
+		}
+		logger.Info("concurrency_limit.resume", "limit", c.limit, "queue_size", c.parked, "current", c.taken)
+		if err := w.deps.Limiter.resumeInto(ctx, tx, ctx, kind, c); err != nil {
+			return err
+		}
+		resumed = int(-c.dParked)
+		remaining = c.parked
+		if limited {
+			return saveCounts(ctx, q, map[string]*kindCounts{kind: c})
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", kind, err)
+	}
+	logger.Info("concurrency_limit.resume done", "resumed_jobs", resumed, "still_parked", remaining)
+	if resumed > 0 && remaining > 0 {
+		// More to resume once these finish (or, unlimited, in the next batch).
+		return river.JobSnooze(ResumeRescheduleDelay)
+	}
+	return nil
+}
