@@ -23,7 +23,8 @@ import (
 var deadWorkerRescue = struct {
 	// workerArgs are the flags of every worker of the test.
 	workerArgs []string
-	// resumeCron is the cadence of concurrency_limit.resume.
+	// resumeCron is the cadence of concurrency_limit.resume ("": its
+	// default schedule).
 	resumeCron string
 	// within bounds the wait for the rescued jobs to be worked again.
 	within time.Duration
@@ -47,7 +48,9 @@ func TestKilledWorker(t *testing.T) {
 	h := newHarness(t, testdb.New(t))
 	const limit, long, short = 2, 2, 4
 	h.ok("limits", "set", "demo.sleep", fmt.Sprint(limit))
-	h.ok("schedule", "update", "concurrency_limit.resume", "--cron", deadWorkerRescue.resumeCron)
+	if deadWorkerRescue.resumeCron != "" {
+		h.ok("schedule", "update", "concurrency_limit.resume", "--cron", deadWorkerRescue.resumeCron)
+	}
 	// Work for the maintenance run.
 	const builds = 300
 	h.exec(`INSERT INTO ci_builds (project_id, status, created_at, updated_at)
