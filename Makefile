@@ -43,8 +43,9 @@ check: ## gofmt, go vet, and generated code up to date
 	@$(GO) tool sqlc diff || { echo "db/ is stale: run make generate"; exit 1; }
 	@echo "check: ok"
 
-bench: ## run the benchmarks (reported as ratios measured in one run)
-	@$(PG) with-server $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
+# One package at a time (-p 1), so that benchmarks do not compete for the CPUs.
+bench: ## run every benchmark once and print one table (figure, comparison, ratio, target)
+	@$(PG) with-server bash -o pipefail -c "$(GO) test -run '^\$$' -bench . -benchtime 1x -count 1 -p 1 -timeout 90m -json ./... | $(GO) run ./internal/cmd/benchreport"
 
 dev-db-start: ## start the private cluster under .dev/ (prints its URL)
 	@$(PG) start
