@@ -13,7 +13,7 @@ PG       := scripts/pg.sh
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
 TESTFLAGS ?=
 
-.PHONY: help build run test generate check bench clean dev-db-start dev-db-stop
+.PHONY: help build run test e2e generate check bench clean dev-db-start dev-db-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,6 +26,9 @@ run: build ## migrate the database and start a worker (DATABASE_URL, else 127.0.
 
 test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/)
 	@$(PG) with-server $(GO) test -count=1 $(TESTFLAGS) ./...
+
+e2e: ## the fault and load suite (e2e/) alone, with the full 100,000-job load
+	@$(PG) with-server env SLUICE_E2E_LOAD_JOBS=full $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./e2e/
 
 generate: ## regenerate db/ from queries/ and migrations/ with sqlc (and River's schema for sqlc)
 	$(GO) run ./internal/cmd/riverschema db/schema/river.sql
@@ -40,8 +43,9 @@ check: ## gofmt, go vet, and generated code up to date
 	@$(GO) tool sqlc diff || { echo "db/ is stale: run make generate"; exit 1; }
 	@echo "check: ok"
 
-bench: ## run the benchmarks (reported as ratios measured in one run)
-	@$(PG) with-server $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
+# One package at a time (-p 1), so that benchmarks do not compete for the CPUs.
+bench: ## run every benchmark once and print one table (figure, comparison, ratio, target)
+	@$(PG) with-server bash -o pipefail -c "$(GO) test -run '^\$$' -bench . -benchtime 1x -count 1 -p 1 -timeout 90m -json ./... | $(GO) run ./internal/cmd/benchreport"
 
 dev-db-start: ## start the private cluster under .dev/ (prints its URL)
 	@$(PG) start

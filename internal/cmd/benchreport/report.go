@@ -1,0 +1,291 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+)
+
+// Spec says how to read one benchmark's metrics as a row of the table.
+type Spec struct {
+	// What the row measures, in a few words.
+	What string
+	// Figure and Comparison are the units of the figure and of the
+	// comparison measured beside it in the same run.
+	Figure, Comparison string
+	// TargetOn is the unit the target applies to (usually "ratio").
+	TargetOn string
+	// Cmp is how the value must compare with the target: "<", "<=", ">="
+	// or ">"; "" when the row has no target.
+	Cmp string
+	// Target, when not zero, is the target itself; otherwise it is the
+	// benchmark's "target" metric.
+	Target float64
+}
+
+// specs are the benchmarks of the issues, by name. A row may come from a
+// benchmark under another key: key "Name#suffix" reads benchmark Name.
+// Benchmarks not listed here still get a row, read by convention (see
+// guessSpec).
+var specs = map[string]Spec{
+	"BenchmarkIdleTick": {
+		What:   "scheduler: one dispatcher tick, 100,000 schedules, none due (vs the same check as a table scan)",
+		Figure: "ms/tick", Comparison: "seqscan-ms/check", TargetOn: "ms/tick", Cmp: "<",
+	},
+	"BenchmarkDispatchLag": {
+		What:   "scheduler: p99 dispatch lag, 10,000 schedules due at once, 2 worker processes (vs inserting the jobs directly, total)",
+		Figure: "p99-ms", Comparison: "baseline-ms", TargetOn: "p99-ms", Cmp: "<",
+	},
+	"BenchmarkDropCancelingBuilds": {
+		What:   "ci.drop_canceling_builds: one run, 1,000,000 builds, 10,000 stuck (vs one set-based UPDATE)",
+		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
+	},
+	"BenchmarkExportStuckJobs": {
+		What:   "export.stuck_jobs: one run, 100,000 active exports, 1,000 stuck (vs one join query)",
+		Figure: "ms/run", Comparison: "floor-ms/run", TargetOn: "ratio", Cmp: "<=",
+	},
+	"BenchmarkConcurrencyLimitOverhead": {
+		What:   "concurrency limits: no-op jobs under a limit never reached (vs no limit row)",
+		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkConcurrencyLimitParked": {
+		What:   "concurrency limits: limit 4, 400 jobs of 50 ms (vs the ideal 4 per 50 ms); ratio = ideal / achieved time",
+		Figure: "ms/run", Comparison: "ideal-ms/run", TargetOn: "ratio", Cmp: ">=",
+	},
+	// The issue's second target of the same benchmark, which reports only
+	// the first as its target metric.
+	"BenchmarkConcurrencyLimitParked#latency": {
+		What:   "concurrency limits: p50 from a slot's release to the next parked job's start (p99 beside it)",
+		Figure: "p50-release-to-start-ms", Comparison: "p99-release-to-start-ms", TargetOn: "p50-release-to-start-ms", Cmp: "<", Target: 50,
+	},
+	"BenchmarkTaskCancellationTriggerOverhead": {
+		What:   "cancellation monitoring: River no-op throughput with the river_job triggers (vs without)",
+		Figure: "jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkTaskCancellationTriggerUpdateCost": {
+		What:   "cancellation monitoring: River's fetch + complete UPDATEs of 5,000 jobs with the triggers (vs without)",
+		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
+	},
+	"BenchmarkNoopSluiceWorker": {
+		What:   "no-op jobs through a `sluice worker` process (vs raw River, same server); no target",
+		Figure: "jobs/s", Comparison: "river-jobs/s",
+	},
+	// Raw River's own figure, measured beside the sluice worker.
+	"BenchmarkNoopSluiceWorker#river": {
+		What:   "raw River: no-op jobs through a bare River client (no middleware), same run; no target",
+		Figure: "river-jobs/s",
+	},
+	"BenchmarkNoopAsynq": {
+		What:   "no-op jobs through asynq on the local Redis (vs raw River on Postgres); ratio = River / asynq; no target",
+		Figure: "asynq-jobs/s", Comparison: "river-jobs/s",
+	},
+}
+
+// comparisonPrefixes mark the unit of a comparison by convention.
+var comparisonPrefixes = []string{"baseline-", "floor-", "ideal-", "seqscan-", "river-"}
+
+// guessSpec reads a benchmark nobody described: the figure is its first
+// metric that is neither ns/op, a comparison, ratio nor target; the
+// comparison is its first unit with a comparison prefix; the target applies
+// to the ratio, in an unknown direction.
+func guessSpec(r *Result) Spec {
+	s := Spec{What: "(not described in benchreport)", TargetOn: "ratio"}
+	for _, u := range r.Units {
+		switch {
+		case u == "ns/op" || u == "ratio" || u == "target" || u == "B/op" || u == "allocs/op":
+		case hasComparisonPrefix(u):
+			if s.Comparison == "" {
+				s.Comparison = u
+			}
+		case s.Figure == "":
+			s.Figure = u
+		}
+	}
+	return s
+}
+
+func hasComparisonPrefix(unit string) bool {
+	for _, p := range comparisonPrefixes {
+		if strings.HasPrefix(unit, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Row is one line of the table.
+type Row struct {
+	Benchmark, What, Figure, Comparison, Ratio, Target, Met string
+}
+
+// Rows turns results into table rows, in the order the benchmarks ran,
+// with the extra rows of specs keyed "Name#…" after their benchmark's row.
+func Rows(results []*Result) []Row {
+	var rows []Row
+	for _, r := range results {
+		spec, known := specs[r.Name]
+		if !known {
+			spec = guessSpec(r)
+		}
+		rows = append(rows, row(r, r.Name, spec))
+		for _, key := range extraKeys(r.Name) {
+			rows = append(rows, row(r, key, specs[key]))
+		}
+	}
+	return rows
+}
+
+// extraKeys are the spec keys "name#…", sorted.
+func extraKeys(name string) []string {
+	var keys []string
+	for k := range specs {
+		if strings.HasPrefix(k, name+"#") {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func row(r *Result, label string, s Spec) Row {
+	out := Row{Benchmark: label, What: s.What}
+	switch {
+	case r.Skipped:
+		out.Figure = "skipped: " + orDefault(r.Note, "no reason given")
+		return out
+	case r.Failed:
+		out.Figure = "FAILED: " + orDefault(r.Note, "see the output above")
+		return out
+	}
+	out.Figure = metric(r, s.Figure)
+	out.Comparison = metric(r, s.Comparison)
+	target := s.Target
+	if target == 0 {
+		target = r.Metrics["target"]
+	}
+	fv, hasFigure := r.Metrics[s.Figure]
+	cv, hasComparison := r.Metrics[s.Comparison]
+	rv, hasRatio := r.Metrics["ratio"]
+	out.Ratio = "—"
+	switch {
+	case strings.Contains(label, "#"):
+		// An extra row: its figure against its own target.
+		if hasFigure && target != 0 {
+			out.Ratio = formatPrecise(fv / target)
+		}
+	case hasRatio:
+		out.Ratio = formatPrecise(rv)
+	case hasFigure && hasComparison && cv != 0:
+		out.Ratio = formatPrecise(fv / cv)
+	}
+	out.Target, out.Met = "—", "—"
+	if target == 0 || s.TargetOn == "" {
+		return out
+	}
+	cmp := s.Cmp
+	if cmp == "" {
+		cmp = "?"
+	}
+	out.Target = fmt.Sprintf("%s %s %s", s.TargetOn, displayCmp(cmp), formatPrecise(target))
+	v, ok := r.Metrics[s.TargetOn]
+	if !ok || cmp == "?" {
+		out.Met = "?"
+		return out
+	}
+	if meets(v, cmp, target) {
+		out.Met = "yes"
+	} else {
+		out.Met = "no"
+	}
+	return out
+}
+
+func metric(r *Result, unit string) string {
+	if unit == "" {
+		return "—"
+	}
+	v, ok := r.Metrics[unit]
+	if !ok {
+		return "—"
+	}
+	return formatNumber(v) + " " + unit
+}
+
+func meets(v float64, cmp string, target float64) bool {
+	switch cmp {
+	case "<":
+		return v < target
+	case "<=":
+		return v <= target
+	case ">":
+		return v > target
+	case ">=":
+		return v >= target
+	}
+	return false
+}
+
+func displayCmp(cmp string) string {
+	switch cmp {
+	case "<=":
+		return "≤"
+	case ">=":
+		return "≥"
+	}
+	return cmp
+}
+
+// formatNumber prints about three significant digits, without exponents.
+func formatNumber(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%.1f", v)
+	case a >= 1:
+		return fmt.Sprintf("%.2f", v)
+	case a == 0:
+		return "0"
+	case a >= 0.01:
+		return fmt.Sprintf("%.3f", v)
+	default:
+		return fmt.Sprintf("%.2g", v)
+	}
+}
+
+// formatPrecise prints four significant digits, so that a ratio just
+// short of its target does not print as the target itself.
+func formatPrecise(v float64) string {
+	s := fmt.Sprintf("%.4g", v)
+	if strings.ContainsAny(s, "e") {
+		return formatNumber(v)
+	}
+	return s
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// WriteTable writes rows as a Markdown table.
+func WriteTable(w io.Writer, rows []Row) {
+	fmt.Fprintln(w, "| benchmark | what it measures | figure | comparison (same run) | ratio | target | met |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n",
+			cell(r.Benchmark), cell(r.What), cell(r.Figure), cell(r.Comparison), cell(r.Ratio), cell(r.Target), cell(r.Met))
+	}
+}
+
+func cell(s string) string {
+	if s == "" {
+		return ""
+	}
+	return strings.ReplaceAll(s, "|", `\|`)
+}
