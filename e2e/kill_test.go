@@ -13,25 +13,18 @@ import (
 )
 
 // deadWorkerRescue is how the surviving workers get a dead worker's jobs
-// going again, and how long the test gives them. It is River's own rescuer:
-// the leader makes a job `running` for longer than --rescue-stuck-jobs-after
-// (and than the job's own timeout, which must not be longer) retryable
-// again; sluice accepts at least 1m, and the rescuer looks every 30s. The
-// dead worker's concurrency slots are freed by concurrency_limit.resume once
-// River has rescued their jobs, so the test runs it every few seconds
-// instead of every minute.
+// going again, and how long the test gives them: the reaper of dead workers
+// (a heartbeat every 200ms, dead after 1s) rescues the dead worker's jobs
+// and frees its concurrency slots; the poll interval is short so that the
+// rescued jobs are fetched promptly.
 var deadWorkerRescue = struct {
 	// workerArgs are the flags of every worker of the test.
 	workerArgs []string
-	// resumeCron is the cadence of concurrency_limit.resume ("": its
-	// default schedule).
-	resumeCron string
 	// within bounds the wait for the rescued jobs to be worked again.
 	within time.Duration
 }{
-	workerArgs: []string{"--rescue-stuck-jobs-after", "1m", "--job-timeout", "5s", "--maintenance-timeout", "30s"},
-	resumeCron: "@every 3s",
-	within:     5 * time.Minute,
+	workerArgs: []string{"--heartbeat-interval", "200ms", "--dead-after", "1s", "--fetch-poll-interval", "200ms"},
+	within:     time.Minute,
 }
 
 // TestKilledWorker kills a worker with SIGKILL while it runs jobs of a kind
@@ -39,8 +32,8 @@ var deadWorkerRescue = struct {
 // mid-run by a row lock the test takes), then starts another worker. Nothing
 // is lost: the limit holds throughout (sampled from concurrency_executions),
 // the killed run's advisory lock is free at once and the next run proceeds
-// (and records the killed run as abandoned), and River works the killed jobs
-// again: every limited job completes exactly once, none stays parked.
+// (the killed run is recorded as failed), and the reaper gets the killed jobs
+// going again: every limited job completes exactly once, none stays parked.
 func TestKilledWorker(t *testing.T) {
 	t.Parallel()
 
@@ -48,9 +41,6 @@ func TestKilledWorker(t *testing.T) {
 	h := newHarness(t, testdb.New(t))
 	const limit, long, short = 2, 2, 4
 	h.ok("limits", "set", "demo.sleep", fmt.Sprint(limit))
-	if deadWorkerRescue.resumeCron != "" {
-		h.ok("schedule", "update", "concurrency_limit.resume", "--cron", deadWorkerRescue.resumeCron)
-	}
 	// Work for the maintenance run.
 	const builds = 300
 	h.exec(`INSERT INTO ci_builds (project_id, status, created_at, updated_at)
@@ -116,8 +106,8 @@ func TestKilledWorker(t *testing.T) {
 	nextRun := time.Since(killed)
 	var status, abandonErr string
 	require.NoError(t, h.pool.QueryRow(ctx, `SELECT status, details->>'error' FROM maintenance_runs WHERE id = $1`, killedRun).Scan(&status, &abandonErr))
-	require.Equal(t, "failed", status, "the next run records the killed run as abandoned")
-	require.Contains(t, abandonErr, "abandoned")
+	require.Equal(t, "failed", status, "the killed run is recorded as failed")
+	require.Regexp(t, `^(abandoned|worker victim lost)`, abandonErr, "by the reaper, or by the next run as abandoned")
 	require.Equal(t, int64(builds), h.count(`SELECT count(*) FROM ci_builds WHERE status = 'failed' AND lock_version = 1`),
 		"every stuck build failed, none twice")
 
