@@ -4,9 +4,12 @@ import (
 	"cmp"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -139,6 +142,11 @@ func (c *Config) withDefaults() Config {
 
 // Validate reports the first out-of-range setting.
 func (c *Config) Validate() error {
+	if c.HTTPAddr != "" {
+		if err := validateListenAddr(c.HTTPAddr); err != nil {
+			return fmt.Errorf("invalid HTTP address %q (SLUICE_HTTP_ADDR): %w", c.HTTPAddr, err)
+		}
+	}
 	switch {
 	case c.DefaultWorkers < 0 || c.DefaultWorkers > 10000:
 		return fmt.Errorf("default queue workers must be between 1 and 10000, got %d", c.DefaultWorkers)
@@ -188,4 +196,16 @@ func NewID() string {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// validateListenAddr checks that addr is host:port with a port number.
+func validateListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return errors.New("want host:port, such as 127.0.0.1:8089")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
 }

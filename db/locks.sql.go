@@ -26,6 +26,7 @@ LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
   AND l.granted
   AND l.objsubid = 1
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
   AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($1::text, 0)
 `
 
@@ -34,9 +35,9 @@ type AdvisoryLockHoldersRow struct {
 	ApplicationName string `json:"application_name"`
 }
 
-// Sessions holding the session-level advisory lock of name, for log lines and
-// operators: a bigint key shows in pg_locks as classid (high 32 bits) and
-// objid (low 32 bits) with objsubid = 1.
+// Sessions holding the session-level advisory lock of name in this database,
+// for log lines and operators: a bigint key shows in pg_locks as classid
+// (high 32 bits) and objid (low 32 bits) with objsubid = 1.
 func (q *Queries) AdvisoryLockHolders(ctx context.Context, name string) ([]*AdvisoryLockHoldersRow, error) {
 	rows, err := q.db.Query(ctx, advisoryLockHolders, name)
 	if err != nil {

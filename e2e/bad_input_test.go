@@ -32,8 +32,8 @@ type badInput struct {
 // nothing. The database holds a schedule named "existing".
 var badInputs = []badInput{
 	{"", []string{"frobnicate"}, nil, `unknown command "frobnicate"`},
-	{"", []string{"--log-level", "loud", "stats"}, nil, `invalid --log-level "loud"`},
-	{"", []string{"--log-format", "xml", "stats"}, nil, `invalid --log-format "xml"`},
+	{"", []string{"--log-level", "loud", "stats"}, nil, `invalid --log-level (or $SLUICE_LOG_LEVEL) "loud"`},
+	{"", []string{"--log-format", "xml", "stats"}, nil, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
 	{"", []string{"stats"}, []string{"SLUICE_LOG_LEVEL=loud"}, `"loud": want debug, info, warn or error`},
 
 	{"migrate", []string{"migrate", "sideways"}, nil, `unknown migrate direction "sideways"`},
@@ -47,6 +47,8 @@ var badInputs = []badInput{
 	{"worker", []string{"worker", "--maintenance-workers", "many"}, nil, `invalid argument "many" for "--maintenance-workers"`},
 	{"worker", []string{"worker", "--job-timeout", "forever"}, nil, `invalid argument "forever" for "--job-timeout"`},
 	{"worker", []string{"worker", "--shutdown-timeout", "-1s"}, nil, "must not be negative"},
+	{"worker", []string{"worker", "--http-addr", "nonsense"}, nil, `invalid HTTP address "nonsense"`},
+	{"worker", []string{"worker"}, []string{"SLUICE_HTTP_ADDR=127.0.0.1:http"}, `port "http" is not a number`},
 	{"worker", []string{"worker", "--rescue-stuck-jobs-after", "1s"}, nil, "rescue-stuck-jobs-after (1s) must be at least the job timeout"},
 	{"worker", []string{"worker", "--schedule-batch-size", "0"}, nil, "--schedule-batch-size must be at least 1"},
 	{"worker", []string{"worker", "--schedule-poll-interval", "1ms"}, nil, "schedule poll interval must be at least 10ms"},
@@ -58,6 +60,7 @@ var badInputs = []badInput{
 
 	{"run", []string{"run"}, nil, "expects a job KIND"},
 	{"run", []string{"run", "demo.slep"}, nil, `unknown job kind "demo.slep"`},
+	{"run", []string{"run", "concurrency_limit.resume", "--args", `{"kind": "nope"}`}, nil, `field "kind": unknown job kind "nope"`},
 	{"run", []string{"run", "demo.sleep", "--args", `{"ms":`}, nil, "malformed JSON"},
 	{"run", []string{"run", "demo.sleep", "--args", `"ms"`}, nil, "args must be a JSON object"},
 	{"run", []string{"run", "demo.sleep", "--args", `{"seconds": 1}`}, nil, `unknown field "seconds"`},

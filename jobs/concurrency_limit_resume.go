@@ -46,10 +46,17 @@ func (ConcurrencyLimitResumeArgs) InsertOpts() river.InsertOpts {
 	}
 }
 
-// Validate accepts any kind name; an unknown kind is skipped when worked.
+// Validate rejects the resume kind itself and kinds this binary does not
+// know (a row inserted by SQL with an unknown kind is skipped when worked).
 func (a ConcurrencyLimitResumeArgs) Validate() error {
+	if a.JobKind == "" {
+		return nil
+	}
 	if a.JobKind == ConcurrencyLimitResumeKind {
 		return errors.New(`field "kind": concurrency_limit.resume is never limited`)
+	}
+	if _, err := NewRegistry().Lookup(a.JobKind); err != nil {
+		return fmt.Errorf(`field "kind": %w`, err)
 	}
 	return nil
 }

@@ -14,13 +14,14 @@ SELECT pg_advisory_lock(hashtextextended(sqlc.arg(name)::text, 0));
 SELECT pg_advisory_unlock(hashtextextended(sqlc.arg(name)::text, 0)) AS released;
 
 -- name: AdvisoryLockHolders :many
--- Sessions holding the session-level advisory lock of name, for log lines and
--- operators: a bigint key shows in pg_locks as classid (high 32 bits) and
--- objid (low 32 bits) with objsubid = 1.
+-- Sessions holding the session-level advisory lock of name in this database,
+-- for log lines and operators: a bigint key shows in pg_locks as classid
+-- (high 32 bits) and objid (low 32 bits) with objsubid = 1.
 SELECT l.pid, COALESCE(a.application_name, '')::text AS application_name
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory'
   AND l.granted
   AND l.objsubid = 1
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
   AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended(sqlc.arg(name)::text, 0);

@@ -64,8 +64,8 @@ func TestBadInput(t *testing.T) {
 		{"worker not a number", []string{"worker", "--maintenance-workers", "many"}, 2, "invalid argument"},
 		{"worker negative timeout", []string{"worker", "--shutdown-timeout", "-1s"}, 2, "must not be negative"},
 		{"worker bad duration", []string{"worker", "--job-timeout", "forever"}, 2, "invalid argument"},
-		{"bad log level", []string{"--log-level", "loud", "run", "demo.sleep"}, 2, `invalid --log-level "loud"`},
-		{"bad log format", []string{"--log-format", "xml", "run", "demo.sleep"}, 2, `invalid --log-format "xml"`},
+		{"bad log level", []string{"--log-level", "loud", "run", "demo.sleep"}, 2, `invalid --log-level (or $SLUICE_LOG_LEVEL) "loud"`},
+		{"bad log format", []string{"--log-format", "xml", "run", "demo.sleep"}, 2, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--database-url", url}, tc.args...)

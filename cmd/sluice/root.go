@@ -110,7 +110,7 @@ func (g *globals) logger(defaultLevel slog.Level) (*slog.Logger, error) {
 	level := defaultLevel
 	if g.logLevel != "" {
 		if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
-			return nil, usagef("invalid --log-level %q: want debug, info, warn or error", g.logLevel)
+			return nil, usagef("invalid --log-level (or $SLUICE_LOG_LEVEL) %q: want debug, info, warn or error", g.logLevel)
 		}
 	}
 	opts := &slog.HandlerOptions{Level: level}
@@ -120,7 +120,7 @@ func (g *globals) logger(defaultLevel slog.Level) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	default:
-		return nil, usagef("invalid --log-format %q: want json or text", g.logFormat)
+		return nil, usagef("invalid --log-format (or $SLUICE_LOG_FORMAT) %q: want json or text", g.logFormat)
 	}
 }
 

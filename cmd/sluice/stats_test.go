@@ -135,7 +135,7 @@ func TestStatsBadInput(t *testing.T) {
 		{"extra argument", []string{"--database-url", url, "stats", "now"}, 2, "sluice stats expects no arguments, got 1 argument(s)"},
 		{"unknown flag", []string{"--database-url", url, "stats", "--jsn"}, 2, "unknown flag: --jsn"},
 		{"bad bool", []string{"--database-url", url, "stats", "--json=maybe"}, 2, `invalid argument "maybe" for "--json"`},
-		{"bad log format", []string{"--database-url", url, "--log-format", "xml", "stats"}, 2, `invalid --log-format "xml"`},
+		{"bad log format", []string{"--database-url", url, "--log-format", "xml", "stats"}, 2, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
 		{"no database", []string{"--database-url", "", "stats"}, 2, "no database URL"},
 		{"unmigrated database", []string{"--database-url", testdb.NewEmpty(t), "stats", "--json"}, 1, "run `sluice migrate up`"},
 	} {
