@@ -68,6 +68,14 @@ var specs = map[string]Spec{
 		What:   "cancellation monitoring: River's fetch + complete UPDATEs of 5,000 jobs with the triggers (vs without)",
 		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
 	},
+	"BenchmarkWorkerFenceOverhead": {
+		What:   "worker liveness: River no-op throughput with the fence triggers (vs without), medians",
+		Figure: "jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkWorkerFenceUpdateCost": {
+		What:   "worker liveness: River's fetch + complete UPDATEs of 5,000 jobs with the fence (vs without)",
+		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
+	},
 	"BenchmarkNoopSluiceWorker": {
 		What:   "no-op jobs through a `sluice worker` process (vs raw River, same server); no target",
 		Figure: "jobs/s", Comparison: "river-jobs/s",
