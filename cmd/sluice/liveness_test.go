@@ -295,11 +295,12 @@ func TestLivenessCleanShutdown(t *testing.T) {
 	url := testdb.New(t)
 	pool := livePool(t, url)
 	a := proc.StartWorker(t, url, "leaving", livenessArgs...)
-	b := proc.StartWorker(t, url, "staying", livenessArgs...)
 	insertTagged(t, pool, "cs", 4, 1500)
 	require.Eventually(t, func() bool {
 		return qInt(t, pool, `SELECT count(*) FROM river_job WHERE state = 'running' AND attempted_by[1] = 'leaving'`) > 0
 	}, 60*time.Second, 20*time.Millisecond)
+	// The other worker starts once the leaving one has jobs in hand.
+	b := proc.StartWorker(t, url, "staying", livenessArgs...)
 	a.Signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, a.Wait(t, 60*time.Second))
 	require.Equal(t, 0, qInt(t, pool, `SELECT count(*) FROM sluice_workers WHERE id = 'leaving'`))
