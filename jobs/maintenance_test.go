@@ -209,10 +209,13 @@ func TestRunMaintenanceLockLost(t *testing.T) {
 	kind := "test.maint.lock_lost"
 
 	err := deps.RunMaintenance(ctx, &rivertype.JobRow{ID: 1, Kind: kind}, func(ctx context.Context) (jobs.MaintenanceResult, error) {
-		holders, err := db.New(pool).AdvisoryLockHolders(ctx, kind)
+		// Not the run's context: the watch may cancel it as soon as the
+		// backend is gone, before this statement returns.
+		bg := context.Background()
+		holders, err := db.New(pool).AdvisoryLockHolders(bg, kind)
 		require.NoError(t, err)
 		require.Len(t, holders, 1)
-		_, err = pool.Exec(ctx, "SELECT pg_terminate_backend($1)", *holders[0].Pid)
+		_, err = pool.Exec(bg, "SELECT pg_terminate_backend($1)", *holders[0].Pid)
 		require.NoError(t, err)
 		select {
 		case <-ctx.Done():
