@@ -8,12 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
 )
 
 const benchWorkerID = "bench-worker"
@@ -74,15 +72,15 @@ func BenchmarkWorkerFenceOverhead(b *testing.B) {
 	for range b.N {
 		for r := range rounds {
 			if r%2 == 0 {
-				w = append(w, fenceNoopThroughput(b, with, jobsPerRound))
-				wo = append(wo, fenceNoopThroughput(b, without, jobsPerRound))
+				w = append(w, fenceNoop(b, with, jobsPerRound))
+				wo = append(wo, fenceNoop(b, without, jobsPerRound))
 			} else {
-				wo = append(wo, fenceNoopThroughput(b, without, jobsPerRound))
-				w = append(w, fenceNoopThroughput(b, with, jobsPerRound))
+				wo = append(wo, fenceNoop(b, without, jobsPerRound))
+				w = append(w, fenceNoop(b, with, jobsPerRound))
 			}
 		}
 	}
-	mid, baseline := median(w), median(wo)
+	mid, baseline := jobtest.Median(w), jobtest.Median(wo)
 	b.ReportMetric(mid, "jobs/s")
 	b.ReportMetric(baseline, "baseline-jobs/s")
 	b.ReportMetric(mid/baseline, "ratio")
@@ -150,78 +148,8 @@ func BenchmarkWorkerFenceUpdateCost(b *testing.B) {
 	b.Logf("ms per fetch+complete of %d rows: with the fence %v, without %v, finished by another worker %v", rows, w, wo, rescue)
 }
 
-// fenceNoopThroughput pre-inserts n no-op jobs, then times one River client
-// (ID benchWorkerID, on pool) working them all.
-func fenceNoopThroughput(b *testing.B, pool *pgxpool.Pool, n int) float64 {
+// fenceNoop is jobtest.NoopThroughput under the client ID benchWorkerID.
+func fenceNoop(b *testing.B, pool *pgxpool.Pool, n int) float64 {
 	b.Helper()
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
-		b.Fatal(err)
-	}
-	params := make([]river.InsertManyParams, n)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}}
-	}
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE river_job"); err != nil {
-		b.Fatal(err)
-	}
-	deps, _ := jobtest.NewDeps(b, pool)
-	workers := river.NewWorkers()
-	if err := jobs.AddWorkers(workers, deps); err != nil {
-		b.Fatal(err)
-	}
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		ID:                benchWorkerID,
-		FetchCooldown:     time.Millisecond,
-		FetchPollInterval: 20 * time.Millisecond,
-		Logger:            deps.Logger,
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
-		TestOnly:          true,
-		WorkerMiddleware:  jobs.Middleware(deps),
-		Workers:           workers,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{
-		ChanSize: n + 1000,
-		Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
-	})
-	defer cancel()
-	start := time.Now()
-	if err := client.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	timeout := time.After(5 * time.Minute)
-	for done := 0; done < n; {
-		select {
-		case ev := <-events:
-			if ev.Kind != river.EventKindJobCompleted {
-				b.Fatalf("job %d: %s", ev.Job.ID, ev.Kind)
-			}
-			done++
-		case <-timeout:
-			b.Fatalf("%d of %d jobs completed within 5 minutes", done, n)
-		}
-	}
-	elapsed := time.Since(start)
-	stopCtx, stop := context.WithTimeout(ctx, 30*time.Second)
-	defer stop()
-	if err := client.Stop(stopCtx); err != nil {
-		b.Fatal(err)
-	}
-	return float64(n) / elapsed.Seconds()
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
+	return jobtest.NoopThroughput(b, pool, n, func(c *river.Config) { c.ID = benchWorkerID })
 }

@@ -7,14 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
 )
 
 // benchWorkers is the default queue size of benchmark clients: large enough
@@ -28,45 +26,6 @@ func benchConfig(c *river.Config) {
 	c.FetchCooldown = app.DefaultFetchCooldown
 	c.FetchPollInterval = app.DefaultFetchPollInterval
 	c.TestOnly = false
-}
-
-// drainNoOps inserts n demo.sleep jobs of 0 ms, works them with a fresh
-// client and returns the throughput in jobs/s.
-func drainNoOps(b *testing.B, pool *pgxpool.Pool, n int) float64 {
-	b.Helper()
-	ctx := context.Background()
-	insertClient, err := app.NewInsertClient(pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	params := make([]river.InsertManyParams, n)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}}
-	}
-	if _, err := insertClient.InsertManyFast(ctx, params); err != nil {
-		b.Fatal(err)
-	}
-	deps, _ := jobtest.NewDeps(b, pool)
-	start := time.Now()
-	client := jobtest.Start(b, pool, deps, jobtest.Config{Configure: benchConfig})
-	for {
-		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state <> 'completed'").Scan(&left); err != nil {
-			b.Fatal(err)
-		}
-		if left == 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_ = client.Stop(stopCtx)
-	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
-		b.Fatal(err)
-	}
-	return float64(n) / elapsed.Seconds()
 }
 
 // BenchmarkConcurrencyLimitOverhead compares the throughput of no-op jobs of
@@ -83,13 +42,13 @@ func BenchmarkConcurrencyLimitOverhead(b *testing.B) {
 			if _, err := q.ClearConcurrencyLimit(ctx, "demo.sleep"); err != nil {
 				b.Fatal(err)
 			}
-			unlimited = append(unlimited, drainNoOps(b, pool, n))
+			unlimited = append(unlimited, jobtest.NoopThroughput(b, pool, n, benchConfig))
 			if _, err := q.SetConcurrencyLimit(ctx, db.SetConcurrencyLimitParams{Kind: "demo.sleep", MaxConcurrency: 1_000_000}); err != nil {
 				b.Fatal(err)
 			}
-			limited = append(limited, drainNoOps(b, pool, n))
+			limited = append(limited, jobtest.NoopThroughput(b, pool, n, benchConfig))
 		}
-		lim, unl := median(limited), median(unlimited)
+		lim, unl := jobtest.Median(limited), jobtest.Median(unlimited)
 		b.Logf("limited jobs/s %v, unlimited jobs/s %v", limited, unlimited)
 		b.ReportMetric(lim, "limited-jobs/s")
 		b.ReportMetric(unl, "baseline-jobs/s")

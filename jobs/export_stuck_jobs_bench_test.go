@@ -151,15 +151,15 @@ func BenchmarkExportStuckJobs(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	runMS := median(runTimes).Seconds() * 1000
-	floorMS := median(floorTimes).Seconds() * 1000
+	runMS := jobtest.Median(runTimes).Seconds() * 1000
+	floorMS := jobtest.Median(floorTimes).Seconds() * 1000
 	b.ReportMetric(runMS, "ms/run")
 	b.ReportMetric(floorMS, "floor-ms/run")
 	b.ReportMetric(runMS/floorMS, "ratio")
 	b.ReportMetric(2.0, "target")
 	for step, ds := range steps {
 		// e.g. step1_read-ms: the share of each step in ms/run.
-		b.ReportMetric(median(ds).Seconds()*1000, "step"+step+"-ms")
+		b.ReportMetric(jobtest.Median(ds).Seconds()*1000, "step"+step+"-ms")
 	}
 	b.ReportMetric(active, "exports")
 	b.ReportMetric(stuck, "stuck")

@@ -7,12 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
 )
 
 // BenchmarkTaskCancellationTriggerOverhead measures what the two river_job
@@ -37,11 +34,11 @@ func BenchmarkTaskCancellationTriggerOverhead(b *testing.B) {
 			// Alternate which side goes first, so drift in the machine's
 			// load does not favour one.
 			if r%2 == 0 {
-				with = append(with, noopThroughput(b, withTriggers, jobsPerRound))
-				without = append(without, noopThroughput(b, withoutTriggers, jobsPerRound))
+				with = append(with, jobtest.NoopThroughput(b, withTriggers, jobsPerRound, nil))
+				without = append(without, jobtest.NoopThroughput(b, withoutTriggers, jobsPerRound, nil))
 			} else {
-				without = append(without, noopThroughput(b, withoutTriggers, jobsPerRound))
-				with = append(with, noopThroughput(b, withTriggers, jobsPerRound))
+				without = append(without, jobtest.NoopThroughput(b, withoutTriggers, jobsPerRound, nil))
+				with = append(with, jobtest.NoopThroughput(b, withTriggers, jobsPerRound, nil))
 			}
 		}
 	}
@@ -126,77 +123,6 @@ func triggerPools(b *testing.B) (with, without *pgxpool.Pool) {
 		}
 	}
 	return with, without
-}
-
-// noopThroughput pre-inserts n no-op jobs, then times one River client
-// working them all, from its start until the last completion event.
-func noopThroughput(b *testing.B, pool *pgxpool.Pool, n int) float64 {
-	b.Helper()
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
-		b.Fatal(err)
-	}
-	params := make([]river.InsertManyParams, n)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}}
-	}
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE river_job"); err != nil {
-		b.Fatal(err)
-	}
-
-	deps, _ := jobtest.NewDeps(b, pool)
-	workers := river.NewWorkers()
-	if err := jobs.AddWorkers(workers, deps); err != nil {
-		b.Fatal(err)
-	}
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		FetchCooldown:     time.Millisecond,
-		FetchPollInterval: 20 * time.Millisecond,
-		Logger:            deps.Logger,
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
-		TestOnly:          true,
-		WorkerMiddleware:  jobs.Middleware(deps),
-		Workers:           workers,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{
-		ChanSize: n + 1000,
-		Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
-	})
-	defer cancel()
-
-	start := time.Now()
-	if err := client.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	timeout := time.After(5 * time.Minute)
-	for done := 0; done < n; {
-		select {
-		case ev := <-events:
-			if ev.Kind != river.EventKindJobCompleted {
-				b.Fatalf("job %d: %s", ev.Job.ID, ev.Kind)
-			}
-			done++
-		case <-timeout:
-			b.Fatalf("%d of %d jobs completed within 5 minutes", done, n)
-		}
-	}
-	elapsed := time.Since(start)
-	stopCtx, stop := context.WithTimeout(ctx, 30*time.Second)
-	defer stop()
-	if err := client.Stop(stopCtx); err != nil {
-		b.Fatal(err)
-	}
-	return float64(n) / elapsed.Seconds()
 }
 
 func minOf(xs []float64) float64 {
