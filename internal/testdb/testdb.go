@@ -65,25 +65,7 @@ func ServerURL() string {
 // string. The database is dropped when tb ends.
 func New(tb testing.TB) string {
 	tb.Helper()
-	setupOnce.Do(func() { setupErr = setup() })
-	if setupErr != nil {
-		tb.Fatalf("test database: %v", setupErr)
-	}
-
-	name := TestPrefix + randomHex(8)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{template}.Sanitize()); err != nil {
-		tb.Fatalf("test database: clone %s: %v", template, err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			tb.Errorf("test database: drop %s: %v", name, err)
-		}
-	})
-	return urlFor(name)
+	return create(tb, true)
 }
 
 // NewPool creates a fresh migrated database for tb and returns a pool on it,
@@ -103,14 +85,25 @@ func NewPool(tb testing.TB) *pgxpool.Pool {
 // ends, and returns its connection string.
 func NewEmpty(tb testing.TB) string {
 	tb.Helper()
+	return create(tb, false)
+}
+
+// create makes a database of a fresh name (a clone of the migrated template,
+// or empty), drops it when tb ends, and returns its connection string.
+func create(tb testing.TB, fromTemplate bool) string {
+	tb.Helper()
 	setupOnce.Do(func() { setupErr = setup() })
 	if setupErr != nil {
 		tb.Fatalf("test database: %v", setupErr)
 	}
 	name := TestPrefix + randomHex(8)
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if fromTemplate {
+		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	if _, err := admin.Exec(ctx, sql); err != nil {
 		tb.Fatalf("test database: create %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
