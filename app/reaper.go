@@ -54,7 +54,6 @@ var errReaperBusy = errors.New("another reaper is at work")
 // maintenance runs failed, and delete its row.
 type reaper struct {
 	pool     *pgxpool.Pool
-	client   *Client
 	limiter  *jobs.Limiter
 	registry *jobs.Registry
 	live     *liveness
@@ -213,7 +212,7 @@ func (r *reaper) reapTx(ctx context.Context, tx pgx.Tx, d deadWorker, unfenced b
 	for i, job := range res.Rescued {
 		ids[i] = job.ID
 	}
-	res.Slots, err = slots.Release(ctx, r.client, ids)
+	res.Slots, err = slots.Release(ctx, ids)
 	if err != nil {
 		return nil, err
 	}

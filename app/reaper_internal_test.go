@@ -40,8 +40,6 @@ func newMember(t *testing.T, url, id string, interval, deadAfter time.Duration) 
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	deps, _ := jobtest.NewDeps(t, pool)
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	require.NoError(t, err)
 	metrics, err := newReaperMetrics(nil)
 	require.NoError(t, err)
 	m := &member{
@@ -49,7 +47,7 @@ func newMember(t *testing.T, url, id string, interval, deadAfter time.Duration) 
 		pool: pool,
 		hb:   newHeartbeat(db.New(pool), live, interval, 0, nil, logger),
 	}
-	m.rp = &reaper{pool: pool, client: client, limiter: deps.Limiter, registry: jobs.NewRegistry(), live: live, logger: logger, metrics: metrics}
+	m.rp = &reaper{pool: pool, limiter: deps.Limiter, registry: jobs.NewRegistry(), live: live, logger: logger, metrics: metrics}
 	ok, err := m.hb.register(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -114,8 +112,11 @@ func TestReaperReapsDeadWorker(t *testing.T) {
 	job := insertJob(t, admin, "running", "dead")
 	other := insertJob(t, admin, "running", "me")
 	mustExec(t, admin, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, 'demo.sleep', 'dead')`, job)
-	mustExec(t, admin, `INSERT INTO concurrency_parked_jobs (kind, args, queue, priority, max_attempts, original_job_id)
-	                    VALUES ('demo.sleep', '{"ms": 1}', 'default', 1, 25, 999999)`)
+	var parked int64
+	require.NoError(t, admin.QueryRow(ctx, `WITH j AS (
+	        INSERT INTO river_job (state, kind, args, queue, priority, max_attempts)
+	        VALUES ('pending', 'demo.sleep', '{"ms": 1}', 'default', 1, 25) RETURNING id)
+	    INSERT INTO concurrency_parked_jobs (job_id, kind, reason) SELECT id, 'demo.sleep', 'limit' FROM j RETURNING job_id`).Scan(&parked))
 	mustExec(t, admin, `INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ('demo.sleep', 1)`)
 	mustExec(t, admin, `INSERT INTO maintenance_runs (kind, job_id, worker_id) VALUES ('ci.drop_canceling_builds', $1, 'dead')`, job)
 	// A session of the dead worker, idle (like a stopped process's).
@@ -162,9 +163,9 @@ func TestReaperReapsDeadWorker(t *testing.T) {
 	require.Equal(t, 0, countOf(t, admin, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, job))
 	require.Equal(t, 0, countOf(t, admin, `SELECT count(*) FROM concurrency_parked_jobs`), "the parked job took the freed slot")
 	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM concurrency_executions e JOIN river_job j ON j.id = e.job_id
-	                                        WHERE e.reserved AND j.metadata ? 'sluice_resumed'`))
+	                                        WHERE e.reserved AND j.id = $1 AND j.state = 'available'`, parked), "the same job, available again")
 	require.Equal(t, 1, countOf(t, admin, `SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'`))
-	require.Equal(t, 0, countOf(t, admin, `SELECT parked FROM concurrency_limits WHERE kind = 'demo.sleep'`))
+	require.Equal(t, 0, countOf(t, admin, `SELECT has_parked::int FROM concurrency_limits WHERE kind = 'demo.sleep'`))
 	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM maintenance_runs
 	                                        WHERE worker_id = 'dead' AND status = 'failed' AND details->>'error' = 'worker dead lost'`))
 	require.Equal(t, 0, countOf(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, deadPid),

@@ -33,12 +33,30 @@ type RunResult struct {
 // Succeeded reports whether the job completed.
 func (r *RunResult) Succeeded() bool { return r.State == rivertype.JobStateCompleted }
 
+// RunOptions says how RunOne treats the concurrency limit of the job's kind.
+type RunOptions struct {
+	// Wait is how long to wait for a free slot of a limited kind (0: take
+	// one only if free now).
+	Wait time.Duration
+	// IgnoreLimit runs the job without a slot, whatever its kind's limit.
+	IgnoreLimit bool
+}
+
+// runSlotPoll is how often RunOne tries again for a slot.
+const runSlotPoll = 100 * time.Millisecond
+
 // RunOne works one job of args' kind now, in this process, through the same
 // River client, workers, middleware and locks as a worker: it inserts the job
 // (one attempt) into a private queue that only this process works, starts a
 // client on that queue, and waits for the job to finish. Cancelling ctx
 // cancels the job.
-func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, error) {
+//
+// A job of a limited kind takes a slot as a worker's would: RunOne reserves
+// one for it before it starts, waiting up to opts.Wait for one to be free
+// (and for the kind's parked jobs, which are older, to have gone first); if
+// none frees in time, the job is deleted unrun and RunOne returns an error.
+// opts.IgnoreLimit runs it without a slot. Either way the job never parks.
+func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions) (*RunResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -58,6 +76,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, er
 		JobTimeout:         cfg.JobTimeout,
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
 		ExportDir:          cfg.ExportDir,
+		IgnoreLimits:       opts.IgnoreLimit,
 	})
 	if err != nil {
 		return nil, err
@@ -93,6 +112,16 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs) (*RunResult, er
 		return nil, fmt.Errorf("insert %s job: %w", args.Kind(), err)
 	}
 	jobID := inserted.Job.ID
+	if !opts.IgnoreLimit {
+		if err := reserveRunSlot(ctx, deps.Limiter, args.Kind(), jobID, opts.Wait); err != nil {
+			deleteCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, delErr := client.JobDelete(deleteCtx, jobID); delErr != nil {
+				cfg.Logger.Warn("job not run, and not deleted", "job_id", jobID, "error", delErr)
+			}
+			return nil, err
+		}
+	}
 	start := time.Now()
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return nil, fmt.Errorf("start River client: %w", err)
@@ -126,6 +155,14 @@ wait:
 	}
 	flushLimiter(deps, cfg.Logger)
 
+	if event.Job.State == rivertype.JobStatePending {
+		// Parked after all: the limit became a circuit breaker between the
+		// reservation and the start. Nothing ran; leave nothing behind.
+		if _, err := client.JobDelete(ctx, jobID); err != nil {
+			cfg.Logger.Warn("parked job not deleted", "job_id", jobID, "error", err)
+		}
+		return nil, fmt.Errorf("job %d of %s not run: the kind's limit changed to a circuit breaker before it started", jobID, args.Kind())
+	}
 	res := &RunResult{JobID: jobID, Kind: args.Kind(), State: event.Job.State, Duration: time.Since(start)}
 	if event.JobStats != nil {
 		res.Duration = event.JobStats.RunDuration
@@ -144,6 +181,39 @@ wait:
 		return nil, fmt.Errorf("read maintenance run of job %d: %w", jobID, err)
 	}
 	return res, nil
+}
+
+// reserveRunSlot reserves a slot of kind for the job jobID when the kind is
+// limited, trying every runSlotPoll until wait has passed.
+func reserveRunSlot(ctx context.Context, limiter *jobs.Limiter, kind string, jobID int64, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		res, err := limiter.ReserveSlot(ctx, kind, jobID)
+		if err != nil {
+			return err
+		}
+		if !res.Needed || res.Reserved {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			why := fmt.Sprintf("%d of %d slots taken", res.Taken, res.Limit)
+			switch {
+			case res.Limit < 0:
+				why = fmt.Sprintf("its limit %d is a circuit breaker", res.Limit)
+			case res.Parked && res.Taken < res.Limit:
+				why = "parked jobs of the kind go first"
+			case res.Parked:
+				why += ", and parked jobs of the kind go first"
+			}
+			return fmt.Errorf("no %s slot free within --wait %s (%s); job %d deleted unrun (wait longer, or --ignore-limit)",
+				kind, wait, why, jobID)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for a %s slot: %w", kind, context.Cause(ctx))
+		case <-time.After(min(runSlotPoll, time.Until(deadline)+time.Millisecond)):
+		}
+	}
 }
 
 func privateQueueName() string {

@@ -22,7 +22,7 @@ func TestRunOne(t *testing.T) {
 
 	t.Run("completes", func(t *testing.T) {
 		t.Parallel()
-		res, err := app.RunOne(ctx, cfg, jobs.DemoSleepArgs{MS: 10})
+		res, err := app.RunOne(ctx, cfg, jobs.DemoSleepArgs{MS: 10}, app.RunOptions{})
 		require.NoError(t, err)
 		require.True(t, res.Succeeded())
 		require.Equal(t, "demo.sleep", res.Kind)
@@ -34,13 +34,13 @@ func TestRunOne(t *testing.T) {
 		t.Parallel()
 		runCtx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := app.RunOne(runCtx, cfg, jobs.DemoSleepArgs{MS: 60_000})
+		_, err := app.RunOne(runCtx, cfg, jobs.DemoSleepArgs{MS: 60_000}, app.RunOptions{})
 		require.Error(t, err)
 	})
 
 	t.Run("unmigrated database", func(t *testing.T) {
 		t.Parallel()
-		_, err := app.RunOne(ctx, app.Config{DatabaseURL: testdb.NewEmpty(t)}, jobs.DemoSleepArgs{})
+		_, err := app.RunOne(ctx, app.Config{DatabaseURL: testdb.NewEmpty(t)}, jobs.DemoSleepArgs{}, app.RunOptions{})
 		require.ErrorContains(t, err, "sluice migrate up")
 	})
 }

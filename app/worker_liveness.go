@@ -21,7 +21,6 @@ func (w *Worker) initLiveness() error {
 	}
 	w.reaper = &reaper{
 		pool:     w.pool,
-		client:   w.client,
 		limiter:  w.deps.Limiter,
 		registry: jobs.NewRegistry(),
 		live:     w.live,

@@ -8,54 +8,70 @@ package db
 import (
 	"context"
 	"encoding/json"
+	"time"
 )
 
 const addConcurrencyCounts = `-- name: AddConcurrencyCounts :exec
 UPDATE concurrency_limits l
 SET admitted = l.admitted + d.admitted,
-    parked = l.parked + d.parked
+    has_parked = d.has_parked
 FROM (SELECT unnest($1::text[]) AS kind,
              unnest($2::integer[]) AS admitted,
-             unnest($3::bigint[]) AS parked) AS d
+             unnest($3::boolean[]) AS has_parked) AS d
 WHERE l.kind = d.kind
 `
 
 type AddConcurrencyCountsParams struct {
-	Kinds    []string `json:"kinds"`
-	Admitted []int32  `json:"admitted"`
-	Parked   []int64  `json:"parked"`
+	Kinds     []string `json:"kinds"`
+	Admitted  []int32  `json:"admitted"`
+	HasParked []bool   `json:"has_parked"`
 }
 
 // Adjusts the counts of limit rows locked by LockConcurrencyLimits, in the
-// transaction that changed the rows they count.
+// transaction that changed the rows they count, and sets their parked flags.
 func (q *Queries) AddConcurrencyCounts(ctx context.Context, arg AddConcurrencyCountsParams) error {
-	_, err := q.db.Exec(ctx, addConcurrencyCounts, arg.Kinds, arg.Admitted, arg.Parked)
+	_, err := q.db.Exec(ctx, addConcurrencyCounts, arg.Kinds, arg.Admitted, arg.HasParked)
 	return err
 }
 
 const admitJobs = `-- name: AdmitJobs :many
 WITH req AS (
-    SELECT unnest($1::bigint[]) AS job_id,
-           unnest($2::text[]) AS kind,
-           generate_subscripts($1::bigint[], 1) AS ord
+    SELECT r.job_id, r.kind, r.ord, (e.job_id IS NOT NULL) AS has_reserved
+    FROM (SELECT unnest($1::bigint[]) AS job_id,
+                 unnest($2::text[]) AS kind,
+                 generate_subscripts($1::bigint[], 1) AS ord) AS r
+    LEFT JOIN concurrency_executions e ON e.job_id = r.job_id AND e.reserved
 ),
 lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.parked
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
     FROM concurrency_limits l
     WHERE l.kind = ANY($2::text[])
     ORDER BY l.kind
     FOR UPDATE
 ),
+ranked AS (
+    SELECT req.job_id, req.kind, req.ord, req.has_reserved,
+           row_number() OVER (PARTITION BY req.kind, req.has_reserved ORDER BY req.ord) AS rn
+    FROM req
+),
 decided AS (
-    SELECT req.job_id, req.kind, req.ord,
+    SELECT ranked.job_id, ranked.kind, ranked.ord,
            CASE
                WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
-               WHEN lim.max_concurrency < 0 OR lim.parked > 0
-                    OR row_number() OVER (PARTITION BY req.kind ORDER BY req.ord) > lim.max_concurrency - lim.admitted THEN 'park'
+               WHEN lim.max_concurrency < 0 THEN 'park'
+               WHEN ranked.has_reserved THEN 'reserved'
+               WHEN lim.has_parked OR ranked.rn > lim.max_concurrency - lim.admitted THEN 'park'
                ELSE 'admit'
            END AS decision
-    FROM req
-    LEFT JOIN lim ON lim.kind = req.kind
+    FROM ranked
+    LEFT JOIN lim ON lim.kind = ranked.kind
+),
+claimed AS (
+    UPDATE concurrency_executions e
+    SET reserved = false, worker_id = $3, admitted_at = now()
+    FROM decided d
+    WHERE d.decision = 'reserved' AND e.job_id = d.job_id
+    RETURNING e.job_id
 ),
 slots AS (
     INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
@@ -73,7 +89,8 @@ counted AS (
     WHERE l.kind = c.kind
     RETURNING l.kind
 )
-SELECT d.job_id::bigint AS job_id, d.decision::text AS decision
+SELECT d.job_id::bigint AS job_id,
+       CASE WHEN d.decision = 'reserved' THEN 'admit' ELSE d.decision END::text AS decision
 FROM decided d
 ORDER BY d.ord
 `
@@ -91,10 +108,11 @@ type AdmitJobsRow struct {
 
 // The admission fast path: one batch of jobs (in order) in one statement.
 // Locks the limit rows of their kinds in kind order, decides per job —
-// 'run' (no limit row, or 0: no slot needed), 'park' (circuit breaker, jobs
-// already parked, or no free slot) or 'admit' — writes the admitted jobs'
-// slot rows and raises the kinds' admitted counts. Parking happens in a
-// second transaction.
+// 'run' (no limit row, or 0: no slot needed), 'reserved' (a resumed job: its
+// slot was reserved when it was resumed and is now its own), 'park' (circuit
+// breaker, jobs already parked, or no free slot) or 'admit' — writes the
+// admitted jobs' slot rows and raises the kinds' admitted counts. Parking
+// happens in a second transaction.
 func (q *Queries) AdmitJobs(ctx context.Context, arg AdmitJobsParams) ([]*AdmitJobsRow, error) {
 	rows, err := q.db.Query(ctx, admitJobs, arg.JobIds, arg.Kinds, arg.WorkerID)
 	if err != nil {
@@ -125,45 +143,6 @@ func (q *Queries) ClearConcurrencyLimit(ctx context.Context, kind string) (int64
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const completeParkedRiverJobs = `-- name: CompleteParkedRiverJobs :many
-UPDATE river_job j
-SET state = 'completed',
-    finalized_at = now(),
-    metadata = j.metadata || p.patch
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::jsonb[]) AS patch) AS p
-WHERE j.id = p.id AND j.state = 'running'
-RETURNING j.id
-`
-
-type CompleteParkedRiverJobsParams struct {
-	Ids     []int64           `json:"ids"`
-	Patches []json.RawMessage `json:"patches"`
-}
-
-// Finishes parked jobs as River completes a job (River's JobCompleteTx sets
-// state completed and finalized_at, merges metadata, only while running) in
-// one statement for the batch, recording sluice_parked in their metadata.
-// Returns the jobs completed; a job no longer running is left alone.
-func (q *Queries) CompleteParkedRiverJobs(ctx context.Context, arg CompleteParkedRiverJobsParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, completeParkedRiverJobs, arg.Ids, arg.Patches)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		items = append(items, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const concurrencyOverview = `-- name: ConcurrencyOverview :many
@@ -208,15 +187,14 @@ func (q *Queries) ConcurrencyOverview(ctx context.Context) ([]*ConcurrencyOvervi
 	return items, nil
 }
 
-const countParkedJobs = `-- name: CountParkedJobs :one
-SELECT count(*) FROM concurrency_parked_jobs WHERE kind = $1
+const deleteParkedJobRecord = `-- name: DeleteParkedJobRecord :exec
+DELETE FROM concurrency_parked_jobs WHERE job_id = $1
 `
 
-func (q *Queries) CountParkedJobs(ctx context.Context, kind string) (int64, error) {
-	row := q.db.QueryRow(ctx, countParkedJobs, kind)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
+// Drops the parking record of a job (by hand: tests and repairs).
+func (q *Queries) DeleteParkedJobRecord(ctx context.Context, jobID int64) error {
+	_, err := q.db.Exec(ctx, deleteParkedJobRecord, jobID)
+	return err
 }
 
 const deleteStaleConcurrencyExecutions = `-- name: DeleteStaleConcurrencyExecutions :many
@@ -225,17 +203,23 @@ WHERE e.kind = $1
   AND NOT EXISTS (
       SELECT 1 FROM river_job j
       WHERE j.id = e.job_id
-        AND (j.state = 'running'
-             OR (e.reserved AND j.state IN ('available', 'scheduled', 'pending')))
+        AND ((NOT e.reserved AND j.state = 'running')
+             OR (e.reserved AND j.state IN ('available', 'running')
+                 AND e.admitted_at > now() - make_interval(secs => $2::bigint / 1000.0)))
   )
 RETURNING e.job_id
 `
 
+type DeleteStaleConcurrencyExecutionsParams struct {
+	Kind          string `json:"kind"`
+	ReservedTtlMs int64  `json:"reserved_ttl_ms"`
+}
+
 // Frees the slots of kind whose River job no longer holds them: the job is
-// gone or finalized, or it is not running (a reserved slot of a resumed job
-// also stays while the job waits to start).
-func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, kind string) ([]int64, error) {
-	rows, err := q.db.Query(ctx, deleteStaleConcurrencyExecutions, kind)
+// gone or no longer running, or — a slot reserved for a resumed job — the
+// job was cancelled or deleted, or not fetched within reserved_ttl_ms.
+func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg DeleteStaleConcurrencyExecutionsParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, deleteStaleConcurrencyExecutions, arg.Kind, arg.ReservedTtlMs)
 	if err != nil {
 		return nil, err
 	}
@@ -252,6 +236,36 @@ func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, kind str
 		return nil, err
 	}
 	return items, nil
+}
+
+const getParkedJob = `-- name: GetParkedJob :one
+SELECT job_id, kind, parked_at, reason, worker_id FROM concurrency_parked_jobs WHERE job_id = $1
+`
+
+// The parking record of one job.
+func (q *Queries) GetParkedJob(ctx context.Context, jobID int64) (*ConcurrencyParkedJob, error) {
+	row := q.db.QueryRow(ctx, getParkedJob, jobID)
+	var i ConcurrencyParkedJob
+	err := row.Scan(
+		&i.JobID,
+		&i.Kind,
+		&i.ParkedAt,
+		&i.Reason,
+		&i.WorkerID,
+	)
+	return &i, err
+}
+
+const hasParkedJobs = `-- name: HasParkedJobs :one
+SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
+`
+
+// Whether kind has parking records (pending, or completing their parking).
+func (q *Queries) HasParkedJobs(ctx context.Context, kind string) (bool, error) {
+	row := q.db.QueryRow(ctx, hasParkedJobs, kind)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
 }
 
 const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :exec
@@ -280,70 +294,30 @@ func (q *Queries) InsertConcurrencyExecutions(ctx context.Context, arg InsertCon
 	return err
 }
 
-const insertParkedJobs = `-- name: InsertParkedJobs :many
-INSERT INTO concurrency_parked_jobs (kind, args, queue, priority, max_attempts, tags, metadata, original_job_id)
-SELECT r.kind, r.args, r.queue, r.priority, r.max_attempts,
-       ARRAY(SELECT jsonb_array_elements_text(r.tags)), r.metadata, r.original_job_id
-FROM (SELECT unnest($1::text[]) AS kind,
-             unnest($2::jsonb[]) AS args,
-             unnest($3::text[]) AS queue,
-             unnest($4::smallint[]) AS priority,
-             unnest($5::smallint[]) AS max_attempts,
-             unnest($6::jsonb[]) AS tags,
-             unnest($7::jsonb[]) AS metadata,
-             unnest($8::bigint[]) AS original_job_id,
-             generate_subscripts($8::bigint[], 1) AS ord) AS r
-ORDER BY r.ord
-ON CONFLICT (original_job_id) DO NOTHING
-RETURNING original_job_id, id
+const insertParkedJobs = `-- name: InsertParkedJobs :exec
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id)
+SELECT unnest($1::bigint[]), unnest($2::text[]),
+       unnest($3::text[]), $4
+ON CONFLICT (job_id) DO NOTHING
 `
 
 type InsertParkedJobsParams struct {
-	Kinds          []string          `json:"kinds"`
-	Args           []json.RawMessage `json:"args"`
-	Queues         []string          `json:"queues"`
-	Priorities     []int16           `json:"priorities"`
-	MaxAttempts    []int16           `json:"max_attempts"`
-	Tags           []json.RawMessage `json:"tags"`
-	Metadata       []json.RawMessage `json:"metadata"`
-	OriginalJobIds []int64           `json:"original_job_ids"`
+	JobIds   []int64  `json:"job_ids"`
+	Kinds    []string `json:"kinds"`
+	Reasons  []string `json:"reasons"`
+	WorkerID *string  `json:"worker_id"`
 }
 
-type InsertParkedJobsRow struct {
-	OriginalJobID int64 `json:"original_job_id"`
-	ID            int64 `json:"id"`
-}
-
-// Parks jobs behind the others of their kind, in the order given (FIFO).
-// Tags come as JSON arrays. A River job already parked is not parked again
-// and returns no row.
-func (q *Queries) InsertParkedJobs(ctx context.Context, arg InsertParkedJobsParams) ([]*InsertParkedJobsRow, error) {
-	rows, err := q.db.Query(ctx, insertParkedJobs,
+// Records why and when jobs parked (job_ids, kinds and reasons in step). A
+// job already parked keeps its first record.
+func (q *Queries) InsertParkedJobs(ctx context.Context, arg InsertParkedJobsParams) error {
+	_, err := q.db.Exec(ctx, insertParkedJobs,
+		arg.JobIds,
 		arg.Kinds,
-		arg.Args,
-		arg.Queues,
-		arg.Priorities,
-		arg.MaxAttempts,
-		arg.Tags,
-		arg.Metadata,
-		arg.OriginalJobIds,
+		arg.Reasons,
+		arg.WorkerID,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*InsertParkedJobsRow
-	for rows.Next() {
-		var i InsertParkedJobsRow
-		if err := rows.Scan(&i.OriginalJobID, &i.ID); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	return err
 }
 
 const listConcurrencyLimits = `-- name: ListConcurrencyLimits :many
@@ -382,9 +356,13 @@ func (q *Queries) ListConcurrencyLimits(ctx context.Context) ([]*ListConcurrency
 }
 
 const listParkedJobs = `-- name: ListParkedJobs :many
-SELECT id, kind, args, queue, priority, max_attempts, tags, metadata, original_job_id, parked_at FROM concurrency_parked_jobs
-WHERE $1::text = '' OR kind = $1::text
-ORDER BY kind, id
+SELECT p.job_id, p.kind, j.queue, j.state::text AS state, p.reason, p.parked_at,
+       extract(epoch FROM now() - p.parked_at)::float8 AS waiting_seconds,
+       j.attempt, j.max_attempts, j.args
+FROM concurrency_parked_jobs p
+JOIN river_job j ON j.id = p.job_id
+WHERE $1::text = '' OR p.kind = $1::text
+ORDER BY p.kind, p.job_id
 LIMIT $2
 `
 
@@ -393,27 +371,41 @@ type ListParkedJobsParams struct {
 	MaxRows int32  `json:"max_rows"`
 }
 
-// Parked jobs, oldest first; kind ” lists every kind.
-func (q *Queries) ListParkedJobs(ctx context.Context, arg ListParkedJobsParams) ([]*ConcurrencyParkedJob, error) {
+type ListParkedJobsRow struct {
+	JobID          int64           `json:"job_id"`
+	Kind           string          `json:"kind"`
+	Queue          string          `json:"queue"`
+	State          string          `json:"state"`
+	Reason         string          `json:"reason"`
+	ParkedAt       time.Time       `json:"parked_at"`
+	WaitingSeconds float64         `json:"waiting_seconds"`
+	Attempt        int16           `json:"attempt"`
+	MaxAttempts    int16           `json:"max_attempts"`
+	Args           json.RawMessage `json:"args"`
+}
+
+// Parked jobs with their River rows, oldest first within a kind (the order
+// they resume in); kind ” lists every kind.
+func (q *Queries) ListParkedJobs(ctx context.Context, arg ListParkedJobsParams) ([]*ListParkedJobsRow, error) {
 	rows, err := q.db.Query(ctx, listParkedJobs, arg.Kind, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*ConcurrencyParkedJob
+	var items []*ListParkedJobsRow
 	for rows.Next() {
-		var i ConcurrencyParkedJob
+		var i ListParkedJobsRow
 		if err := rows.Scan(
-			&i.ID,
+			&i.JobID,
 			&i.Kind,
-			&i.Args,
 			&i.Queue,
-			&i.Priority,
-			&i.MaxAttempts,
-			&i.Tags,
-			&i.Metadata,
-			&i.OriginalJobID,
+			&i.State,
+			&i.Reason,
 			&i.ParkedAt,
+			&i.WaitingSeconds,
+			&i.Attempt,
+			&i.MaxAttempts,
+			&i.Args,
 		); err != nil {
 			return nil, err
 		}
@@ -426,7 +418,7 @@ func (q *Queries) ListParkedJobs(ctx context.Context, arg ListParkedJobsParams) 
 }
 
 const lockConcurrencyLimits = `-- name: LockConcurrencyLimits :many
-SELECT kind, max_concurrency, admitted, parked FROM concurrency_limits
+SELECT kind, max_concurrency, admitted, has_parked FROM concurrency_limits
 WHERE kind = ANY($1::text[])
 ORDER BY kind
 FOR UPDATE
@@ -436,12 +428,12 @@ type LockConcurrencyLimitsRow struct {
 	Kind           string `json:"kind"`
 	MaxConcurrency int32  `json:"max_concurrency"`
 	Admitted       int32  `json:"admitted"`
-	Parked         int64  `json:"parked"`
+	HasParked      bool   `json:"has_parked"`
 }
 
 // Locks the limit rows of kinds, in kind order (no deadlocks), and returns
-// them with their counts of slots taken (admitted + reserved) and parked
-// jobs. Kinds without a row are not limited and not returned.
+// them with their count of slots taken (admitted + reserved) and whether
+// jobs are parked. Kinds without a row are not limited and not returned.
 func (q *Queries) LockConcurrencyLimits(ctx context.Context, kinds []string) ([]*LockConcurrencyLimitsRow, error) {
 	rows, err := q.db.Query(ctx, lockConcurrencyLimits, kinds)
 	if err != nil {
@@ -455,11 +447,42 @@ func (q *Queries) LockConcurrencyLimits(ctx context.Context, kinds []string) ([]
 			&i.Kind,
 			&i.MaxConcurrency,
 			&i.Admitted,
-			&i.Parked,
+			&i.HasParked,
 		); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const markJobsParking = `-- name: MarkJobsParking :many
+UPDATE river_job j
+SET metadata = j.metadata || '{"sluice_park": true}'::jsonb
+WHERE j.id = ANY($1::bigint[]) AND j.state = 'running'
+RETURNING j.id
+`
+
+// Marks running jobs for parking in place (metadata key sluice_park): River's
+// completion of each then becomes running -> pending (trigger
+// sluice_park_in_place), with the attempt undone. Returns the jobs marked; a
+// job no longer running (rescued meanwhile) is left alone.
+func (q *Queries) MarkJobsParking(ctx context.Context, ids []int64) ([]int64, error) {
+	rows, err := q.db.Query(ctx, markJobsParking, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -491,7 +514,7 @@ WITH RECURSIVE kinds AS (
 SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
 `
 
-// The kinds that have parked jobs (a loose index scan of (kind, id)).
+// The kinds that have parked jobs (a loose index scan of (kind, job_id)).
 func (q *Queries) ParkedKinds(ctx context.Context) ([]string, error) {
 	rows, err := q.db.Query(ctx, parkedKinds)
 	if err != nil {
@@ -515,11 +538,11 @@ func (q *Queries) ParkedKinds(ctx context.Context) ([]string, error) {
 const recountConcurrency = `-- name: RecountConcurrency :exec
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1),
-    parked = (SELECT count(*) FROM concurrency_parked_jobs p WHERE p.kind = $1)
+    has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
 WHERE kind = $1
 `
 
-// Sets the counts of kind's limit row from the tables they count.
+// Sets the count and flag of kind's limit row from the tables they describe.
 func (q *Queries) RecountConcurrency(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, recountConcurrency, kind)
 	return err
@@ -545,7 +568,7 @@ UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
-RETURNING l.kind, l.max_concurrency, l.admitted, l.parked
+RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked
 `
 
 type ReleaseJobsParams struct {
@@ -557,13 +580,13 @@ type ReleaseJobsRow struct {
 	Kind           string `json:"kind"`
 	MaxConcurrency int32  `json:"max_concurrency"`
 	Admitted       int32  `json:"admitted"`
-	Parked         int64  `json:"parked"`
+	HasParked      bool   `json:"has_parked"`
 }
 
 // The release fast path: frees the slots of jobs that ended, lowers the
-// kinds' admitted counts (limit rows locked in kind order first), and
-// returns the counts of the kinds released, so the caller can resume
-// parked jobs into the free slots.
+// kinds' admitted counts (limit rows
+// locked in kind order first), and returns the state of the kinds released,
+// so the caller can resume parked jobs into the free slots.
 func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*ReleaseJobsRow, error) {
 	rows, err := q.db.Query(ctx, releaseJobs, arg.Kinds, arg.JobIds)
 	if err != nil {
@@ -577,8 +600,56 @@ func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*Re
 			&i.Kind,
 			&i.MaxConcurrency,
 			&i.Admitted,
-			&i.Parked,
+			&i.HasParked,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const resumeParkedJobs = `-- name: ResumeParkedJobs :many
+UPDATE river_job j
+SET state = 'available'
+WHERE j.id IN (
+    SELECT r.id FROM concurrency_parked_jobs p
+    JOIN river_job r ON r.id = p.job_id
+    WHERE p.kind = $1 AND r.state = 'pending'
+    ORDER BY p.job_id
+    LIMIT $2
+    FOR UPDATE OF r SKIP LOCKED
+)
+RETURNING j.id, j.queue
+`
+
+type ResumeParkedJobsParams struct {
+	Kind    string `json:"kind"`
+	MaxRows int32  `json:"max_rows"`
+}
+
+type ResumeParkedJobsRow struct {
+	ID    int64  `json:"id"`
+	Queue string `json:"queue"`
+}
+
+// Moves the oldest max_rows parked jobs of kind from pending to available,
+// in job-id order (FIFO), skipping rows another transaction holds, and
+// returns them. Their parking records go with them (trigger sluice_unpark).
+// A job still completing its parking (running) is not resumable yet.
+func (q *Queries) ResumeParkedJobs(ctx context.Context, arg ResumeParkedJobsParams) ([]*ResumeParkedJobsRow, error) {
+	rows, err := q.db.Query(ctx, resumeParkedJobs, arg.Kind, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ResumeParkedJobsRow
+	for rows.Next() {
+		var i ResumeParkedJobsRow
+		if err := rows.Scan(&i.ID, &i.Queue); err != nil {
 			return nil, err
 		}
 		items = append(items, &i)
@@ -611,54 +682,4 @@ func (q *Queries) SetConcurrencyLimit(ctx context.Context, arg SetConcurrencyLim
 	var i SetConcurrencyLimitRow
 	err := row.Scan(&i.Kind, &i.MaxConcurrency)
 	return &i, err
-}
-
-const takeParkedJobs = `-- name: TakeParkedJobs :many
-DELETE FROM concurrency_parked_jobs
-WHERE id IN (
-    SELECT p.id FROM concurrency_parked_jobs p
-    WHERE p.kind = $1
-    ORDER BY p.id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id, kind, args, queue, priority, max_attempts, tags, metadata, original_job_id, parked_at
-`
-
-type TakeParkedJobsParams struct {
-	Kind    string `json:"kind"`
-	MaxRows int32  `json:"max_rows"`
-}
-
-// Removes and returns the oldest max_rows parked jobs of kind (FIFO),
-// skipping rows another transaction is taking.
-func (q *Queries) TakeParkedJobs(ctx context.Context, arg TakeParkedJobsParams) ([]*ConcurrencyParkedJob, error) {
-	rows, err := q.db.Query(ctx, takeParkedJobs, arg.Kind, arg.MaxRows)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*ConcurrencyParkedJob
-	for rows.Next() {
-		var i ConcurrencyParkedJob
-		if err := rows.Scan(
-			&i.ID,
-			&i.Kind,
-			&i.Args,
-			&i.Queue,
-			&i.Priority,
-			&i.MaxAttempts,
-			&i.Tags,
-			&i.Metadata,
-			&i.OriginalJobID,
-			&i.ParkedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }

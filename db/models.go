@@ -92,21 +92,17 @@ type ConcurrencyLimit struct {
 	Kind           string    `json:"kind"`
 	MaxConcurrency int32     `json:"max_concurrency"`
 	Admitted       int32     `json:"admitted"`
-	Parked         int64     `json:"parked"`
 	UpdatedAt      time.Time `json:"updated_at"`
+	HasParked      bool      `json:"has_parked"`
 }
 
+// Jobs waiting for a concurrency slot: job_id is the river_job.id (state pending). Resumed in job_id order within a kind.
 type ConcurrencyParkedJob struct {
-	ID            int64           `json:"id"`
-	Kind          string          `json:"kind"`
-	Args          json.RawMessage `json:"args"`
-	Queue         string          `json:"queue"`
-	Priority      int16           `json:"priority"`
-	MaxAttempts   int16           `json:"max_attempts"`
-	Tags          []string        `json:"tags"`
-	Metadata      json.RawMessage `json:"metadata"`
-	OriginalJobID int64           `json:"original_job_id"`
-	ParkedAt      time.Time       `json:"parked_at"`
+	JobID    int64     `json:"job_id"`
+	Kind     string    `json:"kind"`
+	ParkedAt time.Time `json:"parked_at"`
+	Reason   string    `json:"reason"`
+	WorkerID *string   `json:"worker_id"`
 }
 
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
@@ -238,6 +234,21 @@ type SluiceConcurrencyOverview struct {
 	Admitted        int64  `json:"admitted"`
 	Parked          int64  `json:"parked"`
 	OldestParkedAge int32  `json:"oldest_parked_age"`
+}
+
+type SluiceParkedJob struct {
+	JobID       int64           `json:"job_id"`
+	Kind        string          `json:"kind"`
+	Queue       string          `json:"queue"`
+	State       RiverJobState   `json:"state"`
+	Priority    int16           `json:"priority"`
+	Attempt     int16           `json:"attempt"`
+	MaxAttempts int16           `json:"max_attempts"`
+	Reason      string          `json:"reason"`
+	ParkedAt    time.Time       `json:"parked_at"`
+	Waiting     int32           `json:"waiting"`
+	WorkerID    *string         `json:"worker_id"`
+	Args        json.RawMessage `json:"args"`
 }
 
 type SluiceQueueOverview struct {

@@ -75,12 +75,12 @@ func TestLoadThroughLimit(t *testing.T) {
 	h.worker("load-0")
 	h.worker("load-1")
 	done := func() bool {
-		return h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed' AND NOT metadata ? 'sluice_parked'`) >= int64(n)
+		return h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'`) >= int64(n)
 	}
 	deadline := time.Now().Add(time.Duration(n)*10*time.Millisecond + 5*time.Minute)
 	for !done() {
 		require.True(t, time.Now().Before(deadline), "%d jobs not done by the deadline: %d completed, %d parked", n,
-			h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed' AND NOT metadata ? 'sluice_parked'`),
+			h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'`),
 			h.count(`SELECT count(*) FROM concurrency_parked_jobs`))
 		time.Sleep(time.Second)
 	}
@@ -90,7 +90,7 @@ func TestLoadThroughLimit(t *testing.T) {
 	require.NoError(t, h.pool.QueryRow(ctx, `
 		SELECT count(*), count(DISTINCT (metadata->>'e2e_seq')::int),
 		       count(*) FILTER (WHERE (metadata->>'e2e_seq')::int NOT BETWEEN 0 AND $1 - 1)
-		FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed' AND NOT metadata ? 'sluice_parked'`, n).
+		FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'`, n).
 		Scan(&worked, &distinct, &wrong))
 	require.Equal(t, int64(n), worked, "every job completed once")
 	require.Equal(t, int64(n), distinct, "no job completed twice")
@@ -100,7 +100,11 @@ func TestLoadThroughLimit(t *testing.T) {
 	h.eventually(time.Minute, func() bool { return h.count(`SELECT count(*) FROM concurrency_executions`) == 0 },
 		"slots still taken after the load")
 	require.LessOrEqual(t, slots.Stop(), int64(loadLimit), "the limit held")
-	parked := h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND metadata ? 'sluice_parked'`)
-	t.Logf("%d jobs through a limit of %d on 2 workers in %s (%.0f jobs/s); %d parkings; max slots taken %d",
-		n, loadLimit, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), parked, slots.max.Load())
+	// Parking leaves no trace on a resumed job's row: count the parking
+	// records ever inserted instead (Postgres' statistics, flushed within a
+	// second or so).
+	time.Sleep(1500 * time.Millisecond)
+	parked := h.count(`SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'concurrency_parked_jobs'`)
+	t.Logf("%d jobs through a limit of %d on 2 workers in %s (%.0f jobs/s); about %d parkings (%.2f fetches per job); max slots taken %d",
+		n, loadLimit, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), parked, 1+float64(parked)/float64(n), slots.max.Load())
 }

@@ -2,13 +2,13 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
-	"github.com/tidwall/gjson"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -26,15 +25,15 @@ const (
 	// LimitCacheTTL is how long a worker trusts its copy of the
 	// concurrency_limits table: a new or removed limit takes effect within it.
 	LimitCacheTTL = time.Second
-	// MaxResumeBatch caps how many parked jobs one resume moves back into
-	// River when the kind has no limit (0 or no row).
+	// MaxResumeBatch caps how many parked jobs one resume makes available
+	// when the kind has no limit (0 or no row).
 	MaxResumeBatch = 5000
 	// OutcomeParked is the metrics outcome of a job that was parked.
 	OutcomeParked = "parked"
-	// metaParked and metaResumed are the job metadata keys recording that a
-	// job was parked, and that a job is a resumed parked job.
-	metaParked  = "sluice_parked"
-	metaResumed = "sluice_resumed"
+	// ReservedSlotTTL is how long a slot reserved for a resumed job waits for
+	// the job to be fetched; concurrency_limit.resume then frees it (the job,
+	// when fetched later, is admitted like any other).
+	ReservedSlotTTL = 30 * time.Second
 	// batchesInFlight is how many admission (and release) statements a
 	// worker runs at once: while one waits for the kind's row lock, the next
 	// is on its way.
@@ -45,12 +44,19 @@ const (
 	batchTimeout = 30 * time.Second
 )
 
+// parkRechecks are the delays after a parking at which the Limiter checks
+// the kind for free slots again: a parked job becomes resumable (pending)
+// only once River's completer has written its completion (every 50 ms or
+// sooner), so a slot freed in between would otherwise wait for the next
+// release or for concurrency_limit.resume.
+var parkRechecks = []time.Duration{75 * time.Millisecond, 250 * time.Millisecond, time.Second}
+
 type admission int
 
 const (
 	admitRun    admission = iota // not limited: run without a slot
 	admitSlot                    // admitted: holds a slot until it ends
-	admitParked                  // parked: finished without running
+	admitParked                  // parked in place: back to pending, not run
 )
 
 // Limiter enforces the global per-kind concurrency limits of
@@ -61,15 +67,19 @@ const (
 // Admission and release are group-committed: concurrent jobs of a process
 // share one transaction, which locks the limit rows of their kinds (so
 // admission is serialized per kind across processes), counts the slots taken,
-// admits, and parks the rest — parking completes the River job with
-// JobCompleteTx in that same transaction.
+// admits, and parks the rest in place. Parking marks the running job and
+// records it, in that same transaction; River's own completion of the job
+// then turns it into a pending job (trigger sluice_park_in_place), the same
+// row with its attempt undone. A resume makes the oldest pending jobs of a
+// kind available again, with a slot reserved for each.
 type Limiter struct {
 	river.MiddlewareDefaults
 
-	pool     *pgxpool.Pool
-	logger   *slog.Logger
-	metrics  *LimitMetrics
-	workerID string
+	pool         *pgxpool.Pool
+	logger       *slog.Logger
+	metrics      *LimitMetrics
+	workerID     string
+	ignoreLimits bool // every job runs without a slot (sluice run --ignore-limit)
 
 	cacheMu     sync.Mutex
 	cache       map[string]int32
@@ -77,6 +87,12 @@ type Limiter struct {
 
 	admitter batcher[admitRequest]
 	releaser batcher[releaseRequest]
+
+	parkedTotal atomic.Int64 // parkings by this limiter, every kind
+
+	recheckMu sync.Mutex
+	rechecks  map[string]bool // kinds with a recheck chain running
+	stopped   bool
 }
 
 type admitRequest struct {
@@ -87,28 +103,27 @@ type admitRequest struct {
 	err      error
 }
 
+// releaseRequest frees the slot of job (nil: none) and resumes parked jobs
+// of kind into free slots.
 type releaseRequest struct {
-	ctx context.Context
-	job *rivertype.JobRow
+	ctx  context.Context
+	job  *rivertype.JobRow
+	kind string
 }
 
-func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string) *Limiter {
-	l := &Limiter{pool: pool, logger: logger, metrics: metrics, workerID: workerID}
+func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string, ignoreLimits bool) *Limiter {
+	l := &Limiter{pool: pool, logger: logger, metrics: metrics, workerID: workerID, ignoreLimits: ignoreLimits}
 	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
 	return l
 }
 
 // Work admits, parks or passes through the job, and releases its slot when
-// it ends, whatever the outcome.
+// it ends, whatever the outcome. A parked job returns nil without running:
+// River's completion of it is what moves it to pending.
 func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
-	if job.Kind == ConcurrencyLimitResumeKind {
-		return doInner(ctx) // never limited itself
-	}
-	if isResumed(job) {
-		// A resumed job's slot was reserved when it was resumed.
-		defer l.release(ctx, job)
-		return doInner(ctx)
+	if job.Kind == ConcurrencyLimitResumeKind || l.ignoreLimits {
+		return doInner(ctx) // never limited itself; or limits ignored
 	}
 	limit, ok, err := l.limitOf(ctx, job.Kind)
 	if err != nil {
@@ -131,12 +146,6 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		defer l.release(ctx, job)
 	}
 	return doInner(ctx)
-}
-
-// isResumed reports whether job is the first attempt of a resumed parked
-// job (later attempts go through admission again).
-func isResumed(job *rivertype.JobRow) bool {
-	return job.Attempt <= 1 && gjson.GetBytes(job.Metadata, metaResumed).Exists()
 }
 
 // limitOf returns the limit row of kind from a cache refreshed every
@@ -170,21 +179,68 @@ func (l *Limiter) limitOf(ctx context.Context, kind string) (int32, bool, error)
 // concurrency_limit.resume (and the reaper of dead workers) cleans up;
 // Flush waits for the releases still in flight on a clean stop.
 func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
-	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job})
+	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind})
 }
 
-// Flush waits until the slot releases of jobs that ended have been written.
+// ParkedTotal is how many jobs this limiter has parked, of every kind.
+func (l *Limiter) ParkedTotal() int64 { return l.parkedTotal.Load() }
+
+// Flush stops the rechecks after parkings and waits until the slot releases
+// of jobs that ended have been written.
 func (l *Limiter) Flush() {
+	l.recheckMu.Lock()
+	l.stopped = true
+	l.recheckMu.Unlock()
 	l.releaser.flush()
 }
 
+// recheck checks kinds for free slots (and resumes parked jobs into them)
+// at each of parkRechecks after a parking, one chain per kind at a time.
+func (l *Limiter) recheck(kinds []string) {
+	l.recheckMu.Lock()
+	defer l.recheckMu.Unlock()
+	if l.stopped {
+		return
+	}
+	if l.rechecks == nil {
+		l.rechecks = map[string]bool{}
+	}
+	for _, kind := range kinds {
+		if l.rechecks[kind] {
+			continue
+		}
+		l.rechecks[kind] = true
+		go l.recheckChain(kind)
+	}
+}
+
+func (l *Limiter) recheckChain(kind string) {
+	defer func() {
+		l.recheckMu.Lock()
+		delete(l.rechecks, kind)
+		l.recheckMu.Unlock()
+	}()
+	prev := time.Duration(0)
+	for _, at := range parkRechecks {
+		time.Sleep(at - prev)
+		prev = at
+		l.recheckMu.Lock()
+		stopped := l.stopped
+		l.recheckMu.Unlock()
+		if stopped {
+			return
+		}
+		l.releaser.submitAsync(&releaseRequest{ctx: context.Background(), kind: kind})
+	}
+}
+
 // kindCounts is the locked state of one limited kind within a batch, and the
-// changes the batch makes to its counts.
+// changes the batch makes to it.
 type kindCounts struct {
 	limit, taken       int32
-	parked             int64
+	hasParked          bool
 	dAdmit             int32
-	dParked            int64
+	dirty              bool // dAdmit or hasParked changed
 	parkedAheadInBatch bool
 }
 
@@ -197,19 +253,19 @@ func lockKinds(ctx context.Context, q *db.Queries, kinds []string) (map[string]*
 	}
 	out := make(map[string]*kindCounts, len(rows))
 	for _, row := range rows {
-		out[row.Kind] = &kindCounts{limit: row.MaxConcurrency, taken: row.Admitted, parked: row.Parked}
+		out[row.Kind] = &kindCounts{limit: row.MaxConcurrency, taken: row.Admitted, hasParked: row.HasParked}
 	}
 	return out, nil
 }
 
-// saveCounts writes the count changes of a batch.
+// saveCounts writes the changes of a batch to the locked limit rows.
 func saveCounts(ctx context.Context, q *db.Queries, counts map[string]*kindCounts) error {
 	var p db.AddConcurrencyCountsParams
 	for kind, c := range counts {
-		if c.dAdmit != 0 || c.dParked != 0 {
+		if c.dirty || c.dAdmit != 0 {
 			p.Kinds = append(p.Kinds, kind)
 			p.Admitted = append(p.Admitted, c.dAdmit)
-			p.Parked = append(p.Parked, c.dParked)
+			p.HasParked = append(p.HasParked, c.hasParked)
 		}
 	}
 	if len(p.Kinds) == 0 {
@@ -262,9 +318,11 @@ func (l *Limiter) admitBatch(batch []*admitRequest) {
 
 // parkBatch decides again, under the limit rows' lock, the jobs the fast
 // path found no slot for, admits those that now fit (FIFO permitting) and
-// parks the others, then answers them all.
+// parks the others in place, then answers them all.
 func (l *Limiter) parkBatch(batch []*admitRequest) {
+	var parkedKinds []string
 	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
+		parkedKinds = parkedKinds[:0]
 		q := db.New(tx)
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
 		counts, err := lockKinds(ctx, q, kinds)
@@ -274,13 +332,22 @@ func (l *Limiter) parkBatch(batch []*admitRequest) {
 		var admitIDs []int64
 		var admitKinds []string
 		var toPark []*admitRequest
+		var reasons []string
 		for _, r := range batch {
 			c, ok := counts[r.job.Kind]
 			switch {
 			case !ok || c.limit == 0:
 				r.decision = admitRun
-			case c.limit < 0 || c.parked > 0 || c.parkedAheadInBatch || c.taken >= c.limit:
+			case c.limit < 0 || c.hasParked || c.parkedAheadInBatch || c.taken >= c.limit:
 				r.decision = admitParked
+				switch {
+				case c.limit < 0:
+					reasons = append(reasons, "breaker")
+				case c.hasParked || c.parkedAheadInBatch:
+					reasons = append(reasons, "fifo")
+				default:
+					reasons = append(reasons, "limit")
+				}
 				c.parkedAheadInBatch = true // FIFO: later jobs queue behind this one
 				toPark = append(toPark, r)
 			default:
@@ -298,9 +365,11 @@ func (l *Limiter) parkBatch(batch []*admitRequest) {
 				return fmt.Errorf("admit: %w", err)
 			}
 		}
-		if err := l.park(ctx, tx, toPark, counts); err != nil {
+		parked, err := l.park(ctx, q, toPark, reasons, counts)
+		if err != nil {
 			return err
 		}
+		parkedKinds = parked
 		return saveCounts(ctx, q, counts)
 	})
 	for _, r := range batch {
@@ -308,90 +377,84 @@ func (l *Limiter) parkBatch(batch []*admitRequest) {
 			r.decision, r.err = admitRun, err
 		} else if r.decision == admitParked {
 			l.metrics.Parked.WithLabelValues(r.job.Kind).Inc()
+			l.parkedTotal.Add(1)
 		}
 		close(r.done)
 	}
+	if err == nil && len(parkedKinds) > 0 {
+		l.recheck(parkedKinds)
+	}
 }
 
-// park completes the River jobs of batch, recording sluice_parked in their
-// metadata, and writes a parked row (FIFO in batch order) for each, in tx: a
-// crash either parks a job (once) or leaves it running, to be retried. A job
-// no longer running (rescued meanwhile) is not parked; a job an earlier
-// attempt had parked already is only completed. Counts are updated in
-// counts.
-func (l *Limiter) park(ctx context.Context, tx pgx.Tx, batch []*admitRequest, counts map[string]*kindCounts) error {
+// park parks the running jobs of batch in place, in the transaction of q:
+// it marks them for parking (River's completion of each then makes it
+// pending) and records when and why (reasons, in step with batch). A crash
+// before River's completion leaves the job running and marked: whoever
+// rescues it (River's rescuer, the liveness reaper) parks it the same way.
+// A job no longer running (rescued meanwhile) is not parked; the decision
+// of its request stays admitParked, so its worker returns without running
+// it. It returns the kinds that got parked jobs, whose flags it sets.
+func (l *Limiter) park(ctx context.Context, q *db.Queries, batch []*admitRequest, reasons []string, counts map[string]*kindCounts) ([]string, error) {
 	if len(batch) == 0 {
-		return nil
+		return nil, nil
 	}
-	q := db.New(tx)
-	patch, _ := json.Marshal(map[string]any{metaParked: map[string]any{"at": time.Now().UTC(), "worker_id": l.workerID}})
-	var complete db.CompleteParkedRiverJobsParams
-	for _, r := range batch {
-		complete.Ids = append(complete.Ids, r.job.ID)
-		complete.Patches = append(complete.Patches, patch)
+	ids := make([]int64, len(batch))
+	for i, r := range batch {
+		ids[i] = r.job.ID
 	}
-	completed, err := q.CompleteParkedRiverJobs(ctx, complete)
+	marked, err := q.MarkJobsParking(ctx, ids)
 	if err != nil {
-		return fmt.Errorf("complete parked jobs: %w", err)
+		return nil, fmt.Errorf("mark jobs for parking: %w", err)
 	}
-	done := make(map[int64]bool, len(completed))
-	for _, id := range completed {
+	done := make(map[int64]bool, len(marked))
+	for _, id := range marked {
 		done[id] = true
 	}
 	var p db.InsertParkedJobsParams
-	for _, r := range batch {
+	p.WorkerID = l.workerIDPtr()
+	var kinds []string
+	for i, r := range batch {
 		job := r.job
 		if !done[job.ID] {
 			l.logger.Warn("job to park is no longer running; not parked", "kind", job.Kind, "job_id", job.ID)
 			continue
 		}
-		tags := []byte("[]")
-		if len(job.Tags) > 0 {
-			tags, _ = json.Marshal(job.Tags)
-		}
-		metadata := job.Metadata
-		if len(metadata) == 0 {
-			metadata = []byte("{}")
-		}
+		p.JobIds = append(p.JobIds, job.ID)
 		p.Kinds = append(p.Kinds, job.Kind)
-		p.Args = append(p.Args, job.EncodedArgs)
-		p.Queues = append(p.Queues, job.Queue)
-		p.Priorities = append(p.Priorities, int16(job.Priority))
-		p.MaxAttempts = append(p.MaxAttempts, int16(job.MaxAttempts))
-		p.Tags = append(p.Tags, tags)
-		p.Metadata = append(p.Metadata, metadata)
-		p.OriginalJobIds = append(p.OriginalJobIds, job.ID)
+		p.Reasons = append(p.Reasons, reasons[i])
+		if c := counts[job.Kind]; !c.hasParked {
+			c.hasParked, c.dirty = true, true
+		}
+		if !slices.Contains(kinds, job.Kind) {
+			kinds = append(kinds, job.Kind)
+		}
 	}
-	if len(p.Kinds) == 0 {
-		return nil
+	if len(p.JobIds) == 0 {
+		return nil, nil
 	}
-	rows, err := q.InsertParkedJobs(ctx, p)
-	if err != nil {
-		return fmt.Errorf("park jobs: %w", err)
+	if err := q.InsertParkedJobs(ctx, p); err != nil {
+		return nil, fmt.Errorf("record parked jobs: %w", err)
 	}
-	byJob := make(map[int64]string, len(batch))
-	for _, r := range batch {
-		byJob[r.job.ID] = r.job.Kind
-	}
-	for _, row := range rows {
-		c := counts[byJob[row.OriginalJobID]]
-		c.parked++
-		c.dParked++
-	}
-	return nil
+	return kinds, nil
 }
 
 // releaseBatch frees the slots of jobs that ended (the fast path, one
 // statement: ReleaseJobs) and, for kinds with parked jobs and now a free
 // slot, resumes the oldest parked jobs into the free slots in a second
 // transaction. Admissions park rather than take a slot while jobs are
-// parked, so the freed slots wait for the resume.
+// parked, so the freed slots wait for the resume. A request without a job
+// (a recheck after a parking) only looks for free slots.
 func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
 	defer cancel()
-	p := db.ReleaseJobsParams{Kinds: distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })}
+	p := db.ReleaseJobsParams{
+		Kinds:  distinctKinds(len(batch), func(i int) string { return batch[i].kind }),
+		JobIds: make([]int64, 0, len(batch)),
+	}
 	for _, r := range batch {
-		p.JobIds = append(p.JobIds, r.job.ID)
+		if r.job != nil {
+			p.JobIds = append(p.JobIds, r.job.ID)
+		}
 	}
 	rows, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) { return db.New(l.pool).ReleaseJobs(ctx, p) })
 	if err != nil {
@@ -400,7 +463,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	}
 	var resumeKinds []string
 	for _, row := range rows {
-		if row.Parked > 0 && row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency) {
+		if row.HasParked && row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency) {
 			resumeKinds = append(resumeKinds, row.Kind)
 		}
 	}
@@ -415,7 +478,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		}
 		for _, kind := range resumeKinds {
 			if c, ok := counts[kind]; ok {
-				if err := l.resumeInto(ctx, tx, batch[0].ctx, kind, c); err != nil {
+				if _, err := l.resumeInto(ctx, q, kind, c); err != nil {
 					return err
 				}
 			}
@@ -441,114 +504,72 @@ func retryDeadlock[T any](fn func() (T, error)) (T, error) {
 }
 
 // resumeInto resumes parked jobs of kind into its free slots, as counted by
-// c (locked), and records the changes in c.
-func (l *Limiter) resumeInto(ctx context.Context, tx pgx.Tx, clientCtx context.Context, kind string, c *kindCounts) error {
-	if c.parked <= 0 || c.limit < 0 {
-		return nil
+// c (locked), records the changes in c, sets the kind's parked flag from
+// its records again, and returns how many jobs it resumed.
+func (l *Limiter) resumeInto(ctx context.Context, q *db.Queries, kind string, c *kindCounts) (int, error) {
+	if c.limit < 0 {
+		return 0, nil
 	}
 	free := int32(MaxResumeBatch)
 	if c.limit > 0 {
 		free = c.limit - c.taken
 	}
 	if free <= 0 {
-		return nil
+		return 0, nil
 	}
-	n, err := l.resume(ctx, tx, clientCtx, kind, free, c.limit > 0)
+	n, err := l.resume(ctx, q, kind, free, c.limit > 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if n == 0 {
-		// The count said parked jobs exist but none were found (removed
-		// by hand, or taken by a concurrent resume): recount.
-		c.dAdmit, c.dParked = 0, 0
-		return db.New(tx).RecountConcurrency(ctx, kind)
-	}
-	c.parked -= int64(n)
-	c.dParked -= int64(n)
 	if c.limit > 0 {
 		c.taken += int32(n)
 		c.dAdmit += int32(n)
 	}
-	return nil
+	// The flag says whether records remain (jobs still waiting, completing
+	// their parking, or held by another transaction).
+	has, err := q.HasParkedJobs(ctx, kind)
+	if err != nil {
+		return 0, fmt.Errorf("look for parked %s jobs: %w", kind, err)
+	}
+	if has != c.hasParked {
+		c.hasParked, c.dirty = has, true
+	}
+	return n, nil
 }
 
-// resume moves the n oldest parked jobs of kind back into River in tx,
-// marked resumed, and reserves a slot for each when reserve is set (the kind
-// has a positive limit). clientCtx carries the River client. It returns how
-// many jobs it resumed.
-func (l *Limiter) resume(ctx context.Context, tx pgx.Tx, clientCtx context.Context, kind string, n int32, reserve bool) (int, error) {
-	q := db.New(tx)
-	parked, err := q.TakeParkedJobs(ctx, db.TakeParkedJobsParams{Kind: kind, MaxRows: n})
+// resume makes the n oldest parked jobs of kind available again, in the
+// transaction of q (the kind's limit row locked), reserves a slot for each
+// when reserve is set (the kind has a positive limit), and wakes the River
+// producers of their queues. It returns how many jobs it resumed.
+func (l *Limiter) resume(ctx context.Context, q *db.Queries, kind string, n int32, reserve bool) (int, error) {
+	resumed, err := q.ResumeParkedJobs(ctx, db.ResumeParkedJobsParams{Kind: kind, MaxRows: n})
 	if err != nil {
-		return 0, fmt.Errorf("take parked %s jobs: %w", kind, err)
+		return 0, fmt.Errorf("resume parked %s jobs: %w", kind, err)
 	}
-	if len(parked) == 0 {
+	if len(resumed) == 0 {
 		return 0, nil
 	}
-	client, err := riverClientFrom(clientCtx)
-	if err != nil {
-		return 0, fmt.Errorf("resume %s jobs: %w", kind, err)
-	}
-	params := make([]river.InsertManyParams, len(parked))
-	for i, p := range parked {
-		metadata, err := resumedMetadata(p)
-		if err != nil {
-			return 0, err
-		}
-		params[i] = river.InsertManyParams{
-			Args: rawArgs{kind: p.Kind, raw: p.Args},
-			InsertOpts: &river.InsertOpts{
-				MaxAttempts: int(p.MaxAttempts),
-				Metadata:    metadata,
-				Priority:    int(p.Priority),
-				Queue:       p.Queue,
-				Tags:        p.Tags,
-			},
-		}
-	}
-	results, err := client.InsertManyTx(ctx, tx, params)
-	if err != nil {
-		return 0, fmt.Errorf("insert resumed %s jobs: %w", kind, err)
-	}
 	queues := make([]string, 0, 1)
-	for _, p := range parked {
-		if !slices.Contains(queues, p.Queue) {
-			queues = append(queues, p.Queue)
+	ids := make([]int64, len(resumed))
+	kinds := make([]string, len(resumed))
+	for i, r := range resumed {
+		ids[i], kinds[i] = r.ID, kind
+		if !slices.Contains(queues, r.Queue) {
+			queues = append(queues, r.Queue)
 		}
-	}
-	if err := q.NotifyRiverInsert(ctx, queues); err != nil {
-		return 0, fmt.Errorf("notify queues of resumed %s jobs: %w", kind, err)
 	}
 	if reserve {
-		ids := make([]int64, len(results))
-		kinds := make([]string, len(results))
-		for i, res := range results {
-			ids[i], kinds[i] = res.Job.ID, kind
-		}
 		if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
 			JobIds: ids, Kinds: kinds, WorkerID: nil, Reserved: true,
 		}); err != nil {
 			return 0, fmt.Errorf("reserve slots for resumed %s jobs: %w", kind, err)
 		}
 	}
-	l.metrics.Resumed.WithLabelValues(kind).Add(float64(len(results)))
-	return len(results), nil
-}
-
-// resumedMetadata is the parked job's metadata marked resumed.
-func resumedMetadata(p *db.ConcurrencyParkedJob) ([]byte, error) {
-	meta := map[string]json.RawMessage{}
-	if len(p.Metadata) > 0 {
-		if err := json.Unmarshal(p.Metadata, &meta); err != nil {
-			return nil, fmt.Errorf("parked job %d: metadata: %w", p.ID, err)
-		}
+	if err := q.NotifyRiverInsert(ctx, queues); err != nil {
+		return 0, fmt.Errorf("notify queues of resumed %s jobs: %w", kind, err)
 	}
-	delete(meta, metaParked)
-	marker, _ := json.Marshal(map[string]any{
-		"parked_id": p.ID, "original_job_id": p.OriginalJobID, "parked_at": p.ParkedAt,
-	})
-	meta[metaResumed] = marker
-	return json.Marshal(meta)
+	l.metrics.Resumed.WithLabelValues(kind).Add(float64(len(resumed)))
+	return len(resumed), nil
 }
 
 func (l *Limiter) withBatchTx(parent context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
@@ -576,28 +597,4 @@ func distinctKinds(n int, kindOf func(int) string) []string {
 	}
 	sort.Strings(kinds)
 	return kinds
-}
-
-// rawArgs are job args kept as raw JSON under a kind, to insert or complete a
-// job whose args type this code does not need to know.
-type rawArgs struct {
-	kind string
-	raw  json.RawMessage
-}
-
-// Kind is the job kind.
-func (a rawArgs) Kind() string { return a.kind }
-
-// MarshalJSON returns the raw args.
-func (a rawArgs) MarshalJSON() ([]byte, error) {
-	if len(a.raw) == 0 {
-		return []byte("{}"), nil
-	}
-	return a.raw, nil
-}
-
-// UnmarshalJSON keeps the raw args.
-func (a *rawArgs) UnmarshalJSON(b []byte) error {
-	a.raw = append(a.raw[:0], b...)
-	return nil
 }

@@ -6,28 +6,9 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/db"
 )
-
-// riverClientKey carries a River client in a context for code that runs
-// outside a River worker (the reaper) but resumes parked jobs like one.
-type riverClientKey struct{}
-
-// withRiverClient returns ctx carrying client, for resume.
-func withRiverClient(ctx context.Context, client *river.Client[pgx.Tx]) context.Context {
-	return context.WithValue(ctx, riverClientKey{}, client)
-}
-
-// riverClientFrom returns the River client of ctx: the one withRiverClient
-// put there, else the one River gives a worker's context.
-func riverClientFrom(ctx context.Context) (*river.Client[pgx.Tx], error) {
-	if client, ok := ctx.Value(riverClientKey{}).(*river.Client[pgx.Tx]); ok && client != nil {
-		return client, nil
-	}
-	return river.ClientFromContextSafely[pgx.Tx](ctx)
-}
 
 // SlotRelease frees the concurrency slots of a dead worker inside the
 // transaction that rescues its jobs, as the Limiter's release does for a job
@@ -47,7 +28,7 @@ type SlotRelease struct {
 type SlotReleaseResult struct {
 	// Released counts the slot rows deleted.
 	Released map[string]int
-	// Resumed counts the parked jobs moved back into River.
+	// Resumed counts the parked jobs made available again.
 	Resumed map[string]int
 }
 
@@ -67,10 +48,9 @@ func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, k
 
 // Release deletes the slots of jobIDs (the jobs rescued from the worker) and
 // every other slot recorded for the worker, and resumes parked jobs of their
-// kinds into the freed slots, inserting them with client in the same
-// transaction. A kind whose slot turns up although it was not locked (not
+// kinds into the freed slots, in the same transaction. A kind whose slot turns up although it was not locked (not
 // expected: the dead worker cannot take slots any more) is locked late.
-func (r *SlotRelease) Release(ctx context.Context, client *river.Client[pgx.Tx], jobIDs []int64) (SlotReleaseResult, error) {
+func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseResult, error) {
 	res := SlotReleaseResult{Released: map[string]int{}, Resumed: map[string]int{}}
 	q := db.New(r.tx)
 	if jobIDs == nil {
@@ -103,20 +83,18 @@ func (r *SlotRelease) Release(ctx context.Context, client *river.Client[pgx.Tx],
 			c.dAdmit -= int32(n)
 		}
 	}
-	clientCtx := withRiverClient(ctx, client)
 	kinds := make([]string, 0, len(r.counts))
 	for kind := range r.counts {
 		kinds = append(kinds, kind)
 	}
 	slices.Sort(kinds)
 	for _, kind := range kinds {
-		c := r.counts[kind]
-		before := c.parked
-		if err := r.l.resumeInto(ctx, r.tx, clientCtx, kind, c); err != nil {
+		n, err := r.l.resumeInto(ctx, q, kind, r.counts[kind])
+		if err != nil {
 			return res, err
 		}
-		if n := before - c.parked; n > 0 {
-			res.Resumed[kind] = int(n)
+		if n > 0 {
+			res.Resumed[kind] = n
 		}
 	}
 	if err := saveCounts(ctx, q, r.counts); err != nil {

@@ -61,9 +61,10 @@ func (a ConcurrencyLimitResumeArgs) Validate() error {
 	return nil
 }
 
-// ConcurrencyLimitResumeWorker is the safety net that moves parked jobs back
-// into River (GitLab's ConcurrencyLimit::ResumeWorker); the release path of
-// the Limiter resumes promptly when a slot frees.
+// ConcurrencyLimitResumeWorker is the safety net that makes parked jobs
+// available again (GitLab's ConcurrencyLimit::ResumeWorker), frees stale and
+// expired reserved slots, and corrects the counts; the release path of the
+// Limiter resumes promptly when a slot frees.
 type ConcurrencyLimitResumeWorker struct {
 	river.WorkerDefaults[ConcurrencyLimitResumeArgs]
 	deps *Deps
@@ -125,7 +126,7 @@ func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind stri
 		return nil
 	}
 	var resumed int
-	var remaining int64
+	var remaining bool
 	err := pgx.BeginFunc(ctx, w.deps.Pool, func(tx pgx.Tx) error {
 		q := db.New(tx)
 		counts, err := lockKinds(ctx, q, []string{kind})
@@ -137,15 +138,17 @@ func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind stri
 			logger.Info("concurrency_limit.resume: circuit breaker is on; nothing resumed", "limit", c.limit)
 			return nil
 		}
-		stale, err := q.DeleteStaleConcurrencyExecutions(ctx, kind)
+		stale, err := q.DeleteStaleConcurrencyExecutions(ctx, db.DeleteStaleConcurrencyExecutionsParams{
+			Kind: kind, ReservedTtlMs: ReservedSlotTTL.Milliseconds(),
+		})
 		if err != nil {
 			return fmt.Errorf("clean up stale slots: %w", err)
 		}
 		if len(stale) > 0 {
-			logger.Warn("concurrency_limit.resume: freed slots of jobs no longer running", "job_ids", stale)
+			logger.Warn("concurrency_limit.resume: freed slots of jobs no longer running, or reserved and not started", "job_ids", stale)
 		}
 		if limited {
-			// The safety net also corrects the counts the hot path keeps.
+			// The safety net also corrects the count and flag the hot path keeps.
 			if err := q.RecountConcurrency(ctx, kind); err != nil {
 				return fmt.Errorf("recount: %w", err)
 			}
@@ -154,22 +157,25 @@ func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind stri
 			}
 			c = counts[kind]
 		} else {
-			parked, err := q.CountParkedJobs(ctx, kind)
+			// Unlimited (no row): resume in batches of MaxResumeBatch.
+			has, err := q.HasParkedJobs(ctx, kind)
 			if err != nil {
-				return fmt.Errorf("count parked: %w", err)
+				return fmt.Errorf("look for parked jobs: %w", err)
 			}
-			c = &kindCounts{parked: parked} // unlimited: resume in batches of MaxResumeBatch
+			c = &kindCounts{hasParked: has}
 		}
-		if c.parked == 0 {
+		if !c.hasParked {
 			return nil
 		}
-		logger.Info("concurrency_limit.resume", "limit", c.limit, "queue_size", c.parked, "current", c.taken)
-		if err := w.deps.Limiter.resumeInto(ctx, tx, ctx, kind, c); err != nil {
+		logger.Info("concurrency_limit.resume", "limit", c.limit, "current", c.taken)
+		if resumed, err = w.deps.Limiter.resumeInto(ctx, q, kind, c); err != nil {
 			return err
 		}
-		resumed = int(-c.dParked)
-		remaining = c.parked
+		if remaining, err = q.HasParkedJobs(ctx, kind); err != nil {
+			return fmt.Errorf("look for parked jobs: %w", err)
+		}
 		if limited {
+			c.hasParked, c.dirty = remaining, true
 			return saveCounts(ctx, q, map[string]*kindCounts{kind: c})
 		}
 		return nil
@@ -178,8 +184,9 @@ func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind stri
 		return fmt.Errorf("resume %s: %w", kind, err)
 	}
 	logger.Info("concurrency_limit.resume done", "resumed_jobs", resumed, "still_parked", remaining)
-	if resumed > 0 && remaining > 0 {
-		// More to resume once these finish (or, unlimited, in the next batch).
+	if remaining {
+		// More to resume once these finish (or, unlimited, in the next
+		// batch), or jobs still completing their parking.
 		return river.JobSnooze(ResumeRescheduleDelay)
 	}
 	return nil

@@ -157,6 +157,7 @@ func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 	kind := "holds"
 	fullKind := "test.probe." + kind
 	setLimit(t, pool, fullKind, 3)
+	logParkings(t, pool)
 
 	tracker := newProbeTracker()
 	a := startProbeWorker(t, url, "worker-a", kind, tracker, nil)
@@ -194,8 +195,9 @@ func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return count(t, pool, "SELECT count(*) FROM concurrency_executions") == 0 },
 		10*time.Second, 10*time.Millisecond, "every slot released")
-	require.Positive(t, count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND metadata ? 'sluice_parked'", fullKind),
-		"with 60 jobs through 3 slots some were parked")
+	require.Positive(t, parkings(t, pool, fullKind), "with 60 jobs through 3 slots some were parked")
+	// Parked in place: every job completed on its own row, in one attempt.
+	require.Equal(t, n, count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed' AND attempt = 1 AND cardinality(attempted_by) = 1", fullKind))
 }
 
 func TestConcurrencyLimitUnlimited(t *testing.T) {
@@ -216,13 +218,14 @@ func TestConcurrencyLimitUnlimited(t *testing.T) {
 			if tc.limit != nil {
 				setLimit(t, pool, "test.probe."+kind, *tc.limit)
 			}
+			logParkings(t, pool)
 			tracker := newProbeTracker()
 			client := startProbeWorker(t, url, "w", kind, tracker, nil)
 			insertProbes(t, client, kind, 0, 10, 300)
 			waitAllDone(t, pool, tracker, "test.probe."+kind, 10, time.Minute)
 			require.Greater(t, tracker.max.Load(), int32(3), "unlimited jobs run side by side")
 			require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_executions"), "no slots taken")
-			require.Zero(t, count(t, pool, "SELECT count(*) FROM river_job WHERE metadata ? 'sluice_parked'"))
+			require.Zero(t, parkings(t, pool, "test.probe."+kind), "nothing parked")
 		})
 	}
 }
@@ -270,12 +273,18 @@ func TestConcurrencyLimitCircuitBreaker(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, res.Job.ID)
 	}
-	events := client.WaitFinished(t, 30*time.Second, ids...)
-	for _, ev := range events {
-		require.Equal(t, rivertype.JobStateCompleted, ev.Job.State)
-		require.Contains(t, string(ev.Job.Metadata), "sluice_parked")
+	waitParked(t, pool, ids...)
+	for _, id := range ids {
+		// The same row, pending, its attempt undone, no mark left.
+		job, err := client.JobGet(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, rivertype.JobStatePending, job.State)
+		require.Zero(t, job.Attempt)
+		require.Empty(t, job.AttemptedBy)
+		require.Nil(t, job.FinalizedAt)
+		require.NotContains(t, string(job.Metadata), "sluice_park")
 	}
-	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE kind = 'demo.sleep'"))
+	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE kind = 'demo.sleep' AND reason = 'breaker'"))
 
 	// The resume worker, with and without a kind, resumes nothing.
 	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "demo.sleep"}, nil)
@@ -289,9 +298,10 @@ func TestConcurrencyLimitCircuitBreaker(t *testing.T) {
 	setLimit(t, pool, "demo.sleep", 0)
 	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "demo.sleep"}, nil)
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND metadata ? 'sluice_resumed' AND state = 'completed'") == 5
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE id = ANY($1) AND state = 'completed' AND attempt = 1", ids) == 5
 	}, 30*time.Second, 20*time.Millisecond)
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs"))
+	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep'"), "no copies")
 }
 
 func TestConcurrencyLimitFIFO(t *testing.T) {
@@ -317,13 +327,12 @@ func TestConcurrencyLimitFIFO(t *testing.T) {
 	setLimit(t, pool, "demo.sleep", 1)
 	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "demo.sleep"}, nil)
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND metadata ? 'sluice_resumed' AND state = 'completed'") == n
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'") == n
 	}, time.Minute, 20*time.Millisecond)
 
-	// With one slot the resumed jobs ran one after the other, in the order
-	// they were parked.
-	rows, err := pool.Query(ctx, `SELECT (metadata->'sluice_resumed'->>'original_job_id')::bigint FROM river_job
-		WHERE kind = 'demo.sleep' AND metadata ? 'sluice_resumed' ORDER BY attempted_at`)
+	// With one slot the resumed jobs ran one after the other, in job-id
+	// order.
+	rows, err := pool.Query(ctx, `SELECT id FROM river_job WHERE kind = 'demo.sleep' ORDER BY attempted_at`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -358,16 +367,17 @@ func dumpState(t *testing.T, pool *pgxpool.Pool, kind string) {
 }
 
 // TestConcurrencyLimitParkingIsAtomic makes the parking transaction fail at
-// its last step: nothing of it survives (no parked row, job still running
-// and then retried), and the retry parks the job exactly once.
+// its last step: nothing of it survives (no parking record, no parking mark,
+// the job fails that attempt and is retried), and the retry parks the job
+// exactly once, in place.
 func TestConcurrencyLimitParkingIsAtomic(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	// Fail the first insert of a parked row, after the River job was
-	// completed in the same transaction.
+	// Fail the first insert of a parking record, after the River job was
+	// marked for parking in the same transaction.
 	_, err := pool.Exec(ctx, `
 		CREATE SEQUENCE test_fail_once; -- not transactional: survives the rollback
 		CREATE FUNCTION test_fail_park() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -390,20 +400,21 @@ func TestConcurrencyLimitParkingIsAtomic(t *testing.T) {
 	require.NoError(t, err)
 	id := res.Job.ID
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM river_job WHERE id = $1 AND state = 'completed'", id) == 1
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE id = $1 AND state = 'pending'", id) == 1
 	}, 30*time.Second, 10*time.Millisecond)
 
-	// The failed attempt's transaction left nothing behind (its completion
-	// of the River job was rolled back with the parked row): the job ran a
-	// second attempt, which parked it exactly once.
+	// The failed attempt's transaction left nothing behind (its mark on the
+	// River job was rolled back with the record), so that attempt failed
+	// with the error; the second attempt parked the job, which undid that
+	// attempt only: one real attempt, its error kept.
 	job, err := client.JobGet(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, 2, job.Attempt, "parked on the second attempt")
+	require.Equal(t, 1, job.Attempt, "the parking attempt is undone, the failed one counts")
 	require.Len(t, job.Errors, 1)
 	require.Contains(t, job.Errors[0].Error, "injected crash while parking")
-	require.Contains(t, string(job.Metadata), "sluice_parked")
-	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE original_job_id = $1", id))
-	require.Equal(t, 1, count(t, pool, "SELECT parked::int FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+	require.NotContains(t, string(job.Metadata), "sluice_park")
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1", id))
+	require.Equal(t, 1, count(t, pool, "SELECT has_parked::int FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 }
 
 // immediateRetry retries a failed job at once.
@@ -450,15 +461,16 @@ func TestConcurrencyLimitResumeDoesNotPileUp(t *testing.T) {
 	}
 	require.LessOrEqual(t, maxPending, 1)
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND metadata ? 'sluice_resumed' AND state = 'completed'") == 30
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'") == 30
 	}, 2*time.Minute, 50*time.Millisecond)
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs"))
 	require.Eventually(t, func() bool { return count(t, pool, "SELECT count(*) FROM concurrency_executions") == 0 },
 		10*time.Second, 10*time.Millisecond, "every slot released")
-	var admitted, parked int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT admitted, parked FROM concurrency_limits WHERE kind = 'demo.sleep'").Scan(&admitted, &parked))
+	var admitted int
+	var hasParked bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT admitted, has_parked FROM concurrency_limits WHERE kind = 'demo.sleep'").Scan(&admitted, &hasParked))
 	require.Zero(t, admitted, "kept counts match the tables")
-	require.Zero(t, parked)
+	require.False(t, hasParked)
 }
 
 // TestConcurrencyLimitStaleSlots: slots of jobs that are no longer running
@@ -487,13 +499,10 @@ func TestConcurrencyLimitStaleSlots(t *testing.T) {
 	client := jobtest.Start(t, pool, deps, jobtest.Config{})
 	res, err := client.Insert(ctx, jobs.DemoSleepArgs{MS: 1}, nil)
 	require.NoError(t, err)
-	ev := client.WaitFinished(t, 30*time.Second, res.Job.ID)[res.Job.ID]
-	require.Contains(t, string(ev.Job.Metadata), "sluice_parked", "all slots taken: parked")
+	waitParked(t, pool, res.Job.ID) // all slots taken
 
 	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "demo.sleep"}, nil)
-	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND metadata ? 'sluice_resumed' AND state = 'completed'") == 1
-	}, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return jobState(t, pool, res.Job.ID) == "completed" }, 30*time.Second, 20*time.Millisecond)
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_executions WHERE worker_id = 'dead-worker'"), "stale slots freed")
 }
 

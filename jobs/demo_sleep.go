@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,7 +19,13 @@ type DemoSleepArgs struct {
 	// IgnoreCancel makes the job sleep its full time even when its context is
 	// cancelled, as a job that ignores cancellation would.
 	IgnoreCancel bool `json:"ignore_cancel"`
+	// Fail makes the job return an error after sleeping, so that retries
+	// (and discards after max_attempts) can be shown from the CLI.
+	Fail bool `json:"fail,omitempty"`
 }
+
+// ErrDemoSleepFail is the error a demo.sleep job with "fail": true returns.
+var ErrDemoSleepFail = errors.New("demo.sleep failed as asked (\"fail\": true)")
 
 // Kind is the River job kind.
 func (DemoSleepArgs) Kind() string { return "demo.sleep" }
@@ -32,7 +39,8 @@ func (a DemoSleepArgs) Validate() error {
 }
 
 // DemoSleepWorker works demo.sleep: it sleeps, returning early with the
-// context's error when cancelled unless the job ignores cancellation.
+// context's error when cancelled unless the job ignores cancellation, then
+// fails if asked to.
 type DemoSleepWorker struct {
 	river.WorkerDefaults[DemoSleepArgs]
 	deps *Deps
@@ -46,13 +54,23 @@ func (w *DemoSleepWorker) Timeout(job *river.Job[DemoSleepArgs]) time.Duration {
 
 // Work sleeps.
 func (w *DemoSleepWorker) Work(ctx context.Context, job *river.Job[DemoSleepArgs]) error {
-	d := time.Duration(job.Args.MS) * time.Millisecond
+	if err := sleep(ctx, time.Duration(job.Args.MS)*time.Millisecond, job.Args.IgnoreCancel); err != nil {
+		return err
+	}
+	if job.Args.Fail {
+		return ErrDemoSleepFail
+	}
+	return nil
+}
+
+// sleep waits d, or until ctx is done unless ignoreCancel is set.
+func sleep(ctx context.Context, d time.Duration, ignoreCancel bool) error {
 	if d == 0 {
 		return nil
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
-	if job.Args.IgnoreCancel {
+	if ignoreCancel {
 		<-timer.C
 		return nil
 	}

@@ -57,6 +57,9 @@ type DepsConfig struct {
 	JobTimeout         time.Duration
 	MaintenanceTimeout time.Duration
 	ExportDir          string
+	// IgnoreLimits makes the Limiter let every job run without a slot
+	// (sluice run --ignore-limit).
+	IgnoreLimits bool
 }
 
 // NewDeps builds the dependencies of every worker and registers their
@@ -83,7 +86,7 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 		return nil, err
 	}
 	return &Deps{
-		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID),
+		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID, cfg.IgnoreLimits),
 		Pool:               pool,
 		Logger:             logger,
 		Metrics:            metrics,

@@ -8,8 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
@@ -162,14 +160,12 @@ func TestSlotReleaseOfDeadWorker(t *testing.T) {
 	alive := insertRunning(t, pool, "demo.sleep", `{"ms": 1}`, 1, 3, []string{"alive"}, `{}`, "running")
 	exec(`INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, 'demo.sleep', 'dead-1'), ($2, 'demo.sleep', 'dead-1'), ($3, 'demo.sleep', 'alive')`,
 		running, staleJob, alive)
-	for i := range 3 {
-		exec(`INSERT INTO concurrency_parked_jobs (kind, args, queue, priority, max_attempts, original_job_id)
-		      VALUES ('demo.sleep', $1, 'default', 1, 25, $2)`, `{"ms": 1}`, 1_000_000+i)
+	parked := make([]int64, 3)
+	for i := range parked {
+		parked[i] = insertParked(t, pool, "demo.sleep", `{"ms": 1}`)
 	}
-	setLimit(t, pool, "demo.sleep", 3) // counts: 3 admitted, 3 parked
+	setLimit(t, pool, "demo.sleep", 3) // counts: 3 admitted, parked jobs
 
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	require.NoError(t, err)
 	var res jobs.SlotReleaseResult
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		kinds, err := db.New(tx).WorkerJobKinds(ctx, "dead-1")
@@ -184,7 +180,7 @@ func TestSlotReleaseOfDeadWorker(t *testing.T) {
 			return err
 		}
 		require.Len(t, rescued, 1)
-		res, err = slots.Release(ctx, inserter, []int64{rescued[0].ID})
+		res, err = slots.Release(ctx, []int64{rescued[0].ID})
 		return err
 	}))
 	require.Equal(t, map[string]int{"demo.sleep": 2}, res.Released)
@@ -192,12 +188,16 @@ func TestSlotReleaseOfDeadWorker(t *testing.T) {
 
 	require.Equal(t, 0, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE worker_id = 'dead-1'`))
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND worker_id = 'alive'`, alive))
+	// The two oldest parked jobs (FIFO) are available again, the same rows,
+	// each with a reserved slot.
 	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM concurrency_executions e JOIN river_job j ON j.id = e.job_id
-	                                     WHERE e.reserved AND j.state = 'available' AND j.metadata ? 'sluice_resumed'`))
-	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs`))
-	var admitted, parked int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT admitted, parked FROM concurrency_limits WHERE kind = 'demo.sleep'`).Scan(&admitted, &parked))
+	                                     WHERE e.reserved AND j.state = 'available' AND j.id = ANY($1)`, parked[:2]))
+	require.Equal(t, "pending", jobState(t, pool, parked[2]))
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1`, parked[2]))
+	var admitted int
+	var hasParked bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT admitted, has_parked FROM concurrency_limits WHERE kind = 'demo.sleep'`).Scan(&admitted, &hasParked))
 	require.Equal(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep'`), admitted, "admitted count = slot rows")
 	require.Equal(t, 3, admitted)
-	require.Equal(t, 1, parked, "parked count = parked rows")
+	require.True(t, hasParked, "a job is still parked")
 }

@@ -18,29 +18,29 @@ DELETE FROM concurrency_limits WHERE kind = sqlc.arg(kind);
 
 -- name: LockConcurrencyLimits :many
 -- Locks the limit rows of kinds, in kind order (no deadlocks), and returns
--- them with their counts of slots taken (admitted + reserved) and parked
--- jobs. Kinds without a row are not limited and not returned.
-SELECT kind, max_concurrency, admitted, parked FROM concurrency_limits
+-- them with their count of slots taken (admitted + reserved) and whether
+-- jobs are parked. Kinds without a row are not limited and not returned.
+SELECT kind, max_concurrency, admitted, has_parked FROM concurrency_limits
 WHERE kind = ANY(sqlc.arg(kinds)::text[])
 ORDER BY kind
 FOR UPDATE;
 
 -- name: AddConcurrencyCounts :exec
 -- Adjusts the counts of limit rows locked by LockConcurrencyLimits, in the
--- transaction that changed the rows they count.
+-- transaction that changed the rows they count, and sets their parked flags.
 UPDATE concurrency_limits l
 SET admitted = l.admitted + d.admitted,
-    parked = l.parked + d.parked
+    has_parked = d.has_parked
 FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind,
              unnest(sqlc.arg(admitted)::integer[]) AS admitted,
-             unnest(sqlc.arg(parked)::bigint[]) AS parked) AS d
+             unnest(sqlc.arg(has_parked)::boolean[]) AS has_parked) AS d
 WHERE l.kind = d.kind;
 
 -- name: RecountConcurrency :exec
--- Sets the counts of kind's limit row from the tables they count.
+-- Sets the count and flag of kind's limit row from the tables they describe.
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind)),
-    parked = (SELECT count(*) FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind))
+    has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind))
 WHERE kind = sqlc.arg(kind);
 
 -- name: InsertConcurrencyExecutions :exec
@@ -51,54 +51,51 @@ SELECT unnest(sqlc.arg(job_ids)::bigint[]), unnest(sqlc.arg(kinds)::text[]), sql
 ON CONFLICT (job_id) DO UPDATE
 SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now();
 
--- name: CompleteParkedRiverJobs :many
--- Finishes parked jobs as River completes a job (River's JobCompleteTx sets
--- state completed and finalized_at, merges metadata, only while running) in
--- one statement for the batch, recording sluice_parked in their metadata.
--- Returns the jobs completed; a job no longer running is left alone.
+-- name: MarkJobsParking :many
+-- Marks running jobs for parking in place (metadata key sluice_park): River's
+-- completion of each then becomes running -> pending (trigger
+-- sluice_park_in_place), with the attempt undone. Returns the jobs marked; a
+-- job no longer running (rescued meanwhile) is left alone.
 UPDATE river_job j
-SET state = 'completed',
-    finalized_at = now(),
-    metadata = j.metadata || p.patch
-FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(patches)::jsonb[]) AS patch) AS p
-WHERE j.id = p.id AND j.state = 'running'
+SET metadata = j.metadata || '{"sluice_park": true}'::jsonb
+WHERE j.id = ANY(sqlc.arg(ids)::bigint[]) AND j.state = 'running'
 RETURNING j.id;
 
--- name: InsertParkedJobs :many
--- Parks jobs behind the others of their kind, in the order given (FIFO).
--- Tags come as JSON arrays. A River job already parked is not parked again
--- and returns no row.
-INSERT INTO concurrency_parked_jobs (kind, args, queue, priority, max_attempts, tags, metadata, original_job_id)
-SELECT r.kind, r.args, r.queue, r.priority, r.max_attempts,
-       ARRAY(SELECT jsonb_array_elements_text(r.tags)), r.metadata, r.original_job_id
-FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind,
-             unnest(sqlc.arg(args)::jsonb[]) AS args,
-             unnest(sqlc.arg(queues)::text[]) AS queue,
-             unnest(sqlc.arg(priorities)::smallint[]) AS priority,
-             unnest(sqlc.arg(max_attempts)::smallint[]) AS max_attempts,
-             unnest(sqlc.arg(tags)::jsonb[]) AS tags,
-             unnest(sqlc.arg(metadata)::jsonb[]) AS metadata,
-             unnest(sqlc.arg(original_job_ids)::bigint[]) AS original_job_id,
-             generate_subscripts(sqlc.arg(original_job_ids)::bigint[], 1) AS ord) AS r
-ORDER BY r.ord
-ON CONFLICT (original_job_id) DO NOTHING
-RETURNING original_job_id, id;
+-- name: InsertParkedJobs :exec
+-- Records why and when jobs parked (job_ids, kinds and reasons in step). A
+-- job already parked keeps its first record.
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id)
+SELECT unnest(sqlc.arg(job_ids)::bigint[]), unnest(sqlc.arg(kinds)::text[]),
+       unnest(sqlc.arg(reasons)::text[]), sqlc.narg(worker_id)
+ON CONFLICT (job_id) DO NOTHING;
 
--- name: TakeParkedJobs :many
--- Removes and returns the oldest max_rows parked jobs of kind (FIFO),
--- skipping rows another transaction is taking.
-DELETE FROM concurrency_parked_jobs
-WHERE id IN (
-    SELECT p.id FROM concurrency_parked_jobs p
-    WHERE p.kind = sqlc.arg(kind)
-    ORDER BY p.id
+-- name: ResumeParkedJobs :many
+-- Moves the oldest max_rows parked jobs of kind from pending to available,
+-- in job-id order (FIFO), skipping rows another transaction holds, and
+-- returns them. Their parking records go with them (trigger sluice_unpark).
+-- A job still completing its parking (running) is not resumable yet.
+UPDATE river_job j
+SET state = 'available'
+WHERE j.id IN (
+    SELECT r.id FROM concurrency_parked_jobs p
+    JOIN river_job r ON r.id = p.job_id
+    WHERE p.kind = sqlc.arg(kind) AND r.state = 'pending'
+    ORDER BY p.job_id
     LIMIT sqlc.arg(max_rows)
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF r SKIP LOCKED
 )
-RETURNING *;
+RETURNING j.id, j.queue;
+
+-- name: HasParkedJobs :one
+-- Whether kind has parking records (pending, or completing their parking).
+SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind));
+
+-- name: DeleteParkedJobRecord :exec
+-- Drops the parking record of a job (by hand: tests and repairs).
+DELETE FROM concurrency_parked_jobs WHERE job_id = sqlc.arg(job_id);
 
 -- name: ParkedKinds :many
--- The kinds that have parked jobs (a loose index scan of (kind, id)).
+-- The kinds that have parked jobs (a loose index scan of (kind, job_id)).
 WITH RECURSIVE kinds AS (
     (SELECT p.kind FROM concurrency_parked_jobs p ORDER BY p.kind LIMIT 1)
     UNION ALL
@@ -108,29 +105,36 @@ WITH RECURSIVE kinds AS (
 )
 SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL;
 
--- name: CountParkedJobs :one
-SELECT count(*) FROM concurrency_parked_jobs WHERE kind = sqlc.arg(kind);
-
 -- name: DeleteStaleConcurrencyExecutions :many
 -- Frees the slots of kind whose River job no longer holds them: the job is
--- gone or finalized, or it is not running (a reserved slot of a resumed job
--- also stays while the job waits to start).
+-- gone or no longer running, or — a slot reserved for a resumed job — the
+-- job was cancelled or deleted, or not fetched within reserved_ttl_ms.
 DELETE FROM concurrency_executions e
 WHERE e.kind = sqlc.arg(kind)
   AND NOT EXISTS (
       SELECT 1 FROM river_job j
       WHERE j.id = e.job_id
-        AND (j.state = 'running'
-             OR (e.reserved AND j.state IN ('available', 'scheduled', 'pending')))
+        AND ((NOT e.reserved AND j.state = 'running')
+             OR (e.reserved AND j.state IN ('available', 'running')
+                 AND e.admitted_at > now() - make_interval(secs => sqlc.arg(reserved_ttl_ms)::bigint / 1000.0)))
   )
 RETURNING e.job_id;
 
 -- name: ListParkedJobs :many
--- Parked jobs, oldest first; kind '' lists every kind.
-SELECT * FROM concurrency_parked_jobs
-WHERE sqlc.arg(kind)::text = '' OR kind = sqlc.arg(kind)::text
-ORDER BY kind, id
+-- Parked jobs with their River rows, oldest first within a kind (the order
+-- they resume in); kind '' lists every kind.
+SELECT p.job_id, p.kind, j.queue, j.state::text AS state, p.reason, p.parked_at,
+       extract(epoch FROM now() - p.parked_at)::float8 AS waiting_seconds,
+       j.attempt, j.max_attempts, j.args
+FROM concurrency_parked_jobs p
+JOIN river_job j ON j.id = p.job_id
+WHERE sqlc.arg(kind)::text = '' OR p.kind = sqlc.arg(kind)::text
+ORDER BY p.kind, p.job_id
 LIMIT sqlc.arg(max_rows);
+
+-- name: GetParkedJob :one
+-- The parking record of one job.
+SELECT * FROM concurrency_parked_jobs WHERE job_id = sqlc.arg(job_id);
 
 -- name: ConcurrencyOverview :many
 -- sluice_concurrency_overview, with the age in seconds (0 when none parked).
@@ -149,32 +153,48 @@ FROM unnest(sqlc.arg(queues)::text[]) AS q;
 -- name: AdmitJobs :many
 -- The admission fast path: one batch of jobs (in order) in one statement.
 -- Locks the limit rows of their kinds in kind order, decides per job —
--- 'run' (no limit row, or 0: no slot needed), 'park' (circuit breaker, jobs
--- already parked, or no free slot) or 'admit' — writes the admitted jobs'
--- slot rows and raises the kinds' admitted counts. Parking happens in a
--- second transaction.
+-- 'run' (no limit row, or 0: no slot needed), 'reserved' (a resumed job: its
+-- slot was reserved when it was resumed and is now its own), 'park' (circuit
+-- breaker, jobs already parked, or no free slot) or 'admit' — writes the
+-- admitted jobs' slot rows and raises the kinds' admitted counts. Parking
+-- happens in a second transaction.
 WITH req AS (
-    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
-           unnest(sqlc.arg(kinds)::text[]) AS kind,
-           generate_subscripts(sqlc.arg(job_ids)::bigint[], 1) AS ord
+    SELECT r.job_id, r.kind, r.ord, (e.job_id IS NOT NULL) AS has_reserved
+    FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
+                 unnest(sqlc.arg(kinds)::text[]) AS kind,
+                 generate_subscripts(sqlc.arg(job_ids)::bigint[], 1) AS ord) AS r
+    LEFT JOIN concurrency_executions e ON e.job_id = r.job_id AND e.reserved
 ),
 lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.parked
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
     FROM concurrency_limits l
     WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
     ORDER BY l.kind
     FOR UPDATE
 ),
+ranked AS (
+    SELECT req.*,
+           row_number() OVER (PARTITION BY req.kind, req.has_reserved ORDER BY req.ord) AS rn
+    FROM req
+),
 decided AS (
-    SELECT req.job_id, req.kind, req.ord,
+    SELECT ranked.job_id, ranked.kind, ranked.ord,
            CASE
                WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
-               WHEN lim.max_concurrency < 0 OR lim.parked > 0
-                    OR row_number() OVER (PARTITION BY req.kind ORDER BY req.ord) > lim.max_concurrency - lim.admitted THEN 'park'
+               WHEN lim.max_concurrency < 0 THEN 'park'
+               WHEN ranked.has_reserved THEN 'reserved'
+               WHEN lim.has_parked OR ranked.rn > lim.max_concurrency - lim.admitted THEN 'park'
                ELSE 'admit'
            END AS decision
-    FROM req
-    LEFT JOIN lim ON lim.kind = req.kind
+    FROM ranked
+    LEFT JOIN lim ON lim.kind = ranked.kind
+),
+claimed AS (
+    UPDATE concurrency_executions e
+    SET reserved = false, worker_id = sqlc.narg(worker_id), admitted_at = now()
+    FROM decided d
+    WHERE d.decision = 'reserved' AND e.job_id = d.job_id
+    RETURNING e.job_id
 ),
 slots AS (
     INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
@@ -192,15 +212,16 @@ counted AS (
     WHERE l.kind = c.kind
     RETURNING l.kind
 )
-SELECT d.job_id::bigint AS job_id, d.decision::text AS decision
+SELECT d.job_id::bigint AS job_id,
+       CASE WHEN d.decision = 'reserved' THEN 'admit' ELSE d.decision END::text AS decision
 FROM decided d
 ORDER BY d.ord;
 
 -- name: ReleaseJobs :many
 -- The release fast path: frees the slots of jobs that ended, lowers the
--- kinds' admitted counts (limit rows locked in kind order first), and
--- returns the counts of the kinds released, so the caller can resume
--- parked jobs into the free slots.
+-- kinds' admitted counts (limit rows
+-- locked in kind order first), and returns the state of the kinds released,
+-- so the caller can resume parked jobs into the free slots.
 WITH lk AS (
     SELECT l.kind FROM concurrency_limits l
     WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
@@ -220,4 +241,4 @@ UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
-RETURNING l.kind, l.max_concurrency, l.admitted, l.parked;
+RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked;

@@ -149,14 +149,16 @@ func newParkedCmd(g *globals) *cobra.Command {
 			out := cmd.OutOrStdout()
 			if asJSON {
 				if rows == nil {
-					rows = []*db.ConcurrencyParkedJob{}
+					rows = []*db.ListParkedJobsRow{}
 				}
 				return json.NewEncoder(out).Encode(rows)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tKIND\tQUEUE\tPARKED AT\tORIGINAL JOB\tARGS")
+			fmt.Fprintln(tw, "JOB ID\tKIND\tQUEUE\tSTATE\tREASON\tPARKED AT\tWAITING\tARGS")
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Kind, r.Queue, r.ParkedAt.UTC().Format(time.RFC3339), r.OriginalJobID, r.Args)
+				waited := time.Duration(r.WaitingSeconds * float64(time.Second)).Round(time.Second)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.JobID, r.Kind, r.Queue, r.State, r.Reason,
+					r.ParkedAt.UTC().Format(time.RFC3339), waited, r.Args)
 			}
 			return tw.Flush()
 		},

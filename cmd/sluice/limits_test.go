@@ -46,12 +46,23 @@ func TestLimitsCLI(t *testing.T) {
 	require.Len(t, rows, 1)
 	require.EqualValues(t, -1, rows[0]["max_concurrency"])
 
-	// A parked job shows up in parked list.
-	code, out = sluice(t, url, "run", "demo.sleep", "--args", `{"ms": 1}`)
-	require.Equal(t, 0, code, out)
+	// run on a circuit breaker gives up (exit 1), parks nothing and leaves
+	// nothing behind.
+	code, out = sluice(t, url, "run", "demo.sleep", "--args", `{"ms": 1}`, "--wait", "300ms")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "no demo.sleep slot free within --wait 300ms (its limit -1 is a circuit breaker)")
+	require.Equal(t, 0, qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep'"), "job deleted unrun")
+	require.Equal(t, 0, qInt(t, pool, "SELECT count(*) FROM concurrency_executions"), "no slot leaked")
+
+	// A parked job (as a worker leaves one) shows up in parked list.
+	var parkedID int64
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		WITH j AS (INSERT INTO river_job (state, kind, args, queue, priority, max_attempts)
+		           VALUES ('pending', 'demo.sleep', '{"ms": 1}', 'default', 1, 25) RETURNING id)
+		INSERT INTO concurrency_parked_jobs (job_id, kind, reason) SELECT id, 'demo.sleep', 'breaker' FROM j RETURNING job_id`).Scan(&parkedID))
 	code, out = sluice(t, url, "parked", "list", "demo.sleep")
 	require.Equal(t, 0, code, out)
-	require.Regexp(t, `(?m)^\d+\s+demo\.sleep\s+sluice_run_[0-9a-f]+\s+\S+\s+\d+\s+\{"ms": 1`, out)
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+demo\.sleep\s+default\s+pending\s+breaker\s+\S+\s+\d+s\s+\{"ms": 1`, parkedID), out)
 	code, out = sluice(t, url, "parked", "list", "--json")
 	require.Equal(t, 0, code, out)
 	require.NoError(t, json.Unmarshal([]byte(out), &rows))
@@ -146,15 +157,15 @@ func TestLimitsWorkerKilled(t *testing.T) {
 	require.Equal(t, 0, code, out)
 
 	require.Eventually(t, func() bool {
-		return count("SELECT count(DISTINCT args->>'ms') FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed' AND NOT metadata ? 'sluice_parked'") == n
+		return count("SELECT count(DISTINCT args->>'ms') FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'") == n
 	}, 2*time.Minute, 50*time.Millisecond)
 	require.LessOrEqual(t, maxSlots.Load(), int32(2))
 	require.Zero(t, count("SELECT count(*) FROM concurrency_parked_jobs"), "no parked job lost")
 	require.Zero(t, count("SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND finalized_at IS NULL"))
-	require.Equal(t, n, count("SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed' AND NOT metadata ? 'sluice_parked'"),
+	require.Equal(t, n, count("SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'"),
 		"each job ran to completion exactly once")
 	var ms []string
-	rows, err := pool.Query(ctx, "SELECT args->>'ms' FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed' AND NOT metadata ? 'sluice_parked'")
+	rows, err := pool.Query(ctx, "SELECT args->>'ms' FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'")
 	require.NoError(t, err)
 	for rows.Next() {
 		var s string
@@ -192,4 +203,58 @@ func startWorkerProcess(t *testing.T, url string, env ...string) *exec.Cmd {
 		return resp.StatusCode == http.StatusOK
 	}, 20*time.Second, 20*time.Millisecond)
 	return cmd
+}
+
+// TestRunOnLimitedKind: sluice run takes a slot as a worker's job would —
+// it waits for one, gives up after --wait (exit 1, nothing left behind), or
+// ignores the limit when told — and never parks or leaks a slot.
+func TestRunOnLimitedKind(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool, err := db.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	// Another job holds the only slot.
+	var holder int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (state, kind, args, queue, max_attempts, attempt, attempted_at, attempted_by)
+		VALUES ('running', 'demo.sleep', '{"ms": 60000}', 'default', 25, 1, now(), '{elsewhere}') RETURNING id`).Scan(&holder))
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, 'demo.sleep', 'elsewhere')`, holder)
+	require.NoError(t, err)
+	code, out := sluice(t, url, "limits", "set", "demo.sleep", "1")
+	require.Equal(t, 0, code, out)
+	jobsOfRun := func() int {
+		return qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND id <> $1", holder)
+	}
+
+	code, out = sluice(t, url, "run", "demo.sleep", "--args", `{"ms": 1}`, "--wait", "400ms")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "no demo.sleep slot free within --wait 400ms (1 of 1 slots taken)")
+	require.Zero(t, jobsOfRun(), "the job is deleted unrun")
+	require.Equal(t, 1, qInt(t, pool, "SELECT count(*) FROM concurrency_executions"), "only the holder's slot")
+
+	code, out = sluice(t, url, "run", "demo.sleep", "--args", `{"ms": 1}`, "--wait", "-1s")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, "invalid --wait -1s")
+
+	// --ignore-limit runs it at once, without a slot.
+	code, out = sluice(t, url, "run", "demo.sleep", "--args", `{"ms": 1}`, "--ignore-limit")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `^demo\.sleep job \d+ completed`, out)
+
+	// The slot frees while run waits: run takes it, then gives it back.
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		_, _ = pool.Exec(context.Background(), `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1`, holder)
+		_, _ = pool.Exec(context.Background(), `DELETE FROM concurrency_executions WHERE job_id = $1`, holder)
+		_, _ = pool.Exec(context.Background(), `UPDATE concurrency_limits SET admitted = 0 WHERE kind = 'demo.sleep'`)
+	}()
+	code, out = sluice(t, url, "run", "demo.sleep", "--args", `{"ms": 1}`, "--wait", "20s")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `^demo\.sleep job \d+ completed`, out)
+	require.Zero(t, qInt(t, pool, "SELECT count(*) FROM concurrency_executions"), "no slot leaked")
+	require.Zero(t, qInt(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+	require.Zero(t, qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state <> 'completed'"), "nothing parked")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,6 +13,7 @@ import (
 
 func newRunCmd(g *globals) *cobra.Command {
 	var argsJSON, exportDir string
+	var opts app.RunOptions
 	registry := jobs.NewRegistry()
 	cmd := &cobra.Command{
 		Use:   "run KIND [--args JSON]",
@@ -20,6 +22,11 @@ func newRunCmd(g *globals) *cobra.Command {
 worker code, middleware and locks as a worker (a maintenance kind takes its
 advisory lock and records its run). It makes one attempt and prints a
 one-line summary. Exit 0 when the job completed, 1 when it did not.
+
+A kind under a concurrency limit takes a slot as a worker's job would: run
+waits up to --wait for one to be free (parked jobs of the kind, being older,
+go first), then gives up with exit 1, deleting the job unrun. --ignore-limit
+runs it without a slot. run never parks a job.
 
 Kinds: ` + strings.Join(registry.Names(), ", "),
 		Args: exactArgs(1, "a job KIND"),
@@ -36,7 +43,10 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 				return err
 			}
 			ctx := cmd.Context()
-			res, err := app.RunOne(ctx, app.Config{DatabaseURL: g.databaseURL, Logger: logger, ExportDir: exportDir}, jobArgs)
+			if opts.Wait < 0 {
+				return usagef("invalid --wait %s: must not be negative", opts.Wait)
+			}
+			res, err := app.RunOne(ctx, app.Config{DatabaseURL: g.databaseURL, Logger: logger, ExportDir: exportDir}, jobArgs, opts)
 			if err != nil {
 				return err
 			}
@@ -52,6 +62,8 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 		},
 	}
 	cmd.Flags().StringVar(&argsJSON, "args", "{}", "job args as a JSON object")
+	cmd.Flags().DurationVar(&opts.Wait, "wait", 30*time.Second, "how long to wait for a free slot when KIND has a concurrency limit")
+	cmd.Flags().BoolVar(&opts.IgnoreLimit, "ignore-limit", false, "run without a slot, whatever KIND's concurrency limit")
 	cmd.Flags().StringVar(&exportDir, "export-dir", jobs.DefaultExportDir, "directory export.project writes project export archives to")
 	bindEnv(cmd.Flags(), "export-dir", "SLUICE_EXPORT_DIR")
 	return cmd

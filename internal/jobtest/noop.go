@@ -3,10 +3,12 @@ package jobtest
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -19,6 +21,25 @@ import (
 // workers, a 1 ms fetch cooldown, unless configure changes them) working them
 // all, from its start until the last completion event, and returns jobs/s.
 func NoopThroughput(tb testing.TB, pool *pgxpool.Pool, n int, configure func(*river.Config)) float64 {
+	tb.Helper()
+	return NoopThroughputOn(tb, pool, n, 1, configure).JobsPerSecond
+}
+
+// NoopRun is what NoopThroughputOn measured.
+type NoopRun struct {
+	// JobsPerSecond is n over the time from the clients' start until the
+	// last completion.
+	JobsPerSecond float64
+	// Parked counts the parkings of the run (each costs a job one more
+	// fetch), summed over the clients' limiters.
+	Parked float64
+}
+
+// NoopThroughputOn is NoopThroughput with the given number of clients, each
+// with its own pool, deps and limiter, as separate worker processes would
+// have: it counts the completion events of all of them (a parking emits no
+// event).
+func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configure func(*river.Config)) NoopRun {
 	tb.Helper()
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
@@ -38,36 +59,63 @@ func NoopThroughput(tb testing.TB, pool *pgxpool.Pool, n int, configure func(*ri
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE river_job"); err != nil {
 		tb.Fatal(err)
 	}
-	deps, _ := NewDeps(tb, pool)
-	workers := river.NewWorkers()
-	if err := jobs.AddWorkers(workers, deps); err != nil {
-		tb.Fatal(err)
+	type started struct {
+		client *river.Client[pgx.Tx]
+		deps   *jobs.Deps
 	}
-	cfg := &river.Config{
-		FetchCooldown:     time.Millisecond,
-		FetchPollInterval: 20 * time.Millisecond,
-		Logger:            deps.Logger,
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
-		TestOnly:          true,
-		WorkerMiddleware:  jobs.Middleware(deps),
-		Workers:           workers,
+	all := make([]started, clients)
+	events := make(chan *river.Event, n+1000)
+	for i := range all {
+		clientPool := pool
+		if clients > 1 {
+			clientPool, err = pgxpool.NewWithConfig(ctx, pool.Config())
+			if err != nil {
+				tb.Fatal(err)
+			}
+			defer clientPool.Close()
+		}
+		deps, _ := NewDeps(tb, clientPool)
+		workers := river.NewWorkers()
+		if err := jobs.AddWorkers(workers, deps); err != nil {
+			tb.Fatal(err)
+		}
+		cfg := &river.Config{
+			FetchCooldown:     time.Millisecond,
+			FetchPollInterval: 20 * time.Millisecond,
+			Logger:            deps.Logger,
+			Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
+			TestOnly:          true,
+			WorkerMiddleware:  jobs.Middleware(deps),
+			Workers:           workers,
+		}
+		if configure != nil {
+			configure(cfg)
+		}
+		if clients > 1 {
+			cfg.ID = fmt.Sprintf("%s-%d", cmp.Or(cfg.ID, "noop"), i)
+		}
+		client, err := river.NewClient(riverpgxv5.New(clientPool), cfg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sub, cancel := client.SubscribeConfig(&river.SubscribeConfig{
+			ChanSize: n + 1000,
+			Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
+		})
+		defer cancel()
+		go func() {
+			for ev := range sub {
+				events <- ev
+			}
+		}()
+		all[i] = started{client: client, deps: deps}
 	}
-	if configure != nil {
-		configure(cfg)
-	}
-	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{
-		ChanSize: n + 1000,
-		Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
-	})
-	defer cancel()
 
 	start := time.Now()
-	if err := client.Start(ctx); err != nil {
-		tb.Fatal(err)
+	for _, c := range all {
+		if err := c.client.Start(ctx); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	timeout := time.After(5 * time.Minute)
 	for done := 0; done < n; {
@@ -82,12 +130,18 @@ func NoopThroughput(tb testing.TB, pool *pgxpool.Pool, n int, configure func(*ri
 		}
 	}
 	elapsed := time.Since(start)
-	stopCtx, stop := context.WithTimeout(ctx, 30*time.Second)
-	defer stop()
-	if err := client.Stop(stopCtx); err != nil {
-		tb.Fatal(err)
+	run := NoopRun{JobsPerSecond: float64(n) / elapsed.Seconds()}
+	for _, c := range all {
+		stopCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+		err := c.client.Stop(stopCtx)
+		stop()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c.deps.Limiter.Flush()
+		run.Parked += float64(c.deps.Limiter.ParkedTotal())
 	}
-	return float64(n) / elapsed.Seconds()
+	return run
 }
 
 // Median is the middle value of xs (the upper one for an even count).
