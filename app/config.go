@@ -68,6 +68,9 @@ type Config struct {
 	RescueStuckJobsAfter time.Duration
 	// JobTimeout is River's client-level job timeout.
 	JobTimeout time.Duration
+	// ParkAfter is how long a job of a limited kind waits in the worker for
+	// a slot before it parks (jobs.DefaultParkAfter when 0).
+	ParkAfter time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
 	// ExportDir is where export.project writes archives (SLUICE_EXPORT_DIR);
@@ -116,6 +119,9 @@ func (c *Config) withDefaults() Config {
 	if out.JobTimeout == 0 {
 		out.JobTimeout = jobs.DefaultJobTimeout
 	}
+	if out.ParkAfter == 0 {
+		out.ParkAfter = jobs.DefaultParkAfter
+	}
 	if out.MaintenanceTimeout == 0 {
 		out.MaintenanceTimeout = jobs.DefaultMaintenanceTimeout
 	}
@@ -156,6 +162,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
 	case c.JobTimeout < 0:
 		return fmt.Errorf("job timeout must not be negative, got %s", c.JobTimeout)
+	case c.ParkAfter < 0 || (c.ParkAfter > 0 && c.ParkAfter < time.Millisecond) || c.ParkAfter > time.Hour:
+		return fmt.Errorf("park-after must be between 1ms and 1h, got %s", c.ParkAfter)
 	case c.MaintenanceTimeout < 0:
 		return fmt.Errorf("maintenance timeout must not be negative, got %s", c.MaintenanceTimeout)
 	case c.FetchCooldown < 0 || (c.FetchCooldown > 0 && c.FetchCooldown < time.Millisecond):

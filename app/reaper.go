@@ -254,6 +254,7 @@ func (r *reaper) record(logger *slog.Logger, d deadWorker, res *reapResult) {
 		"jobs_retryable", byState[rivertype.JobStateRetryable],
 		"jobs_discarded", byState[rivertype.JobStateDiscarded],
 		"jobs_cancelled", byState[rivertype.JobStateCancelled],
+		"jobs_parked", byState[rivertype.JobStatePending],
 		"slots_released", released,
 		"parked_resumed", resumed,
 		"maintenance_runs_failed", res.MaintenanceRuns,

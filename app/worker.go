@@ -77,6 +77,7 @@ func (w *Worker) init(ctx context.Context) error {
 		JobTimeout:         w.cfg.JobTimeout,
 		MaintenanceTimeout: w.cfg.MaintenanceTimeout,
 		ExportDir:          w.cfg.ExportDir,
+		ParkAfter:          w.cfg.ParkAfter,
 	})
 	if err != nil {
 		return err

@@ -155,7 +155,7 @@ ORDER BY kind
 type ConcurrencyOverviewRow struct {
 	Kind                string  `json:"kind"`
 	MaxConcurrency      *int32  `json:"max_concurrency"`
-	Admitted            int64   `json:"admitted"`
+	Admitted            int32   `json:"admitted"`
 	Parked              int64   `json:"parked"`
 	OldestParkedSeconds float64 `json:"oldest_parked_seconds"`
 }
@@ -537,7 +537,8 @@ func (q *Queries) ParkedKinds(ctx context.Context) ([]string, error) {
 
 const recountConcurrency = `-- name: RecountConcurrency :exec
 UPDATE concurrency_limits
-SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1),
+SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1)
+        + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = $1),
     has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
 WHERE kind = $1
 `

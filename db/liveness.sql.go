@@ -384,12 +384,15 @@ SELECT DISTINCT k.kind::text AS kind FROM (
     UNION
     SELECT e.kind FROM concurrency_executions e
     WHERE e.worker_id = $1::text
+    UNION
+    SELECT cl.kind FROM concurrency_leases cl
+    WHERE cl.worker_id = $1::text
 ) AS k
 ORDER BY 1
 `
 
-// The kinds of a worker's running jobs and of its concurrency slots, to lock
-// their limit rows before the jobs.
+// The kinds of a worker's running jobs and of its concurrency slots and
+// leases, to lock their limit rows before the jobs.
 func (q *Queries) WorkerJobKinds(ctx context.Context, workerID string) ([]string, error) {
 	rows, err := q.db.Query(ctx, workerJobKinds, workerID)
 	if err != nil {

@@ -87,6 +87,15 @@ type ConcurrencyExecution struct {
 	AdmittedAt time.Time `json:"admitted_at"`
 }
 
+// Concurrency slots held in bulk by a worker, per kind; counted in concurrency_limits.admitted.
+type ConcurrencyLease struct {
+	Kind      string     `json:"kind"`
+	WorkerID  string     `json:"worker_id"`
+	Slots     int32      `json:"slots"`
+	WantedAt  *time.Time `json:"wanted_at"`
+	RenewedAt time.Time  `json:"renewed_at"`
+}
+
 // Global concurrency limit per job kind. No row or 0 = unlimited; < 0 = circuit breaker (park everything). Workers read changes within a second.
 type ConcurrencyLimit struct {
 	Kind           string    `json:"kind"`
@@ -231,7 +240,7 @@ type Setting struct {
 type SluiceConcurrencyOverview struct {
 	Kind            string `json:"kind"`
 	MaxConcurrency  *int32 `json:"max_concurrency"`
-	Admitted        int64  `json:"admitted"`
+	Admitted        int32  `json:"admitted"`
 	Parked          int64  `json:"parked"`
 	OldestParkedAge int32  `json:"oldest_parked_age"`
 }

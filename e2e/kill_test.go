@@ -48,9 +48,10 @@ func TestKilledWorker(t *testing.T) {
 		FROM generate_series(1, $1) AS i`, builds)
 
 	victim := h.worker("victim", deadWorkerRescue.workerArgs...)
-	slots := h.sampleMax(`SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep'`, 20*time.Millisecond)
+	slots := h.sampleMax(`SELECT (SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep') + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases WHERE kind = 'demo.sleep')`, 20*time.Millisecond)
 
-	// Two long jobs take the two slots; four short ones are parked behind them.
+	// Two long jobs take the two slots; four short ones wait for a slot in
+	// the worker (--park-after), then park in place behind them.
 	var want []string
 	for i := range long {
 		ms := fmt.Sprint(20000 + i)
@@ -59,7 +60,7 @@ func TestKilledWorker(t *testing.T) {
 	}
 	h.eventually(time.Minute, func() bool {
 		return h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'running'`) == long &&
-			h.count(`SELECT count(*) FROM concurrency_executions`) == long
+			h.count(`SELECT (SELECT count(*) FROM concurrency_executions) + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases)`) == long
 	}, "the long jobs did not start")
 	for i := range short {
 		ms := fmt.Sprint(500 + i)
@@ -67,7 +68,7 @@ func TestKilledWorker(t *testing.T) {
 		want = append(want, ms)
 	}
 	h.eventually(time.Minute, func() bool {
-		return h.count(`SELECT count(*) FROM concurrency_parked_jobs`) == short
+		return h.count(`SELECT count(*) FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id WHERE j.state = 'pending'`) == short
 	}, "the short jobs were not parked")
 
 	// A maintenance run, stopped mid-run: the test holds a row lock on the
@@ -144,7 +145,9 @@ func TestKilledWorker(t *testing.T) {
 	require.Zero(t, h.count(`SELECT count(*) FROM concurrency_parked_jobs`), "no parked job left")
 	require.Zero(t, h.count(`SELECT count(*) FROM river_job WHERE finalized_at IS NULL AND kind IN ('demo.sleep', 'ci.drop_canceling_builds')`))
 	require.Zero(t, h.count(`SELECT count(*) FROM river_job WHERE state = 'discarded'`))
-	h.eventually(time.Minute, func() bool { return h.count(`SELECT count(*) FROM concurrency_executions`) == 0 },
+	h.eventually(time.Minute, func() bool {
+		return h.count(`SELECT (SELECT count(*) FROM concurrency_executions) + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases)`) == 0
+	},
 		"slots are still taken after every job ended")
 }
 

@@ -69,7 +69,7 @@ func TestLoadThroughLimit(t *testing.T) {
 		_, err := inserter.InsertManyFast(ctx, params)
 		require.NoError(t, err)
 	}
-	slots := h.sampleMax(`SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep'`, 50*time.Millisecond)
+	slots := h.sampleMax(`SELECT (SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep') + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases WHERE kind = 'demo.sleep')`, 50*time.Millisecond)
 
 	start := time.Now()
 	h.worker("load-0")
@@ -97,7 +97,9 @@ func TestLoadThroughLimit(t *testing.T) {
 	require.Zero(t, wrong)
 	require.Zero(t, h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state <> 'completed'`), "no job failed or is left over")
 	require.Zero(t, h.count(`SELECT count(*) FROM concurrency_parked_jobs`), "none parked at the end")
-	h.eventually(time.Minute, func() bool { return h.count(`SELECT count(*) FROM concurrency_executions`) == 0 },
+	h.eventually(time.Minute, func() bool {
+		return h.count(`SELECT (SELECT count(*) FROM concurrency_executions) + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases)`) == 0
+	},
 		"slots still taken after the load")
 	require.LessOrEqual(t, slots.Stop(), int64(loadLimit), "the limit held")
 	// Parking leaves no trace on a resumed job's row: count the parking

@@ -2,6 +2,8 @@ package jobs
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,8 +83,11 @@ type Limiter struct {
 	workerID     string
 	ignoreLimits bool // every job runs without a slot (sluice run --ignore-limit)
 
+	q      *db.Queries
+	leases *leaser
+
 	cacheMu     sync.Mutex
-	cache       map[string]int32
+	cache       map[string]limitState
 	cacheLoaded time.Time
 
 	admitter batcher[admitRequest]
@@ -111,26 +116,42 @@ type releaseRequest struct {
 	kind string
 }
 
-func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string, ignoreLimits bool) *Limiter {
-	l := &Limiter{pool: pool, logger: logger, metrics: metrics, workerID: workerID, ignoreLimits: ignoreLimits}
+func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string, ignoreLimits bool, parkAfter time.Duration) *Limiter {
+	if workerID == "" {
+		// Leases are per worker: a process without an id gets one of its own.
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		workerID = "limiter-" + hex.EncodeToString(b[:])
+	}
+	l := &Limiter{pool: pool, q: db.New(pool), logger: logger, metrics: metrics, workerID: workerID, ignoreLimits: ignoreLimits}
+	l.leases = newLeaser(l, parkAfter)
 	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
 	return l
 }
 
 // Work admits, parks or passes through the job, and releases its slot when
-// it ends, whatever the outcome. A parked job returns nil without running:
-// River's completion of it is what moves it to pending.
+// it ends, whatever the outcome. A job of a limited kind first tries the
+// worker's leased slots (waiting up to its park-after time for one), then
+// per-job admission, which admits or parks it. A parked job returns nil
+// without running: River's completion of it is what moves it to pending.
 func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
 	if job.Kind == ConcurrencyLimitResumeKind || l.ignoreLimits {
 		return doInner(ctx) // never limited itself; or limits ignored
 	}
-	limit, ok, err := l.limitOf(ctx, job.Kind)
+	st, ok, err := l.stateOf(ctx, job.Kind)
 	if err != nil {
 		return err
 	}
-	if !ok || limit == 0 {
+	if !ok || st.limit == 0 {
 		return doInner(ctx)
+	}
+	if st.limit > 0 && l.leases.acquire(ctx, st, job.ID) {
+		defer l.leases.release(job.Kind)
+		return doInner(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("waiting for a %s slot: %w", job.Kind, context.Cause(ctx))
 	}
 
 	req := &admitRequest{ctx: ctx, job: job, done: make(chan struct{})}
@@ -148,29 +169,41 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	return doInner(ctx)
 }
 
-// limitOf returns the limit row of kind from a cache refreshed every
-// LimitCacheTTL (ok false: no row). The cache only decides whether a job
-// needs admission; admission itself reads the locked row.
-func (l *Limiter) limitOf(ctx context.Context, kind string) (int32, bool, error) {
+// limitState is what a worker knows of a limited kind.
+type limitState struct {
+	kind        string
+	limit       int32
+	hasParked   bool
+	hasReserved bool
+}
+
+// fast reports whether jobs of the kind may take leased slots: a positive
+// limit, no parked jobs to go first, no reserved slots to be claimed.
+func (s limitState) fast() bool { return s.limit > 0 && !s.hasParked && !s.hasReserved }
+
+// stateOf returns the limit state of kind from a cache refreshed every
+// LimitCacheTTL (ok false: no row). The cache only decides the path a job
+// takes; admission and leasing read the locked row.
+func (l *Limiter) stateOf(ctx context.Context, kind string) (limitState, bool, error) {
 	l.cacheMu.Lock()
 	defer l.cacheMu.Unlock()
 	if l.cache == nil || time.Since(l.cacheLoaded) > LimitCacheTTL {
-		rows, err := db.New(l.pool).ListConcurrencyLimits(ctx)
+		rows, err := l.q.LimitStates(ctx)
 		if err != nil {
 			if l.cache == nil {
-				return 0, false, fmt.Errorf("read concurrency limits: %w", err)
+				return limitState{}, false, fmt.Errorf("read concurrency limits: %w", err)
 			}
 			l.logger.Warn("concurrency limits not refreshed; using the last copy", "error", err)
 		} else {
-			l.cache = make(map[string]int32, len(rows))
+			l.cache = make(map[string]limitState, len(rows))
 			for _, r := range rows {
-				l.cache[r.Kind] = r.MaxConcurrency
+				l.cache[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved}
 			}
 		}
 		l.cacheLoaded = time.Now()
 	}
-	limit, ok := l.cache[kind]
-	return limit, ok, nil
+	st, ok := l.cache[kind]
+	return st, ok, nil
 }
 
 // release frees the job's slot, and resumes parked jobs of its kind into
@@ -185,9 +218,11 @@ func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
 // ParkedTotal is how many jobs this limiter has parked, of every kind.
 func (l *Limiter) ParkedTotal() int64 { return l.parkedTotal.Load() }
 
-// Flush stops the rechecks after parkings and waits until the slot releases
-// of jobs that ended have been written.
+// Flush gives back the worker's leased slots, stops the rechecks after
+// parkings, and waits until the slot releases of jobs that ended have been
+// written. Call it once the worker's jobs have ended.
 func (l *Limiter) Flush() {
+	l.leases.close()
 	l.recheckMu.Lock()
 	l.stopped = true
 	l.recheckMu.Unlock()

@@ -26,7 +26,7 @@ type SlotRelease struct {
 
 // SlotReleaseResult is what a Release did, per kind.
 type SlotReleaseResult struct {
-	// Released counts the slot rows deleted.
+	// Released counts the slots freed: slot rows deleted and leased slots.
 	Released map[string]int
 	// Resumed counts the parked jobs made available again.
 	Resumed map[string]int
@@ -46,8 +46,8 @@ func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, k
 	return &SlotRelease{l: l, tx: tx, workerID: workerID, counts: counts}, nil
 }
 
-// Release deletes the slots of jobIDs (the jobs rescued from the worker) and
-// every other slot recorded for the worker, and resumes parked jobs of their
+// Release deletes the slots of jobIDs (the jobs rescued from the worker),
+// every other slot recorded for the worker and its leases, and resumes parked jobs of their
 // kinds into the freed slots, in the same transaction. A kind whose slot turns up although it was not locked (not
 // expected: the dead worker cannot take slots any more) is locked late.
 func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseResult, error) {
@@ -60,9 +60,22 @@ func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseR
 	if err != nil {
 		return res, fmt.Errorf("release slots of worker %s: %w", r.workerID, err)
 	}
+	leases, err := q.DeleteWorkerLeases(ctx, r.workerID)
+	if err != nil {
+		return res, fmt.Errorf("release leases of worker %s: %w", r.workerID, err)
+	}
 	var late []string
 	for _, row := range released {
 		res.Released[row.Kind]++
+		if _, ok := r.counts[row.Kind]; !ok && !slices.Contains(late, row.Kind) {
+			late = append(late, row.Kind)
+		}
+	}
+	for _, row := range leases {
+		if row.Slots == 0 {
+			continue
+		}
+		res.Released[row.Kind] += int(row.Slots)
 		if _, ok := r.counts[row.Kind]; !ok && !slices.Contains(late, row.Kind) {
 			late = append(late, row.Kind)
 		}

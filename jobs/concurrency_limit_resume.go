@@ -147,6 +147,13 @@ func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind stri
 		if len(stale) > 0 {
 			logger.Warn("concurrency_limit.resume: freed slots of jobs no longer running, or reserved and not started", "job_ids", stale)
 		}
+		expired, err := q.DeleteStaleLeases(ctx, db.DeleteStaleLeasesParams{Kind: kind, TtlMs: LeaseTTL.Milliseconds()})
+		if err != nil {
+			return fmt.Errorf("free expired leases: %w", err)
+		}
+		for _, e := range expired {
+			logger.Warn("concurrency_limit.resume: freed the lease of a worker that stopped renewing it", "worker_id", e.WorkerID, "slots", e.Slots)
+		}
 		if limited {
 			// The safety net also corrects the count and flag the hot path keeps.
 			if err := q.RecountConcurrency(ctx, kind); err != nil {

@@ -84,14 +84,14 @@ func (w *probeWorker) Work(ctx context.Context, job *river.Job[probeArgs]) error
 }
 
 // startProbeWorker starts a River client ("a worker process": its own pool,
-// deps and limiter) that works the probe kind and every sluice kind.
-func startProbeWorker(t *testing.T, url, id, kind string, tracker *probeTracker, configure func(*river.Config)) *jobtest.Client {
+// deps and limiter, named id) that works the probe kind and every sluice
+// kind; a job waits parkAfter for a slot before it parks (0: the default).
+func startProbeWorker(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) *jobtest.Client {
 	t.Helper()
 	pool, err := db.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	deps, _ := jobtest.NewDeps(t, pool)
-	deps.WorkerID = id
+	deps, _ := jobtest.NewDepsConfig(t, pool, jobs.DepsConfig{WorkerID: id, ParkAfter: parkAfter})
 	return jobtest.Start(t, pool, deps, jobtest.Config{
 		ID: id,
 		Configure: func(c *river.Config) {
@@ -160,8 +160,8 @@ func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 	logParkings(t, pool)
 
 	tracker := newProbeTracker()
-	a := startProbeWorker(t, url, "worker-a", kind, tracker, nil)
-	startProbeWorker(t, url, "worker-b", kind, tracker, nil)
+	a := startProbeWorker(t, url, "worker-a", kind, tracker, time.Millisecond, nil)
+	startProbeWorker(t, url, "worker-b", kind, tracker, time.Millisecond, nil)
 
 	const n = 60
 	insertProbes(t, a, kind, 0, n, 30)
@@ -220,7 +220,7 @@ func TestConcurrencyLimitUnlimited(t *testing.T) {
 			}
 			logParkings(t, pool)
 			tracker := newProbeTracker()
-			client := startProbeWorker(t, url, "w", kind, tracker, nil)
+			client := startProbeWorker(t, url, "w", kind, tracker, 0, nil)
 			insertProbes(t, client, kind, 0, 10, 300)
 			waitAllDone(t, pool, tracker, "test.probe."+kind, 10, time.Minute)
 			require.Greater(t, tracker.max.Load(), int32(3), "unlimited jobs run side by side")
@@ -239,7 +239,7 @@ func TestConcurrencyLimitChangeAtRunTime(t *testing.T) {
 	fullKind := "test.probe." + kind
 	setLimit(t, pool, fullKind, 1)
 	tracker := newProbeTracker()
-	client := startProbeWorker(t, url, "w", kind, tracker, nil)
+	client := startProbeWorker(t, url, "w", kind, tracker, 0, nil)
 
 	insertProbes(t, client, kind, 0, 6, 100)
 	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)

@@ -51,7 +51,7 @@ var (
 	parkedDesc = prometheus.NewDesc("sluice_concurrency_parked_jobs",
 		"Jobs parked now, per kind (all workers).", []string{"kind"}, nil)
 	admittedDesc = prometheus.NewDesc("sluice_concurrency_admitted_jobs",
-		"Slots taken now (admitted and reserved jobs), per kind (all workers).", []string{"kind"}, nil)
+		"Slots taken now (admitted and reserved jobs, and slots leased by workers), per kind (all workers).", []string{"kind"}, nil)
 	limitDesc = prometheus.NewDesc("sluice_concurrency_limit",
 		"The concurrency limit per kind (0 unlimited, < 0 circuit breaker).", []string{"kind"}, nil)
 )

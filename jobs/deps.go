@@ -60,6 +60,9 @@ type DepsConfig struct {
 	// IgnoreLimits makes the Limiter let every job run without a slot
 	// (sluice run --ignore-limit).
 	IgnoreLimits bool
+	// ParkAfter is how long a job of a limited kind waits in its worker for
+	// a slot before it parks; 0 means DefaultParkAfter.
+	ParkAfter time.Duration
 }
 
 // NewDeps builds the dependencies of every worker and registers their
@@ -86,7 +89,7 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 		return nil, err
 	}
 	return &Deps{
-		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID, cfg.IgnoreLimits),
+		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID, cfg.IgnoreLimits, cfg.ParkAfter),
 		Pool:               pool,
 		Logger:             logger,
 		Metrics:            metrics,

@@ -60,7 +60,7 @@ func TestParkInPlaceRiverClient(t *testing.T) {
 	const fullKind = "test.probe." + kind
 	setLimit(t, pool, fullKind, -1)
 	tracker := newProbeTracker()
-	client := startProbeWorker(t, url, "w", kind, tracker, nil)
+	client := startProbeWorker(t, url, "w", kind, tracker, 0, nil)
 
 	// Seven jobs with every attribute set, to see that none changes.
 	opts := &river.InsertOpts{
@@ -168,7 +168,7 @@ func TestParkInPlaceAlwaysFailing(t *testing.T) {
 	pool := openPool(t, url)
 	setLimit(t, pool, "demo.sleep", 1)
 	logParkings(t, pool)
-	deps, _ := jobtest.NewDeps(t, pool)
+	deps, _ := jobtest.NewDepsConfig(t, pool, jobs.DepsConfig{ParkAfter: time.Millisecond})
 	client := jobtest.Start(t, pool, deps, jobtest.Config{Configure: func(c *river.Config) {
 		c.RetryPolicy = &immediateRetry{}
 	}})
@@ -217,8 +217,8 @@ func TestParkInPlaceCompleterRace(t *testing.T) {
 	setLimit(t, pool, fullKind, 2)
 	logParkings(t, pool)
 	tracker := newProbeTracker()
-	a := startProbeWorker(t, url, "race-a", kind, tracker, nil)
-	startProbeWorker(t, url, "race-b", kind, tracker, nil)
+	a := startProbeWorker(t, url, "race-a", kind, tracker, time.Millisecond, nil)
+	startProbeWorker(t, url, "race-b", kind, tracker, time.Millisecond, nil)
 
 	const n = 600
 	insertProbes(t, a, kind, 0, n, 0)

@@ -22,7 +22,9 @@ func WorkerLostError(workerID string) string {
 type RescuedJob struct {
 	ID   int64
 	Kind string
-	// State is the job's new state: retryable, discarded or cancelled.
+	// State is the job's new state: retryable, discarded or cancelled; or
+	// pending, for a job that was being parked (it never ran: the trigger
+	// sluice_park_in_place parks it instead).
 	State rivertype.JobState
 }
 

@@ -14,6 +14,10 @@
 -- it available (resume only moves pending rows) and no stale completion can
 -- land on a later run: the completion IS the parking.
 --
+-- Slot leases (concurrency_leases) are the fast path in front of all this:
+-- a worker holds slots of a kind in bulk and hands them from job to job in
+-- memory; only a job that waits too long for one parks.
+--
 -- A resume moves pending -> available on the same row; whenever a job
 -- leaves pending (resumed, cancelled, retried, deleted), sluice_unpark
 -- deletes its parking record, so JobCancel, JobDelete and JobRetry need no
@@ -113,10 +117,30 @@ ALTER TABLE concurrency_limits ADD COLUMN has_parked boolean NOT NULL DEFAULT fa
 UPDATE concurrency_limits l
 SET has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind);
 
+-- Slot leases: a worker takes slots of a kind in bulk and hands them from
+-- one of its jobs to the next in memory, so that a busy kind costs no
+-- statement per job. Each row is the slots one worker holds; the kind's
+-- admitted count includes them. wanted_at is when the worker last asked for
+-- more than it got (other holders then keep to a fair share); renewed_at is
+-- refreshed while it holds slots, so that a lease whose holder vanished
+-- without a liveness row (an embedded client) expires.
+CREATE TABLE concurrency_leases (
+    kind       text NOT NULL,
+    worker_id  text NOT NULL,
+    slots      integer NOT NULL DEFAULT 0 CHECK (slots >= 0),
+    wanted_at  timestamptz,
+    renewed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (kind, worker_id)
+);
+
+COMMENT ON TABLE concurrency_leases IS
+    'Concurrency slots held in bulk by a worker, per kind; counted in concurrency_limits.admitted.';
+
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION concurrency_limits_init_counts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.admitted := (SELECT count(*) FROM concurrency_executions e WHERE e.kind = NEW.kind);
+    NEW.admitted := (SELECT count(*) FROM concurrency_executions e WHERE e.kind = NEW.kind)
+        + (SELECT COALESCE(sum(l.slots), 0) FROM concurrency_leases l WHERE l.kind = NEW.kind);
     NEW.has_parked := EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = NEW.kind);
     RETURN NEW;
 END;
@@ -195,11 +219,14 @@ WITH kinds AS (
     SELECT DISTINCT kind FROM concurrency_parked_jobs
     UNION
     SELECT DISTINCT kind FROM concurrency_executions
+    UNION
+    SELECT DISTINCT kind FROM concurrency_leases WHERE slots > 0
 )
 SELECT
     k.kind,
     l.max_concurrency AS max_concurrency,
-    (SELECT count(*) FROM concurrency_executions e WHERE e.kind = k.kind) AS admitted,
+    (SELECT count(*) FROM concurrency_executions e WHERE e.kind = k.kind)
+        + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = k.kind) AS admitted,
     (SELECT count(*) FROM concurrency_parked_jobs p WHERE p.kind = k.kind) AS parked,
     now() - (SELECT min(p.parked_at) FROM concurrency_parked_jobs p WHERE p.kind = k.kind) AS oldest_parked_age
 FROM kinds k
@@ -229,6 +256,9 @@ $$;
 
 DROP VIEW sluice_parked_jobs;
 DROP VIEW sluice_concurrency_overview;
+-- Leases are only held by running workers (which the earlier sluice does
+-- not know): their slots are simply no longer counted.
+DROP TABLE concurrency_leases;
 DROP TRIGGER sluice_unpark_deleted ON river_job;
 DROP TRIGGER sluice_unpark ON river_job;
 DROP FUNCTION sluice_unpark();
@@ -269,7 +299,9 @@ DROP TABLE concurrency_parked_jobs_v2;
 
 ALTER TABLE concurrency_limits DROP COLUMN has_parked;
 ALTER TABLE concurrency_limits ADD COLUMN parked bigint NOT NULL DEFAULT 0;
-UPDATE concurrency_limits l SET parked = (SELECT count(*) FROM concurrency_parked_jobs p WHERE p.kind = l.kind);
+UPDATE concurrency_limits l
+SET parked = (SELECT count(*) FROM concurrency_parked_jobs p WHERE p.kind = l.kind),
+    admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind);
 
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION concurrency_limits_init_counts() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -39,7 +39,8 @@ WHERE l.kind = d.kind;
 -- name: RecountConcurrency :exec
 -- Sets the count and flag of kind's limit row from the tables they describe.
 UPDATE concurrency_limits
-SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind)),
+SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind))
+        + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = sqlc.arg(kind)),
     has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind))
 WHERE kind = sqlc.arg(kind);
 

@@ -43,8 +43,8 @@ SELECT pg_try_advisory_xact_lock(hashtextextended('sluice.reaper', 0)) AS acquir
 SELECT sluice_terminate_backends(sqlc.arg(app_name)::text, sqlc.arg(wait_ms)::bigint)::integer AS terminated;
 
 -- name: WorkerJobKinds :many
--- The kinds of a worker's running jobs and of its concurrency slots, to lock
--- their limit rows before the jobs.
+-- The kinds of a worker's running jobs and of its concurrency slots and
+-- leases, to lock their limit rows before the jobs.
 SELECT DISTINCT k.kind::text AS kind FROM (
     SELECT j.kind FROM river_job j
     WHERE j.state = 'running'
@@ -52,6 +52,9 @@ SELECT DISTINCT k.kind::text AS kind FROM (
     UNION
     SELECT e.kind FROM concurrency_executions e
     WHERE e.worker_id = sqlc.arg(worker_id)::text
+    UNION
+    SELECT cl.kind FROM concurrency_leases cl
+    WHERE cl.worker_id = sqlc.arg(worker_id)::text
 ) AS k
 ORDER BY 1;
 

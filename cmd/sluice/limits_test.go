@@ -123,7 +123,7 @@ func TestLimitsWorkerKilled(t *testing.T) {
 		require.Equal(t, 0, code, out)
 	}
 	require.Eventually(t, func() bool {
-		return count("SELECT count(*) FROM concurrency_executions") == 2 && count("SELECT count(*) FROM concurrency_parked_jobs") == 4
+		return count("SELECT (SELECT count(*) FROM concurrency_executions) + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases)") == 2 && count("SELECT count(*) FROM concurrency_parked_jobs") == 4
 	}, 30*time.Second, 20*time.Millisecond)
 
 	var maxSlots atomic.Int32
@@ -136,7 +136,7 @@ func TestLimitsWorkerKilled(t *testing.T) {
 				return
 			case <-time.After(5 * time.Millisecond):
 				var c int32
-				if pool.QueryRow(ctx, "SELECT count(*) FROM concurrency_executions").Scan(&c) == nil && c > maxSlots.Load() {
+				if pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM concurrency_executions) + (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases)").Scan(&c) == nil && c > maxSlots.Load() {
 					maxSlots.Store(c)
 				}
 			}

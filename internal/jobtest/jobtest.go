@@ -3,6 +3,7 @@
 package jobtest
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"os"
@@ -33,12 +34,20 @@ func Logger(tb testing.TB) *slog.Logger {
 // registry.
 func NewDeps(tb testing.TB, pool *pgxpool.Pool) (*jobs.Deps, *prometheus.Registry) {
 	tb.Helper()
+	return NewDepsConfig(tb, pool, jobs.DepsConfig{})
+}
+
+// NewDepsConfig is NewDeps with cfg, whose logger, registry and worker id
+// default to the test's.
+func NewDepsConfig(tb testing.TB, pool *pgxpool.Pool, cfg jobs.DepsConfig) (*jobs.Deps, *prometheus.Registry) {
+	tb.Helper()
 	reg := prometheus.NewRegistry()
-	deps, err := jobs.NewDeps(pool, jobs.DepsConfig{
-		Logger:     Logger(tb),
-		Registerer: reg,
-		WorkerID:   "test-" + tb.Name(),
-	})
+	cfg.Logger = cmp.Or(cfg.Logger, Logger(tb))
+	if cfg.Registerer == nil {
+		cfg.Registerer = reg
+	}
+	cfg.WorkerID = cmp.Or(cfg.WorkerID, "test-"+tb.Name())
+	deps, err := jobs.NewDeps(pool, cfg)
 	if err != nil {
 		tb.Fatalf("jobtest: deps: %v", err)
 	}
@@ -108,6 +117,7 @@ func Start(tb testing.TB, pool *pgxpool.Pool, deps *jobs.Deps, cfg Config) *Clie
 		ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
 		defer stop()
 		_ = client.StopAndCancel(ctx)
+		deps.Limiter.Flush() // give back leased slots, write the releases
 	})
 	return &Client{Client: client, Events: events, seen: map[int64]*river.Event{}}
 }

@@ -47,17 +47,26 @@ var specs = map[string]Spec{
 		Figure: "ms/run", Comparison: "floor-ms/run", TargetOn: "ratio", Cmp: "<=",
 	},
 	"BenchmarkConcurrencyLimitOverhead": {
-		What:   "concurrency limits: no-op jobs under a limit never reached (vs no limit row)",
+		What:   "P2 concurrency limits: no-op jobs under a limit never reached (vs no limit row)",
 		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
 	},
+	"BenchmarkConcurrencyLimitBinding": {
+		What:   "P9 concurrency limits: 20,000 no-op jobs through a limit of 8 on 2 workers (vs no limit, same 2 workers)",
+		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	// How often a job was fetched in the same benchmark (no target).
+	"BenchmarkConcurrencyLimitBinding#fetches": {
+		What:   "P9 concurrency limits: times each job was fetched, on average (1 + parkings per job); no target",
+		Figure: "fetches/job",
+	},
 	"BenchmarkConcurrencyLimitParked": {
-		What:   "concurrency limits: limit 4, 400 jobs of 50 ms (vs the ideal 4 per 50 ms); ratio = ideal / achieved time",
+		What:   "P3 concurrency limits: limit 4, 400 jobs of 50 ms (vs the ideal 4 per 50 ms); ratio = ideal / achieved time",
 		Figure: "ms/run", Comparison: "ideal-ms/run", TargetOn: "ratio", Cmp: ">=",
 	},
 	// The second target of the same benchmark, which reports only
 	// the first as its target metric.
 	"BenchmarkConcurrencyLimitParked#latency": {
-		What:   "concurrency limits: p50 from a slot's release to the next parked job's start (p99 beside it)",
+		What:   "P3 concurrency limits: p50 from a slot's release to the next parked job's start (p99 beside it)",
 		Figure: "p50-release-to-start-ms", Comparison: "p99-release-to-start-ms", TargetOn: "p50-release-to-start-ms", Cmp: "<", Target: 50,
 	},
 	"BenchmarkTaskCancellationTriggerOverhead": {

@@ -1,0 +1,401 @@
+package jobs
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// Slot lease constants.
+const (
+	// DefaultParkAfter is how long a job of a limited kind waits in its
+	// worker for a slot (one of the worker's leased slots freeing, or a new
+	// lease) before it parks.
+	DefaultParkAfter = time.Second
+	// LeasePoll is how often a worker that holds slots of a kind, or has
+	// jobs waiting for one, reads the kind's state (parked jobs, reserved
+	// slots, other workers wanting slots) and asks for the slots it lacks.
+	LeasePoll = 5 * time.Millisecond
+	// LeaseLinger is how long a worker keeps leased slots that none of its
+	// jobs uses before it gives them back.
+	LeaseLinger = 50 * time.Millisecond
+	// LeaseRenew is how often a worker marks the leases it holds alive.
+	LeaseRenew = time.Second
+	// LeaseTTL is how long a lease may go unrenewed before
+	// concurrency_limit.resume frees it (its holder is gone).
+	LeaseTTL = 15 * time.Second
+	// leaseWantedWindow is how long a worker that asked for more slots than
+	// it got counts as wanting: the other holders keep to a fair share.
+	leaseWantedWindow = 50 * time.Millisecond
+)
+
+// leaser is a worker's side of slot leases: per limited kind, the slots it
+// holds, how many its jobs use, and its jobs waiting for one (oldest job
+// first). A slot freed by one job goes to the next waiting job of the kind
+// in memory; a keeper goroutine per active kind talks to the database every
+// LeasePoll: it leases what the waiting jobs lack, gives back what is idle
+// or over the worker's fair share, and watches for parked jobs and reserved
+// slots, which switch the kind to the per-job path (FIFO behind the parked
+// jobs).
+type leaser struct {
+	l         *Limiter
+	parkAfter time.Duration
+
+	mu      sync.Mutex
+	kinds   map[string]*kindLease
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// kindLease is the lease state of one kind in one worker; guarded by
+// leaser.mu.
+type kindLease struct {
+	kind          string
+	limit         int32
+	fast          bool // positive limit, no parked jobs, no reserved slots (last look)
+	others        int  // other workers holding or wanting slots of the kind
+	leased, inUse int
+	toReturn      int // slots given up, to be returned by the keeper
+	idleSince     time.Time
+	waiters       waiterHeap
+	keeper        bool
+	wake          chan struct{}
+}
+
+// leaseWaiter is a job waiting in its worker for a slot.
+type leaseWaiter struct {
+	jobID   int64
+	ready   chan struct{} // closed when decided
+	granted bool          // decided: a slot (true) or the per-job path (false)
+	index   int
+}
+
+// waiterHeap orders waiting jobs by job id.
+type waiterHeap []*leaseWaiter
+
+func (h waiterHeap) Len() int           { return len(h) }
+func (h waiterHeap) Less(i, j int) bool { return h[i].jobID < h[j].jobID }
+func (h waiterHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *waiterHeap) Push(x any) {
+	w := x.(*leaseWaiter)
+	w.index = len(*h)
+	*h = append(*h, w)
+}
+func (h *waiterHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	*h = old[:len(old)-1]
+	w.index = -1
+	return w
+}
+
+func newLeaser(l *Limiter, parkAfter time.Duration) *leaser {
+	if parkAfter <= 0 {
+		parkAfter = DefaultParkAfter
+	}
+	return &leaser{l: l, parkAfter: parkAfter, kinds: map[string]*kindLease{}}
+}
+
+// acquire takes a leased slot of kind for job jobID, waiting up to
+// parkAfter for one. It returns false when the job must go through per-job
+// admission instead: the kind is not on the fast path (jobs parked, slots
+// reserved, limit not positive), or no slot came in time.
+func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return false
+	}
+	k := s.kinds[st.kind]
+	if k == nil {
+		k = &kindLease{kind: st.kind, wake: make(chan struct{}, 1)}
+		s.kinds[st.kind] = k
+	}
+	if !k.keeper {
+		// No keeper watches the kind: the limits cache is the freshest
+		// word on it.
+		k.limit, k.fast = st.limit, st.fast()
+	}
+	if !k.fast {
+		s.mu.Unlock()
+		return false
+	}
+	if k.inUse < k.leased && len(k.waiters) == 0 {
+		k.inUse++
+		if k.inUse == k.leased {
+			k.idleSince = time.Time{}
+		}
+		s.mu.Unlock()
+		return true
+	}
+	w := &leaseWaiter{jobID: jobID, ready: make(chan struct{})}
+	heap.Push(&k.waiters, w)
+	s.startKeeper(k)
+	s.mu.Unlock()
+
+	timer := time.NewTimer(s.parkAfter)
+	defer timer.Stop()
+	select {
+	case <-w.ready:
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-w.ready:
+		return w.granted
+	default:
+	}
+	heap.Remove(&k.waiters, w.index)
+	return false
+}
+
+// release frees a leased slot of kind: it goes to the oldest waiting job
+// of the kind in this worker, unless the kind left the fast path or this
+// worker holds more than its fair share, in which case it goes back to the
+// database (and to parked jobs, if any).
+func (s *leaser) release(kind string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.kinds[kind]
+	k.inUse--
+	switch {
+	case !k.fast || k.overShare():
+		k.leased--
+		k.toReturn++
+		s.startKeeper(k)
+		signal(k.wake)
+	case len(k.waiters) > 0:
+		w := heap.Pop(&k.waiters).(*leaseWaiter)
+		w.granted = true
+		k.inUse++
+		close(w.ready)
+	case k.inUse < k.leased && k.idleSince.IsZero():
+		k.idleSince = time.Now()
+	}
+}
+
+// overShare reports whether the worker holds more slots than its fair
+// share while other workers hold or want slots of the kind.
+func (k *kindLease) overShare() bool {
+	if k.others == 0 {
+		return k.leased > int(k.limit)
+	}
+	share := (int(k.limit) + k.others) / (k.others + 1) // ceil(limit / workers)
+	return k.leased > max(share, 1)
+}
+
+// startKeeper starts the keeper of k unless it runs; s.mu is held.
+func (s *leaser) startKeeper(k *kindLease) {
+	if k.keeper || s.stopped {
+		return
+	}
+	k.keeper = true
+	s.wg.Add(1)
+	go s.keep(k)
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// keep is the keeper of one kind: every LeasePoll (or when woken) it gives
+// back returned and idle slots, reads the kind's state, leases what the
+// waiting jobs lack, and renews the lease; it ends when the kind is idle.
+func (s *leaser) keep(k *kindLease) {
+	defer s.wg.Done()
+	ticker := time.NewTicker(LeasePoll)
+	defer ticker.Stop()
+	var renewed time.Time
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-k.wake:
+			case <-ticker.C:
+			}
+		}
+		s.mu.Lock()
+		ret := k.toReturn
+		k.toReturn = 0
+		if len(k.waiters) == 0 && k.inUse < k.leased && !k.idleSince.IsZero() &&
+			(s.stopped || time.Since(k.idleSince) >= LeaseLinger) {
+			ret += k.leased - k.inUse
+			k.leased = k.inUse
+			k.idleSince = time.Time{}
+		}
+		if s.stopped {
+			k.keeper = false
+			k.toReturn += ret // close gives everything back
+			s.mu.Unlock()
+			return
+		}
+		idle := k.leased == 0 && k.inUse == 0 && len(k.waiters) == 0
+		s.mu.Unlock()
+
+		if ret > 0 && s.giveBack(k.kind, ret) != nil {
+			s.mu.Lock()
+			k.toReturn += ret // next round
+			s.mu.Unlock()
+			continue
+		}
+		if idle {
+			s.mu.Lock()
+			if k.leased == 0 && k.inUse == 0 && len(k.waiters) == 0 && k.toReturn == 0 {
+				k.keeper = false
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+		}
+		if err := s.look(k); err != nil {
+			s.l.logger.Warn("concurrency lease: kind state not read", "kind", k.kind, "error", err)
+			continue
+		}
+		if err := s.lease(k); err != nil {
+			s.l.logger.Warn("concurrency lease: slots not leased", "kind", k.kind, "error", err)
+		}
+		if time.Since(renewed) >= LeaseRenew {
+			renewed = time.Now()
+			if err := s.l.q.RenewLeases(context.Background(), db.RenewLeasesParams{WorkerID: s.l.workerID, Kinds: []string{k.kind}}); err != nil {
+				s.l.logger.Warn("concurrency lease: not renewed", "kind", k.kind, "error", err)
+			}
+		}
+	}
+}
+
+// look reads the kind's state; a kind off the fast path sends its waiting
+// jobs to per-job admission.
+func (s *leaser) look(k *kindLease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	st, err := s.l.q.LeaseState(ctx, db.LeaseStateParams{
+		Kind: k.kind, WorkerID: s.l.workerID, WantedWindowMs: leaseWantedWindow.Milliseconds(),
+	})
+	if err != nil {
+		return fmt.Errorf("lease state of %s: %w", k.kind, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k.limit = st.MaxConcurrency
+	k.others = int(st.Others)
+	k.fast = st.MaxConcurrency > 0 && !st.HasParked && !st.HasReserved
+	if !k.fast {
+		s.dismissWaiters(k)
+	}
+	return nil
+}
+
+// dismissWaiters sends every waiting job of k to per-job admission; s.mu is
+// held.
+func (s *leaser) dismissWaiters(k *kindLease) {
+	for len(k.waiters) > 0 {
+		w := heap.Pop(&k.waiters).(*leaseWaiter)
+		close(w.ready)
+	}
+}
+
+// lease asks for the slots the waiting jobs of k lack (within the worker's
+// fair share) and hands what it gets to them, oldest first.
+func (s *leaser) lease(k *kindLease) error {
+	s.mu.Lock()
+	want := 0
+	if k.fast && len(k.waiters) > 0 {
+		want = len(k.waiters) - (k.leased - k.inUse)
+		if k.others > 0 {
+			share := (int(k.limit) + k.others) / (k.others + 1)
+			want = min(want, max(share-k.leased, 0))
+		}
+		want = min(want, int(k.limit))
+		if want <= 0 && k.leased == 0 {
+			want = 1 // ask, so that the others see this worker wants
+		}
+	}
+	s.mu.Unlock()
+	if want <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	res, err := retryDeadlock(func() (*db.GrantLeaseRow, error) {
+		return s.l.q.GrantLease(ctx, db.GrantLeaseParams{Kind: k.kind, WorkerID: s.l.workerID, Want: int32(want)})
+	})
+	if err != nil {
+		return fmt.Errorf("lease %d %s slots: %w", want, k.kind, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k.leased += int(res.Granted)
+	k.limit = res.MaxConcurrency
+	if res.HasParked || res.MaxConcurrency <= 0 {
+		k.fast = false
+		s.dismissWaiters(k)
+	}
+	for len(k.waiters) > 0 && k.inUse < k.leased {
+		w := heap.Pop(&k.waiters).(*leaseWaiter)
+		w.granted = true
+		k.inUse++
+		close(w.ready)
+	}
+	if k.inUse < k.leased && k.idleSince.IsZero() {
+		k.idleSince = time.Now()
+	}
+	return nil
+}
+
+// giveBack returns n leased slots of kind to the database and resumes parked
+// jobs into them when there are any. On an error the caller keeps the slots
+// to give back later.
+func (s *leaser) giveBack(kind string, n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	res, err := retryDeadlock(func() (*db.ReturnLeaseRow, error) {
+		return s.l.q.ReturnLease(ctx, db.ReturnLeaseParams{Kind: kind, WorkerID: s.l.workerID, N: int32(n)})
+	})
+	if err != nil {
+		s.l.logger.Warn("concurrency lease: slots not given back yet", "kind", kind, "slots", n, "error", err)
+		return err
+	}
+	if res.HasParked && res.MaxConcurrency >= 0 && (res.MaxConcurrency == 0 || res.Admitted < res.MaxConcurrency) {
+		s.l.releaser.submitAsync(&releaseRequest{ctx: context.Background(), kind: kind})
+	}
+	return nil
+}
+
+// close stops the keepers and gives back every leased slot (trying three
+// times; what still fails expires after LeaseTTL, or goes with the worker's
+// reap); the worker's jobs have ended.
+func (s *leaser) close() {
+	s.mu.Lock()
+	s.stopped = true
+	var back []*kindLease
+	for _, k := range s.kinds {
+		s.dismissWaiters(k)
+		signal(k.wake)
+		back = append(back, k)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	for _, k := range back {
+		s.mu.Lock()
+		n := k.leased + k.toReturn
+		k.leased, k.toReturn, k.inUse = 0, 0, 0
+		s.mu.Unlock()
+		for try := 1; n > 0 && try <= 3; try++ {
+			if s.giveBack(k.kind, n) == nil {
+				break
+			}
+			time.Sleep(time.Duration(try) * 100 * time.Millisecond)
+		}
+	}
+}

@@ -1,0 +1,124 @@
+-- Slot leases: the fast path of concurrency limits. A worker takes slots of
+-- a kind in bulk (GrantLease), runs its jobs of the kind within them, hands
+-- a freed slot to its next waiting job in memory, and gives back what it no
+-- longer needs (ReturnLease). Every statement that changes a lease locks the
+-- kind's limit row first, as admission does, and keeps its admitted count
+-- equal to the slot rows plus the leased slots.
+
+-- name: LimitStates :many
+-- Every limit row with what decides the fast path: whether jobs are parked
+-- (they go first) and whether slots are reserved for resumed jobs (those
+-- claim them through admission).
+SELECT l.kind, l.max_concurrency, l.has_parked,
+       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved
+FROM concurrency_limits l
+ORDER BY l.kind;
+
+-- name: LeaseState :one
+-- The state of kind as a lease holder sees it, without locking: the limit,
+-- the slots taken, whether jobs are parked or slots reserved, and how many
+-- other workers hold slots of the kind or asked for some within the last
+-- wanted_window_ms (they share the limit fairly).
+SELECT l.max_concurrency, l.admitted, l.has_parked,
+       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
+       (SELECT count(*) FROM concurrency_leases cl
+        WHERE cl.kind = l.kind AND cl.worker_id <> sqlc.arg(worker_id)::text
+          AND (cl.slots > 0 OR cl.wanted_at > now() - make_interval(secs => sqlc.arg(wanted_window_ms)::bigint / 1000.0)))::integer AS others
+FROM concurrency_limits l
+WHERE l.kind = sqlc.arg(kind);
+
+-- name: GrantLease :one
+-- Leases up to want more slots of kind to worker_id, as many as are free,
+-- none while jobs of the kind are parked (they go first) or the limit is not
+-- positive. A worker that gets fewer than it asked for is marked as wanting,
+-- which makes the other holders keep to a fair share. Returns the slots
+-- granted and the kind's state.
+WITH lim AS (
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
+    FROM concurrency_limits l
+    WHERE l.kind = sqlc.arg(kind)
+    FOR UPDATE
+),
+g AS (
+    SELECT CASE
+               WHEN lim.max_concurrency <= 0 OR lim.has_parked THEN 0
+               ELSE LEAST(sqlc.arg(want)::integer, GREATEST(lim.max_concurrency - lim.admitted, 0))
+           END AS n
+    FROM lim
+),
+leased AS (
+    INSERT INTO concurrency_leases AS cl (kind, worker_id, slots, wanted_at, renewed_at)
+    SELECT sqlc.arg(kind), sqlc.arg(worker_id)::text, g.n,
+           CASE WHEN g.n < sqlc.arg(want)::integer THEN now() END, now()
+    FROM g
+    ON CONFLICT (kind, worker_id) DO UPDATE
+    SET slots = cl.slots + EXCLUDED.slots,
+        wanted_at = COALESCE(EXCLUDED.wanted_at, cl.wanted_at),
+        renewed_at = now()
+    RETURNING cl.slots
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = l.admitted + g.n
+    FROM g
+    WHERE l.kind = sqlc.arg(kind) AND g.n > 0
+    RETURNING l.kind
+)
+SELECT g.n::integer AS granted, lim.max_concurrency, lim.has_parked
+FROM g, lim;
+
+-- name: ReturnLease :one
+-- Gives back up to n slots of kind leased to worker_id (no more than it
+-- holds: a lease the reaper already freed gives back nothing) and returns
+-- how many went back and the kind's state after, so that the caller can
+-- resume parked jobs into them.
+WITH lim AS (
+    SELECT l.kind FROM concurrency_limits l
+    WHERE l.kind = sqlc.arg(kind)
+    FOR UPDATE
+),
+old AS (
+    SELECT cl.slots FROM concurrency_leases cl, lim
+    WHERE cl.kind = lim.kind AND cl.worker_id = sqlc.arg(worker_id)::text
+    FOR UPDATE OF cl
+),
+back AS (
+    UPDATE concurrency_leases cl
+    SET slots = cl.slots - LEAST(sqlc.arg(n)::integer, old.slots), renewed_at = now()
+    FROM old
+    WHERE cl.kind = sqlc.arg(kind) AND cl.worker_id = sqlc.arg(worker_id)::text
+    RETURNING LEAST(sqlc.arg(n)::integer, old.slots) AS n
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = GREATEST(l.admitted - back.n, 0)
+    FROM back
+    WHERE l.kind = sqlc.arg(kind)
+    RETURNING l.max_concurrency, l.admitted, l.has_parked
+)
+SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned,
+       COALESCE((SELECT c.max_concurrency FROM counted c), 0)::integer AS max_concurrency,
+       COALESCE((SELECT c.admitted FROM counted c), 0)::integer AS admitted,
+       COALESCE((SELECT c.has_parked FROM counted c), false)::boolean AS has_parked;
+
+-- name: RenewLeases :exec
+-- Marks the leases of worker_id on kinds as alive.
+UPDATE concurrency_leases
+SET renewed_at = now()
+WHERE worker_id = sqlc.arg(worker_id)::text AND kind = ANY(sqlc.arg(kinds)::text[]) AND slots > 0;
+
+-- name: DeleteStaleLeases :many
+-- Frees the leases of kind not renewed within ttl_ms (their holder is gone
+-- without a liveness row to reap) and returns the slots freed. Run under
+-- the kind's limit row lock, before RecountConcurrency.
+DELETE FROM concurrency_leases cl
+WHERE cl.kind = sqlc.arg(kind)
+  AND cl.renewed_at < now() - make_interval(secs => sqlc.arg(ttl_ms)::bigint / 1000.0)
+RETURNING cl.worker_id, cl.slots;
+
+-- name: DeleteWorkerLeases :many
+-- Frees every lease of a dead worker (the reaper, under the kinds' limit
+-- row locks) and returns the slots freed per kind.
+DELETE FROM concurrency_leases cl
+WHERE cl.worker_id = sqlc.arg(worker_id)::text
+RETURNING cl.kind, cl.slots;
