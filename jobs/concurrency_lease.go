@@ -60,10 +60,13 @@ type kindLease struct {
 	others        int  // other workers holding or wanting slots of the kind
 	leased, inUse int
 	toReturn      int // slots given up, to be returned by the keeper
-	idleSince     time.Time
-	waiters       waiterHeap
-	keeper        bool
-	wake          chan struct{}
+	// minSpare is the fewest leased slots left unused at any moment since
+	// windowAt: slots never needed for LeaseLinger go back.
+	minSpare int
+	windowAt time.Time
+	waiters  waiterHeap
+	keeper   bool
+	wake     chan struct{}
 }
 
 // leaseWaiter is a job waiting in its worker for a slot.
@@ -129,9 +132,7 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 	}
 	if k.inUse < k.leased && len(k.waiters) == 0 {
 		k.inUse++
-		if k.inUse == k.leased {
-			k.idleSince = time.Time{}
-		}
+		k.minSpare = min(k.minSpare, k.leased-k.inUse)
 		s.mu.Unlock()
 		return true
 	}
@@ -178,8 +179,6 @@ func (s *leaser) release(kind string) {
 		w.granted = true
 		k.inUse++
 		close(w.ready)
-	case k.inUse < k.leased && k.idleSince.IsZero():
-		k.idleSince = time.Now()
 	}
 }
 
@@ -228,11 +227,17 @@ func (s *leaser) keep(k *kindLease) {
 		s.mu.Lock()
 		ret := k.toReturn
 		k.toReturn = 0
-		if len(k.waiters) == 0 && k.inUse < k.leased && !k.idleSince.IsZero() &&
-			(s.stopped || time.Since(k.idleSince) >= LeaseLinger) {
-			ret += k.leased - k.inUse
-			k.leased = k.inUse
-			k.idleSince = time.Time{}
+		if s.stopped || time.Since(k.windowAt) >= LeaseLinger {
+			// Slots none of the kind's jobs needed during the window.
+			idle := min(k.minSpare, k.leased-k.inUse)
+			if s.stopped {
+				idle = k.leased - k.inUse
+			}
+			if idle > 0 && len(k.waiters) == 0 {
+				ret += idle
+				k.leased -= idle
+			}
+			k.minSpare, k.windowAt = k.leased-k.inUse, time.Now()
 		}
 		if s.stopped {
 			k.keeper = false
@@ -346,9 +351,6 @@ func (s *leaser) lease(k *kindLease) error {
 		w.granted = true
 		k.inUse++
 		close(w.ready)
-	}
-	if k.inUse < k.leased && k.idleSince.IsZero() {
-		k.idleSince = time.Now()
 	}
 	return nil
 }
