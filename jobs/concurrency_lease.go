@@ -166,6 +166,9 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 func (s *leaser) release(kind string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopped {
+		return // close gave every slot back
+	}
 	k := s.kinds[kind]
 	k.inUse--
 	switch {

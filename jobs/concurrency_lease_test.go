@@ -18,15 +18,9 @@ import (
 func TestConcurrencyLeasesShared(t *testing.T) {
 	t.Parallel()
 
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "leases"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 4)
-	logParkings(t, pool)
-	tracker := newProbeTracker()
-	a := startProbeWorker(t, url, "lease-a", kind, tracker, 0, nil)
-	startProbeWorker(t, url, "lease-b", kind, tracker, 0, nil)
+	pool, tracker, a := limitedProbes(t, kind, 4, 0)
 
 	const n = 300
 	insertProbes(t, a, kind, 0, n, 5)
@@ -39,7 +33,7 @@ func TestConcurrencyLeasesShared(t *testing.T) {
 		require.Equal(t, 1, worked[seq], "job %d worked %d times", seq, worked[seq])
 	}
 	require.Zero(t, parkings(t, pool, fullKind), "slots freed in time: nothing parked")
-	for _, w := range []string{"lease-a", "lease-b"} {
+	for _, w := range []string{kind + "-a", kind + "-b"} {
 		ran := count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND attempted_by[1] = $2", fullKind, w)
 		require.Greater(t, ran, n/10, "worker %s ran %d of %d jobs: the limit is shared", w, ran, n)
 	}

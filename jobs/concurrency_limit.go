@@ -66,7 +66,12 @@ const (
 // kind without a limit passes through after an in-memory lookup) and does the
 // resuming for the release path and concurrency_limit.resume.
 //
-// Admission and release are group-committed: concurrent jobs of a process
+// Its fast path is the worker's leased slots (leaser): slots of a kind held
+// in bulk and handed from one job to the next in memory. A job that gets no
+// leased slot in time, and every job of a kind with parked jobs or reserved
+// slots, goes through per-job admission.
+//
+// Per-job admission and release are group-committed: concurrent jobs of a process
 // share one transaction, which locks the limit rows of their kinds (so
 // admission is serialized per kind across processes), counts the slots taken,
 // admits, and parks the rest in place. Parking marks the running job and

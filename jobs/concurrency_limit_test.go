@@ -122,6 +122,22 @@ func insertProbes(t *testing.T, client *jobtest.Client, kind string, from, n, ms
 	return ids
 }
 
+// limitedProbes sets up a probe kind ("test.probe." + kind) limited to
+// limit, with its parkings logged, worked by two probe workers (a and b,
+// prefixed with kind) that park a job after parkAfter; it returns the pool,
+// the tracker and the first worker's client.
+func limitedProbes(t *testing.T, kind string, limit int32, parkAfter time.Duration) (*pgxpool.Pool, *probeTracker, *jobtest.Client) {
+	t.Helper()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	setLimit(t, pool, "test.probe."+kind, limit)
+	logParkings(t, pool)
+	tracker := newProbeTracker()
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, parkAfter, nil)
+	startProbeWorker(t, url, kind+"-b", kind, tracker, parkAfter, nil)
+	return pool, tracker, a
+}
+
 func setLimit(t *testing.T, pool *pgxpool.Pool, kind string, n int32) {
 	t.Helper()
 	_, err := db.New(pool).SetConcurrencyLimit(context.Background(), db.SetConcurrencyLimitParams{Kind: kind, MaxConcurrency: n})
@@ -152,16 +168,9 @@ func waitAllDone(t *testing.T, pool *pgxpool.Pool, tracker *probeTracker, kind s
 func TestConcurrencyLimitHoldsAcrossWorkers(t *testing.T) {
 	t.Parallel()
 
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	kind := "holds"
 	fullKind := "test.probe." + kind
-	setLimit(t, pool, fullKind, 3)
-	logParkings(t, pool)
-
-	tracker := newProbeTracker()
-	a := startProbeWorker(t, url, "worker-a", kind, tracker, time.Millisecond, nil)
-	startProbeWorker(t, url, "worker-b", kind, tracker, time.Millisecond, nil)
+	pool, tracker, a := limitedProbes(t, kind, 3, time.Millisecond)
 
 	const n = 60
 	insertProbes(t, a, kind, 0, n, 30)

@@ -75,10 +75,12 @@ func TestParkInPlaceRiverClient(t *testing.T) {
 		require.NoError(t, err)
 		ids[i] = res.Job.ID
 	}
-	unique, err := client.Insert(ctx, probeArgs{Seq: 100, K: kind}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
+	// Unique by args while waiting or running (not once completed).
+	uniqueOpts := &river.InsertOpts{UniqueOpts: river.UniqueOpts{
 		ByArgs:  true,
 		ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled},
-	}})
+	}}
+	unique, err := client.Insert(ctx, probeArgs{Seq: 100, K: kind}, uniqueOpts)
 	require.NoError(t, err)
 	waitParked(t, pool, append(ids, unique.Job.ID)...)
 
@@ -101,10 +103,7 @@ func TestParkInPlaceRiverClient(t *testing.T) {
 	require.Len(t, list.Jobs, len(ids)+1)
 
 	// A parked unique job blocks its duplicate.
-	dup, err := client.Insert(ctx, probeArgs{Seq: 100, K: kind}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{
-		ByArgs:  true,
-		ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled},
-	}})
+	dup, err := client.Insert(ctx, probeArgs{Seq: 100, K: kind}, uniqueOpts)
 	require.NoError(t, err)
 	require.True(t, dup.UniqueSkippedAsDuplicate)
 	require.Equal(t, unique.Job.ID, dup.Job.ID)
@@ -210,15 +209,9 @@ func TestParkInPlaceCompleterRace(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "race"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 2)
-	logParkings(t, pool)
-	tracker := newProbeTracker()
-	a := startProbeWorker(t, url, "race-a", kind, tracker, time.Millisecond, nil)
-	startProbeWorker(t, url, "race-b", kind, tracker, time.Millisecond, nil)
+	pool, tracker, a := limitedProbes(t, kind, 2, time.Millisecond)
 
 	const n = 600
 	insertProbes(t, a, kind, 0, n, 0)
@@ -332,4 +325,45 @@ func TestParkInPlaceRescuedWhileParking(t *testing.T) {
 	require.Equal(t, "cancelled", jobState(t, pool, id2))
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1", id2))
 	require.Zero(t, count(t, pool, "SELECT attempt FROM river_job WHERE id = $1", id2))
+}
+
+// TestParkInPlaceExports: project exports under a limit all finish, their
+// rows pointing at their own River jobs throughout; the stuck-export sweep
+// leaves an export whose job is parked alone (pending is not finished).
+func TestParkInPlaceExports(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	seedBuilds(t, pool, 7, 50)
+	setLimit(t, pool, "export.project", -1)
+	deps, _ := jobtest.NewDepsConfig(t, pool, jobs.DepsConfig{ParkAfter: time.Millisecond, ExportDir: t.TempDir()})
+	client := jobtest.Start(t, pool, deps, jobtest.Config{})
+
+	const n = 4
+	var exportIDs, jobIDs []int64
+	for range n {
+		export, err := jobs.EnqueueProjectExport(ctx, pool, client.Client, 7, false)
+		require.NoError(t, err)
+		exportIDs = append(exportIDs, export.ID)
+		jobIDs = append(jobIDs, *export.JobID)
+	}
+	waitParked(t, pool, jobIDs...)
+
+	// The sweep runs while they wait: nothing is failed.
+	sweep := client.InsertAndWait(t, jobs.ExportStuckJobsArgs{}, nil)
+	require.Equal(t, rivertype.JobStateCompleted, sweep.State)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM project_export_jobs WHERE status = 'failed'"))
+
+	setLimit(t, pool, "export.project", 1)
+	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "export.project"}, nil)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM project_export_jobs WHERE status = 'finished'") == n
+	}, time.Minute, 20*time.Millisecond)
+	for i, id := range exportIDs {
+		require.Equal(t, jobIDs[i], int64(count(t, pool, "SELECT job_id::int FROM project_export_jobs WHERE id = $1", id)),
+			"export %d still points at its own River job", id)
+		require.Equal(t, "completed", jobState(t, pool, jobIDs[i]))
+	}
+	require.Equal(t, n, count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'export.project'"), "no copies")
 }

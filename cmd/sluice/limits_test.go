@@ -67,6 +67,14 @@ func TestLimitsCLI(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.NoError(t, json.Unmarshal([]byte(out), &rows))
 	require.Len(t, rows, 1)
+	require.EqualValues(t, parkedID, rows[0]["job_id"])
+
+	// sluice jobs cancel works on it as River's JobCancel does: cancelled at
+	// once, its parking record gone.
+	code, out = sluice(t, url, "jobs", "cancel", fmt.Sprint(parkedID))
+	require.Equal(t, 0, code, out)
+	require.Equal(t, 1, qInt(t, pool, "SELECT count(*) FROM river_job WHERE id = $1 AND state = 'cancelled'", parkedID))
+	require.Zero(t, qInt(t, pool, "SELECT count(*) FROM concurrency_parked_jobs"))
 
 	code, out = sluice(t, url, "limits", "clear", "demo.sleep")
 	require.Equal(t, 0, code, out)
@@ -213,15 +221,13 @@ func TestRunOnLimitedKind(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := livePool(t, url)
 
 	// Another job holds the only slot.
 	var holder int64
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (state, kind, args, queue, max_attempts, attempt, attempted_at, attempted_by)
 		VALUES ('running', 'demo.sleep', '{"ms": 60000}', 'default', 25, 1, now(), '{elsewhere}') RETURNING id`).Scan(&holder))
-	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, 'demo.sleep', 'elsewhere')`, holder)
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, 'demo.sleep', 'elsewhere')`, holder)
 	require.NoError(t, err)
 	code, out := sluice(t, url, "limits", "set", "demo.sleep", "1")
 	require.Equal(t, 0, code, out)

@@ -188,8 +188,8 @@ func row(r *Result, label string, s Spec) Row {
 	out.Ratio = "—"
 	switch {
 	case strings.Contains(label, "#"):
-		// An extra row: its figure against its own target.
-		if hasFigure && target != 0 {
+		// An extra row: its figure against its own target, if it has one.
+		if hasFigure && target != 0 && s.TargetOn != "" {
 			out.Ratio = formatPrecise(fv / target)
 		}
 	case hasRatio:
