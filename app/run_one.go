@@ -77,6 +77,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
 		ExportDir:          cfg.ExportDir,
 		IgnoreLimits:       opts.IgnoreLimit,
+		NeverPark:          true,
 	})
 	if err != nil {
 		return nil, err
@@ -155,13 +156,9 @@ wait:
 	}
 	flushLimiter(deps, cfg.Logger)
 
-	if event.Job.State == rivertype.JobStatePending {
-		// Parked after all: the limit became a circuit breaker between the
-		// reservation and the start. Nothing ran; leave nothing behind.
-		if _, err := client.JobDelete(ctx, jobID); err != nil {
-			cfg.Logger.Warn("parked job not deleted", "job_id", jobID, "error", err)
-		}
-		return nil, fmt.Errorf("job %d of %s not run: the kind's limit changed to a circuit breaker before it started", jobID, args.Kind())
+	if err := deps.Limiter.Forget(ctx, args.Kind(), jobID); err != nil {
+		// A slot the job did not claim (it failed for want of one).
+		cfg.Logger.Warn("slot of the job not freed; concurrency_limit.resume will", "job_id", jobID, "error", err)
 	}
 	res := &RunResult{JobID: jobID, Kind: args.Kind(), State: event.Job.State, Duration: time.Since(start)}
 	if event.JobStats != nil {

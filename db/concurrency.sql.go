@@ -90,7 +90,11 @@ counted AS (
     RETURNING l.kind
 )
 SELECT d.job_id::bigint AS job_id,
-       CASE WHEN d.decision = 'reserved' THEN 'admit' ELSE d.decision END::text AS decision
+       CASE
+           WHEN d.decision = 'reserved' AND d.job_id IN (SELECT c.job_id FROM claimed c) THEN 'admit'
+           WHEN d.decision = 'reserved' THEN 'park'
+           ELSE d.decision
+       END::text AS decision
 FROM decided d
 ORDER BY d.ord
 `
@@ -113,6 +117,9 @@ type AdmitJobsRow struct {
 // breaker, jobs already parked, or no free slot) or 'admit' — writes the
 // admitted jobs' slot rows and raises the kinds' admitted counts. Parking
 // happens in a second transaction.
+// A reserved slot freed meanwhile (its reservation expired while this
+// statement waited for the lock) is not claimed: that job is decided again
+// by the parking path.
 func (q *Queries) AdmitJobs(ctx context.Context, arg AdmitJobsParams) ([]*AdmitJobsRow, error) {
 	rows, err := q.db.Query(ctx, admitJobs, arg.JobIds, arg.Kinds, arg.WorkerID)
 	if err != nil {
@@ -134,9 +141,15 @@ func (q *Queries) AdmitJobs(ctx context.Context, arg AdmitJobsParams) ([]*AdmitJ
 }
 
 const clearConcurrencyLimit = `-- name: ClearConcurrencyLimit :execrows
-DELETE FROM concurrency_limits WHERE kind = $1
+WITH leases AS (
+    DELETE FROM concurrency_leases cl WHERE cl.kind = $1
+)
+DELETE FROM concurrency_limits l WHERE l.kind = $1
 `
 
+// Removes kind's limit and the leases counted against it (workers find
+// their leases gone and stop using them; slot rows of running jobs stay
+// until their jobs end, and count again if a limit returns meanwhile).
 func (q *Queries) ClearConcurrencyLimit(ctx context.Context, kind string) (int64, error) {
 	result, err := q.db.Exec(ctx, clearConcurrencyLimit, kind)
 	if err != nil {
@@ -203,8 +216,8 @@ WHERE e.kind = $1
   AND NOT EXISTS (
       SELECT 1 FROM river_job j
       WHERE j.id = e.job_id
-        AND ((NOT e.reserved AND j.state = 'running')
-             OR (e.reserved AND j.state IN ('available', 'running')
+        AND (j.state = 'running'
+             OR (e.reserved AND j.state = 'available'
                  AND e.admitted_at > now() - make_interval(secs => $2::bigint / 1000.0)))
   )
 RETURNING e.job_id
@@ -217,7 +230,8 @@ type DeleteStaleConcurrencyExecutionsParams struct {
 
 // Frees the slots of kind whose River job no longer holds them: the job is
 // gone or no longer running, or — a slot reserved for a resumed job — the
-// job was cancelled or deleted, or not fetched within reserved_ttl_ms.
+// job was cancelled or deleted, or not fetched within reserved_ttl_ms (a
+// job fetched and about to claim its slot keeps it).
 func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg DeleteStaleConcurrencyExecutionsParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, deleteStaleConcurrencyExecutions, arg.Kind, arg.ReservedTtlMs)
 	if err != nil {
@@ -462,16 +476,23 @@ func (q *Queries) LockConcurrencyLimits(ctx context.Context, kinds []string) ([]
 const markJobsParking = `-- name: MarkJobsParking :many
 UPDATE river_job j
 SET metadata = j.metadata || '{"sluice_park": true}'::jsonb
-WHERE j.id = ANY($1::bigint[]) AND j.state = 'running'
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::integer[]) AS attempt) AS m
+WHERE j.id = m.id AND j.attempt = m.attempt AND j.state = 'running'
 RETURNING j.id
 `
+
+type MarkJobsParkingParams struct {
+	Ids      []int64 `json:"ids"`
+	Attempts []int32 `json:"attempts"`
+}
 
 // Marks running jobs for parking in place (metadata key sluice_park): River's
 // completion of each then becomes running -> pending (trigger
 // sluice_park_in_place), with the attempt undone. Returns the jobs marked; a
-// job no longer running (rescued meanwhile) is left alone.
-func (q *Queries) MarkJobsParking(ctx context.Context, ids []int64) ([]int64, error) {
-	rows, err := q.db.Query(ctx, markJobsParking, ids)
+// job no longer running its attempt attempts[i] (rescued meanwhile, or
+// running a later attempt) is left alone.
+func (q *Queries) MarkJobsParking(ctx context.Context, arg MarkJobsParkingParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, markJobsParking, arg.Ids, arg.Attempts)
 	if err != nil {
 		return nil, err
 	}
@@ -503,38 +524,6 @@ func (q *Queries) NotifyRiverInsert(ctx context.Context, queues []string) error 
 	return err
 }
 
-const parkedKinds = `-- name: ParkedKinds :many
-WITH RECURSIVE kinds AS (
-    (SELECT p.kind FROM concurrency_parked_jobs p ORDER BY p.kind LIMIT 1)
-    UNION ALL
-    SELECT (SELECT p.kind FROM concurrency_parked_jobs p WHERE p.kind > kinds.kind ORDER BY p.kind LIMIT 1)
-    FROM kinds
-    WHERE kinds.kind IS NOT NULL
-)
-SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
-`
-
-// The kinds that have parked jobs (a loose index scan of (kind, job_id)).
-func (q *Queries) ParkedKinds(ctx context.Context) ([]string, error) {
-	rows, err := q.db.Query(ctx, parkedKinds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []string
-	for rows.Next() {
-		var kind string
-		if err := rows.Scan(&kind); err != nil {
-			return nil, err
-		}
-		items = append(items, kind)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const recountConcurrency = `-- name: RecountConcurrency :exec
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1)
@@ -557,8 +546,11 @@ WITH lk AS (
     FOR UPDATE
 ),
 freed AS (
+    -- The uncorrelated count makes the DELETE wait until every limit row
+    -- is locked (an InitPlan runs first).
     DELETE FROM concurrency_executions e
     WHERE e.job_id = ANY($2::bigint[])
+      AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.kind
 ),
 per_kind AS (
@@ -606,6 +598,45 @@ func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*Re
 			return nil, err
 		}
 		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const resumableKinds = `-- name: ResumableKinds :many
+WITH RECURSIVE kinds AS (
+    (SELECT p.kind FROM concurrency_parked_jobs p ORDER BY p.kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.kind FROM concurrency_parked_jobs p WHERE p.kind > kinds.kind ORDER BY p.kind LIMIT 1)
+    FROM kinds
+    WHERE kinds.kind IS NOT NULL
+)
+SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
+UNION
+SELECT DISTINCT e.kind FROM concurrency_executions e WHERE e.reserved
+UNION
+SELECT DISTINCT cl.kind FROM concurrency_leases cl
+ORDER BY 1
+`
+
+// The kinds concurrency_limit.resume looks after: those with parked jobs
+// (a loose index scan of (kind, job_id)), with slots reserved for resumed
+// jobs (which may be orphaned), or with leases (which may have expired).
+func (q *Queries) ResumableKinds(ctx context.Context) ([]string, error) {
+	rows, err := q.db.Query(ctx, resumableKinds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var kind string
+		if err := rows.Scan(&kind); err != nil {
+			return nil, err
+		}
+		items = append(items, kind)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -13,6 +13,10 @@ const deleteStaleLeases = `-- name: DeleteStaleLeases :many
 DELETE FROM concurrency_leases cl
 WHERE cl.kind = $1
   AND cl.renewed_at < now() - make_interval(secs => $2::bigint / 1000.0)
+  AND NOT EXISTS (
+      SELECT 1 FROM sluice_workers w
+      WHERE w.id = cl.worker_id AND w.heartbeat_at > now() - w.dead_after
+  )
 RETURNING cl.worker_id, cl.slots
 `
 
@@ -26,9 +30,10 @@ type DeleteStaleLeasesRow struct {
 	Slots    int32  `json:"slots"`
 }
 
-// Frees the leases of kind not renewed within ttl_ms (their holder is gone
-// without a liveness row to reap) and returns the slots freed. Run under
-// the kind's limit row lock, before RecountConcurrency.
+// Frees the leases of kind not renewed within ttl_ms whose holder is not a
+// live worker (a registered worker's leases are the reaper's, once it is
+// dead): a process gone without a liveness row. Returns the slots freed.
+// Run under the kind's limit row lock, before RecountConcurrency.
 func (q *Queries) DeleteStaleLeases(ctx context.Context, arg DeleteStaleLeasesParams) ([]*DeleteStaleLeasesRow, error) {
 	rows, err := q.db.Query(ctx, deleteStaleLeases, arg.Kind, arg.TtlMs)
 	if err != nil {
@@ -232,21 +237,29 @@ func (q *Queries) LimitStates(ctx context.Context) ([]*LimitStatesRow, error) {
 	return items, nil
 }
 
-const renewLeases = `-- name: RenewLeases :exec
-UPDATE concurrency_leases
-SET renewed_at = now()
-WHERE worker_id = $1::text AND kind = ANY($2::text[]) AND slots > 0
+const renewLease = `-- name: RenewLease :one
+WITH renewed AS (
+    UPDATE concurrency_leases
+    SET renewed_at = now()
+    WHERE worker_id = $1::text AND kind = $2
+    RETURNING slots
+)
+SELECT COALESCE((SELECT slots FROM renewed), 0)::integer AS slots
 `
 
-type RenewLeasesParams struct {
-	WorkerID string   `json:"worker_id"`
-	Kinds    []string `json:"kinds"`
+type RenewLeaseParams struct {
+	WorkerID string `json:"worker_id"`
+	Kind     string `json:"kind"`
 }
 
-// Marks the leases of worker_id on kinds as alive.
-func (q *Queries) RenewLeases(ctx context.Context, arg RenewLeasesParams) error {
-	_, err := q.db.Exec(ctx, renewLeases, arg.WorkerID, arg.Kinds)
-	return err
+// Marks the lease of worker_id on kind as alive and returns the slots it
+// holds (0 when the row is gone: the lease expired or the limit was
+// removed), which the worker checks against its own count.
+func (q *Queries) RenewLease(ctx context.Context, arg RenewLeaseParams) (int32, error) {
+	row := q.db.QueryRow(ctx, renewLease, arg.WorkerID, arg.Kind)
+	var slots int32
+	err := row.Scan(&slots)
+	return slots, err
 }
 
 const returnLease = `-- name: ReturnLease :one

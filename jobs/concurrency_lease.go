@@ -3,9 +3,12 @@ package jobs
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -23,10 +26,16 @@ const (
 	// LeaseLinger is how long a worker keeps leased slots that none of its
 	// jobs uses before it gives them back.
 	LeaseLinger = 50 * time.Millisecond
-	// LeaseRenew is how often a worker marks the leases it holds alive.
+	// LeaseRenew is how often a worker marks the leases it holds alive, and
+	// checks that the database still counts them (a lease that expired, or
+	// whose limit was removed, is not used any more).
 	LeaseRenew = time.Second
+	// LeaseIdlePoll is how often a worker holding slots of a kind, but with
+	// no job waiting for one, reads the kind's state.
+	LeaseIdlePoll = 50 * time.Millisecond
 	// LeaseTTL is how long a lease may go unrenewed before
-	// concurrency_limit.resume frees it (its holder is gone).
+	// concurrency_limit.resume frees it, when its holder is not a live
+	// worker (a live worker's leases are the reaper's, once it is dead).
 	LeaseTTL = 15 * time.Second
 	// leaseWantedWindow is how long a worker that asked for more slots than
 	// it got counts as wanting: the other holders keep to a fair share.
@@ -130,7 +139,7 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 		s.mu.Unlock()
 		return false
 	}
-	if k.inUse < k.leased && len(k.waiters) == 0 {
+	if k.inUse < k.usable() && len(k.waiters) == 0 {
 		k.inUse++
 		k.minSpare = min(k.minSpare, k.leased-k.inUse)
 		s.mu.Unlock()
@@ -172,18 +181,25 @@ func (s *leaser) release(kind string) {
 	k := s.kinds[kind]
 	k.inUse--
 	switch {
+	case k.inUse >= k.leased:
+		// The slot was lost (the lease expired, or the limit was removed):
+		// it is no longer counted anywhere.
 	case !k.fast || k.overShare():
 		k.leased--
 		k.toReturn++
 		s.startKeeper(k)
 		signal(k.wake)
-	case len(k.waiters) > 0:
+	case len(k.waiters) > 0 && k.inUse < k.usable():
 		w := heap.Pop(&k.waiters).(*leaseWaiter)
 		w.granted = true
 		k.inUse++
 		close(w.ready)
 	}
 }
+
+// usable is how many of its leased slots the worker may use: no more than
+// the kind's limit, which may have been lowered since they were leased.
+func (k *kindLease) usable() int { return min(k.leased, max(int(k.limit), 0)) }
 
 // overShare reports whether the worker holds more slots than its fair
 // share while other workers hold or want slots of the kind.
@@ -219,7 +235,7 @@ func (s *leaser) keep(k *kindLease) {
 	defer s.wg.Done()
 	ticker := time.NewTicker(LeasePoll)
 	defer ticker.Stop()
-	var renewed time.Time
+	var renewed, looked time.Time
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -241,6 +257,11 @@ func (s *leaser) keep(k *kindLease) {
 				k.leased -= idle
 			}
 			k.minSpare, k.windowAt = k.leased-k.inUse, time.Now()
+		}
+		if over := k.leased - max(k.inUse, int(k.limit)); over > 0 {
+			// The limit was lowered: give back what is not in use at once.
+			ret += over
+			k.leased -= over
 		}
 		if s.stopped {
 			k.keeper = false
@@ -266,20 +287,52 @@ func (s *leaser) keep(k *kindLease) {
 			}
 			s.mu.Unlock()
 		}
+		if time.Since(renewed) >= LeaseRenew {
+			if err := s.renew(k); err != nil {
+				s.l.logger.Warn("concurrency lease: not renewed", "kind", k.kind, "error", err)
+			} else {
+				renewed = time.Now()
+			}
+		}
+		s.mu.Lock()
+		waiting := len(k.waiters) > 0
+		s.mu.Unlock()
+		if !waiting && time.Since(looked) < LeaseIdlePoll {
+			continue
+		}
 		if err := s.look(k); err != nil {
 			s.l.logger.Warn("concurrency lease: kind state not read", "kind", k.kind, "error", err)
 			continue
 		}
+		looked = time.Now()
 		if err := s.lease(k); err != nil {
 			s.l.logger.Warn("concurrency lease: slots not leased", "kind", k.kind, "error", err)
 		}
-		if time.Since(renewed) >= LeaseRenew {
-			renewed = time.Now()
-			if err := s.l.q.RenewLeases(context.Background(), db.RenewLeasesParams{WorkerID: s.l.workerID, Kinds: []string{k.kind}}); err != nil {
-				s.l.logger.Warn("concurrency lease: not renewed", "kind", k.kind, "error", err)
-			}
-		}
 	}
+}
+
+// renew marks the worker's lease of k alive and checks that the database
+// still counts every slot the worker believes it holds; slots it does not
+// (the lease expired while the worker was paused, or the limit was removed)
+// are dropped: the jobs on them finish, and no new job takes them.
+func (s *leaser) renew(k *kindLease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	held, err := s.l.q.RenewLease(ctx, db.RenewLeaseParams{WorkerID: s.l.workerID, Kind: k.kind})
+	if err != nil {
+		return fmt.Errorf("renew the %s lease: %w", k.kind, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if lost := k.leased + k.toReturn - int(held); lost > 0 {
+		s.l.logger.Warn("concurrency lease: slots lost (the lease expired or the limit was removed); not used any more",
+			"kind", k.kind, "slots", lost)
+		fromReturn := min(lost, k.toReturn)
+		k.toReturn -= fromReturn
+		k.leased -= lost - fromReturn
+		k.minSpare, k.windowAt = 0, time.Now()
+	}
+	return nil
 }
 
 // look reads the kind's state; a kind off the fast path sends its waiting
@@ -290,6 +343,15 @@ func (s *leaser) look(k *kindLease) error {
 	st, err := s.l.q.LeaseState(ctx, db.LeaseStateParams{
 		Kind: k.kind, WorkerID: s.l.workerID, WantedWindowMs: leaseWantedWindow.Milliseconds(),
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The limit was removed, and its leases with it: nothing to hold.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		k.limit, k.fast, k.others = 0, false, 0
+		k.leased, k.toReturn = 0, 0
+		s.dismissWaiters(k)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("lease state of %s: %w", k.kind, err)
 	}
@@ -393,8 +455,10 @@ func (s *leaser) close() {
 	s.wg.Wait()
 	for _, k := range back {
 		s.mu.Lock()
-		n := k.leased + k.toReturn
-		k.leased, k.toReturn, k.inUse = 0, 0, 0
+		// Slots of jobs still running (a stop that could not wait for
+		// them) stay leased until the process is gone: they expire then.
+		n := k.leased - k.inUse + k.toReturn
+		k.leased, k.toReturn = k.inUse, 0
 		s.mu.Unlock()
 		for try := 1; n > 0 && try <= 3; try++ {
 			if s.giveBack(k.kind, n) == nil {

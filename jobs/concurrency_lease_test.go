@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/jobs"
@@ -58,10 +59,105 @@ func TestConcurrencyLeaseExpires(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 3 WHERE kind = 'demo.sleep'`)
 	require.NoError(t, err)
 
+	// A registered live worker's lease is the reaper's business, however
+	// old its renewal: it is kept.
+	_, err = pool.Exec(ctx, `INSERT INTO sluice_workers (id, host, pid, heartbeat_interval) VALUES ('paused', 'h', 1, '1s');
+		INSERT INTO concurrency_leases (kind, worker_id, slots, renewed_at) VALUES ('demo.sleep', 'paused', 0, now() - interval '1 hour')`)
+	require.NoError(t, err)
+
 	deps, _ := jobtest.NewDeps(t, pool)
 	client := jobtest.Start(t, pool, deps, jobtest.Config{})
-	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "demo.sleep"}, nil)
-	require.Equal(t, 0, count(t, pool, "SELECT count(*) FROM concurrency_leases WHERE worker_id = 'gone'"))
+	// The cron's kindless run finds the kind by its leases.
+	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{}, nil)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM concurrency_leases WHERE worker_id = 'gone'") == 0
+	}, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, 1, count(t, pool, "SELECT slots FROM concurrency_leases WHERE worker_id = 'alive'"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_leases WHERE worker_id = 'paused'"))
 	require.Equal(t, 1, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+}
+
+// TestConcurrencyLeaseLost: a worker whose lease was freed behind its back
+// (expired while it was paused) stops using those slots at its next renewal,
+// so another worker leasing them does not take the kind over its limit.
+func TestConcurrencyLeaseLost(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	const kind = "lost"
+	const fullKind = "test.probe." + kind
+	setLimit(t, pool, fullKind, 2)
+	tracker := newProbeTracker()
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 30, 150)
+	require.Eventually(t, func() bool { return tracker.running.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
+
+	// Free a's lease as an expiry would (a's process does not know).
+	_, err := pool.Exec(ctx, `DELETE FROM concurrency_leases WHERE worker_id = $1`, kind+"-a")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 0 WHERE kind = $1`, fullKind)
+	require.NoError(t, err)
+	time.Sleep(jobs.LeaseRenew + 300*time.Millisecond) // a renews, finds them gone
+	tracker.max.Store(tracker.running.Load())
+	startProbeWorker(t, url, kind+"-b", kind, tracker, 0, nil)
+	waitAllDone(t, pool, tracker, fullKind, 30, time.Minute)
+	require.LessOrEqual(t, tracker.max.Load(), int32(2), "the limit held after the lease was lost")
+}
+
+// TestConcurrencyLimitLowered: lowering a limit stops new jobs from starting
+// on leased slots above it at once, even while older jobs still run and
+// the worker holds more slots.
+func TestConcurrencyLimitLowered(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	const kind = "lowered"
+	const fullKind = "test.probe." + kind
+	setLimit(t, pool, fullKind, 10)
+	tracker := newProbeTracker()
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 3, 3000)   // three long jobs
+	insertProbes(t, a, kind, 100, 300, 20) // and a stream of short ones
+	require.Eventually(t, func() bool { return tracker.running.Load() >= 8 }, 10*time.Second, 5*time.Millisecond,
+		"the worker uses its leased slots")
+
+	setLimit(t, pool, fullKind, 2)
+	time.Sleep(jobs.LimitCacheTTL + jobs.LeaseIdlePoll + 200*time.Millisecond)
+	_, worked := tracker.snapshot()
+	require.Less(t, len(worked), 303, "short jobs are left to start after the change")
+	tracker.max.Store(tracker.running.Load())
+	time.Sleep(500 * time.Millisecond)
+	require.LessOrEqual(t, tracker.max.Load(), int32(3), "no job started above the lowered limit while the long ones ran")
+	waitAllDone(t, pool, tracker, fullKind, 303, 2*time.Minute)
+}
+
+// TestConcurrencyLimitClearedWithLeases: removing a limit drops the leases
+// counted against it, so setting it again starts from what really runs.
+func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	const kind = "cleared"
+	const fullKind = "test.probe." + kind
+	setLimit(t, pool, fullKind, 3)
+	tracker := newProbeTracker()
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 6, 0)
+	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)
+	require.Positive(t, count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases"), "leases linger a moment")
+
+	n, err := db.New(pool).ClearConcurrencyLimit(ctx, fullKind)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"))
+	setLimit(t, pool, fullKind, 3)
+	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind), "no ghost slots")
+	insertProbes(t, a, kind, 100, 6, 0)
+	waitAllDone(t, pool, tracker, fullKind, 12, time.Minute)
+	require.LessOrEqual(t, tracker.max.Load(), int32(3))
 }

@@ -22,6 +22,11 @@ import (
 	"github.com/sluice-dev/sluice/db"
 )
 
+// ErrNoSlot is the error of a job that found no slot where parking is not
+// an option (sluice run: its slot, reserved before the job started, was
+// lost, for instance to a circuit breaker set meanwhile).
+var ErrNoSlot = errors.New("no concurrency slot free, and this process does not park jobs")
+
 // Concurrency-limit constants.
 const (
 	// LimitCacheTTL is how long a worker trusts its copy of the
@@ -87,6 +92,7 @@ type Limiter struct {
 	metrics      *LimitMetrics
 	workerID     string
 	ignoreLimits bool // every job runs without a slot (sluice run --ignore-limit)
+	neverPark    bool // no leases, no parking: a job without a slot fails (sluice run)
 
 	q      *db.Queries
 	leases *leaser
@@ -121,14 +127,14 @@ type releaseRequest struct {
 	kind string
 }
 
-func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string, ignoreLimits bool, parkAfter time.Duration) *Limiter {
+func newLimiter(pool *pgxpool.Pool, logger *slog.Logger, metrics *LimitMetrics, workerID string, ignoreLimits, neverPark bool, parkAfter time.Duration) *Limiter {
 	if workerID == "" {
 		// Leases are per worker: a process without an id gets one of its own.
 		var b [6]byte
 		_, _ = rand.Read(b[:])
 		workerID = "limiter-" + hex.EncodeToString(b[:])
 	}
-	l := &Limiter{pool: pool, q: db.New(pool), logger: logger, metrics: metrics, workerID: workerID, ignoreLimits: ignoreLimits}
+	l := &Limiter{pool: pool, q: db.New(pool), logger: logger, metrics: metrics, workerID: workerID, ignoreLimits: ignoreLimits, neverPark: neverPark}
 	l.leases = newLeaser(l, parkAfter)
 	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
@@ -151,7 +157,7 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	if !ok || st.limit == 0 {
 		return doInner(ctx)
 	}
-	if st.limit > 0 && l.leases.acquire(ctx, st, job.ID) {
+	if st.limit > 0 && !l.neverPark && l.leases.acquire(ctx, st, job.ID) {
 		defer l.leases.release(job.Kind)
 		return doInner(ctx)
 	}
@@ -218,6 +224,17 @@ func (l *Limiter) stateOf(ctx context.Context, kind string) (limitState, bool, e
 // Flush waits for the releases still in flight on a clean stop.
 func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
 	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind})
+}
+
+// Forget frees any slot held or reserved for job jobID of kind, at once (a
+// job that will not run, or has run: sluice run cleans up with it).
+func (l *Limiter) Forget(ctx context.Context, kind string, jobID int64) error {
+	if _, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) {
+		return l.q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{kind}, JobIds: []int64{jobID}})
+	}); err != nil {
+		return fmt.Errorf("free the slot of job %d: %w", jobID, err)
+	}
+	return nil
 }
 
 // ParkedTotal is how many jobs this limiter has parked, of every kind.
@@ -341,6 +358,8 @@ func (l *Limiter) admitBatch(batch []*admitRequest) {
 			r.decision, r.err = admitRun, err
 		case rows[i].Decision == "admit":
 			r.decision = admitSlot
+		case rows[i].Decision == "park" && l.neverPark:
+			r.decision, r.err = admitRun, ErrNoSlot
 		case rows[i].Decision == "park":
 			toPark = append(toPark, r)
 			continue // answered once parked (or admitted after all)
@@ -438,11 +457,12 @@ func (l *Limiter) park(ctx context.Context, q *db.Queries, batch []*admitRequest
 	if len(batch) == 0 {
 		return nil, nil
 	}
-	ids := make([]int64, len(batch))
-	for i, r := range batch {
-		ids[i] = r.job.ID
+	var mark db.MarkJobsParkingParams
+	for _, r := range batch {
+		mark.Ids = append(mark.Ids, r.job.ID)
+		mark.Attempts = append(mark.Attempts, int32(r.job.Attempt))
 	}
-	marked, err := q.MarkJobsParking(ctx, ids)
+	marked, err := q.MarkJobsParking(ctx, mark)
 	if err != nil {
 		return nil, fmt.Errorf("mark jobs for parking: %w", err)
 	}

@@ -79,10 +79,11 @@ func (w *ConcurrencyLimitResumeWorker) Work(ctx context.Context, job *river.Job[
 }
 
 // scheduleKinds enqueues concurrency_limit.resume {"kind": K} for each kind
-// with parked jobs whose limit is not a circuit breaker.
+// with parked jobs, reserved slots or leases whose limit is not a circuit
+// breaker.
 func (w *ConcurrencyLimitResumeWorker) scheduleKinds(ctx context.Context) error {
 	q := w.deps.Queries
-	kinds, err := q.ParkedKinds(ctx)
+	kinds, err := q.ResumableKinds(ctx)
 	if err != nil {
 		return fmt.Errorf("list kinds with parked jobs: %w", err)
 	}

@@ -60,6 +60,10 @@ type DepsConfig struct {
 	// IgnoreLimits makes the Limiter let every job run without a slot
 	// (sluice run --ignore-limit).
 	IgnoreLimits bool
+	// NeverPark makes the Limiter fail a job that finds no slot instead of
+	// parking it, and take no leases (sluice run, whose job reserved its
+	// slot before it started).
+	NeverPark bool
 	// ParkAfter is how long a job of a limited kind waits in its worker for
 	// a slot before it parks; 0 means DefaultParkAfter.
 	ParkAfter time.Duration
@@ -89,7 +93,7 @@ func NewDeps(pool *pgxpool.Pool, cfg DepsConfig) (*Deps, error) {
 		return nil, err
 	}
 	return &Deps{
-		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID, cfg.IgnoreLimits, cfg.ParkAfter),
+		Limiter:            newLimiter(pool, logger, limitMetrics, cfg.WorkerID, cfg.IgnoreLimits, cfg.NeverPark, cfg.ParkAfter),
 		Pool:               pool,
 		Logger:             logger,
 		Metrics:            metrics,

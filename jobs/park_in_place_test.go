@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/jobs"
@@ -267,8 +268,9 @@ func TestParkInPlaceReservedSlotReleased(t *testing.T) {
 	require.Equal(t, int32(1), res.Taken)
 	_, err = client.JobCancel(ctx, first)
 	require.NoError(t, err)
-	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{JobKind: "demo.sleep"}, nil)
-	require.Zero(t, slots())
+	// The cron's kindless run finds the kind by its reserved slot.
+	client.InsertAndWait(t, jobs.ConcurrencyLimitResumeArgs{}, nil)
+	require.Eventually(t, func() bool { return slots() == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Zero(t, admitted())
 
 	// Not fetched within ReservedSlotTTL: freed too.
@@ -366,4 +368,53 @@ func TestParkInPlaceExports(t *testing.T) {
 		require.Equal(t, "completed", jobState(t, pool, jobIDs[i]))
 	}
 	require.Equal(t, n, count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'export.project'"), "no copies")
+}
+
+// TestAdmitLostReservation: a resumed job whose reservation is freed while
+// its admission waits for the kind's lock (the reservation expired) is not
+// admitted on it: admission says park, and the parking path decides again.
+func TestAdmitLostReservation(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	setLimit(t, pool, "demo.sleep", 1)
+	id := insertRunning(t, pool, "demo.sleep", `{"ms": 1}`, 1, 5, []string{"w1"}, `{}`, "running")
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, reserved) VALUES ($1, 'demo.sleep', true)`, id)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = 'demo.sleep'`)
+	require.NoError(t, err)
+
+	// Another transaction holds the kind's lock and frees the reservation.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	for _, sql := range []string{
+		`SELECT 1 FROM concurrency_limits WHERE kind = 'demo.sleep' AND $1::bigint > 0 FOR UPDATE`,
+		`DELETE FROM concurrency_executions WHERE job_id = $1`,
+		`UPDATE concurrency_limits SET admitted = 0 WHERE kind = 'demo.sleep' AND $1::bigint > 0`,
+	} {
+		_, err = tx.Exec(ctx, sql, id)
+		require.NoError(t, err)
+	}
+
+	type result struct {
+		rows []*db.AdmitJobsRow
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rows, err := db.New(pool).AdmitJobs(ctx, db.AdmitJobsParams{JobIds: []int64{id}, Kinds: []string{"demo.sleep"}})
+		done <- result{rows, err}
+	}()
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%AdmitJobs%'") == 1
+	}, 10*time.Second, 5*time.Millisecond, "admission waits for the lock")
+	require.NoError(t, tx.Commit(ctx))
+	res := <-done
+	require.NoError(t, res.err)
+	require.Len(t, res.rows, 1)
+	require.Equal(t, "park", res.rows[0].Decision, "no slot to claim: not admitted")
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_executions"))
+	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 }

@@ -18,6 +18,10 @@
 -- a worker holds slots of a kind in bulk and hands them from job to job in
 -- memory; only a job that waits too long for one parks.
 --
+-- The functions below pin their search_path to the migration's (SET
+-- search_path FROM CURRENT): a caller's search_path cannot swap in another
+-- table.
+--
 -- A resume moves pending -> available on the same row; whenever a job
 -- leaves pending (resumed, cancelled, retried, deleted), sluice_unpark
 -- deletes its parking record, so JobCancel, JobDelete and JobRetry need no
@@ -133,11 +137,15 @@ CREATE TABLE concurrency_leases (
     PRIMARY KEY (kind, worker_id)
 );
 
+-- Reserved slots by kind: lease holders look for them every few ms.
+CREATE INDEX concurrency_executions_reserved_kind_idx ON concurrency_executions (kind) WHERE reserved;
+
 COMMENT ON TABLE concurrency_leases IS
     'Concurrency slots held in bulk by a worker, per kind; counted in concurrency_limits.admitted.';
 
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION concurrency_limits_init_counts() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION concurrency_limits_init_counts() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
 BEGIN
     NEW.admitted := (SELECT count(*) FROM concurrency_executions e WHERE e.kind = NEW.kind)
         + (SELECT COALESCE(sum(l.slots), 0) FROM concurrency_leases l WHERE l.kind = NEW.kind);
@@ -157,7 +165,8 @@ $$;
 -- the job is rescued (River's rescuer, the liveness reaper) before its
 -- completion lands: it never ran.
 -- +goose StatementBegin
-CREATE FUNCTION sluice_park_in_place() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION sluice_park_in_place() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
 BEGIN
     NEW.metadata := NEW.metadata - 'sluice_park';
     NEW.attempt := GREATEST(OLD.attempt - 1, 0);
@@ -192,7 +201,8 @@ CREATE TRIGGER sluice_park_in_place
 -- A job leaving pending (resumed, cancelled, retried) or deleted while
 -- pending is no longer parked.
 -- +goose StatementBegin
-CREATE FUNCTION sluice_unpark() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION sluice_unpark() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
 BEGIN
     DELETE FROM concurrency_parked_jobs WHERE job_id = OLD.id;
     RETURN NULL;
@@ -259,6 +269,7 @@ DROP VIEW sluice_concurrency_overview;
 -- Leases are only held by running workers (which the earlier sluice does
 -- not know): their slots are simply no longer counted.
 DROP TABLE concurrency_leases;
+DROP INDEX concurrency_executions_reserved_kind_idx;
 DROP TRIGGER sluice_unpark_deleted ON river_job;
 DROP TRIGGER sluice_unpark ON river_job;
 DROP FUNCTION sluice_unpark();

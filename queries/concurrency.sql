@@ -14,7 +14,13 @@ ON CONFLICT (kind) DO UPDATE SET max_concurrency = EXCLUDED.max_concurrency, upd
 RETURNING kind, max_concurrency;
 
 -- name: ClearConcurrencyLimit :execrows
-DELETE FROM concurrency_limits WHERE kind = sqlc.arg(kind);
+-- Removes kind's limit and the leases counted against it (workers find
+-- their leases gone and stop using them; slot rows of running jobs stay
+-- until their jobs end, and count again if a limit returns meanwhile).
+WITH leases AS (
+    DELETE FROM concurrency_leases cl WHERE cl.kind = sqlc.arg(kind)
+)
+DELETE FROM concurrency_limits l WHERE l.kind = sqlc.arg(kind);
 
 -- name: LockConcurrencyLimits :many
 -- Locks the limit rows of kinds, in kind order (no deadlocks), and returns
@@ -56,10 +62,12 @@ SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = 
 -- Marks running jobs for parking in place (metadata key sluice_park): River's
 -- completion of each then becomes running -> pending (trigger
 -- sluice_park_in_place), with the attempt undone. Returns the jobs marked; a
--- job no longer running (rescued meanwhile) is left alone.
+-- job no longer running its attempt attempts[i] (rescued meanwhile, or
+-- running a later attempt) is left alone.
 UPDATE river_job j
 SET metadata = j.metadata || '{"sluice_park": true}'::jsonb
-WHERE j.id = ANY(sqlc.arg(ids)::bigint[]) AND j.state = 'running'
+FROM (SELECT unnest(sqlc.arg(ids)::bigint[]) AS id, unnest(sqlc.arg(attempts)::integer[]) AS attempt) AS m
+WHERE j.id = m.id AND j.attempt = m.attempt AND j.state = 'running'
 RETURNING j.id;
 
 -- name: InsertParkedJobs :exec
@@ -95,8 +103,26 @@ SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(k
 -- Drops the parking record of a job (by hand: tests and repairs).
 DELETE FROM concurrency_parked_jobs WHERE job_id = sqlc.arg(job_id);
 
--- name: ParkedKinds :many
--- The kinds that have parked jobs (a loose index scan of (kind, job_id)).
+-- name: DeleteStaleConcurrencyExecutions :many
+-- Frees the slots of kind whose River job no longer holds them: the job is
+-- gone or no longer running, or — a slot reserved for a resumed job — the
+-- job was cancelled or deleted, or not fetched within reserved_ttl_ms (a
+-- job fetched and about to claim its slot keeps it).
+DELETE FROM concurrency_executions e
+WHERE e.kind = sqlc.arg(kind)
+  AND NOT EXISTS (
+      SELECT 1 FROM river_job j
+      WHERE j.id = e.job_id
+        AND (j.state = 'running'
+             OR (e.reserved AND j.state = 'available'
+                 AND e.admitted_at > now() - make_interval(secs => sqlc.arg(reserved_ttl_ms)::bigint / 1000.0)))
+  )
+RETURNING e.job_id;
+
+-- name: ResumableKinds :many
+-- The kinds concurrency_limit.resume looks after: those with parked jobs
+-- (a loose index scan of (kind, job_id)), with slots reserved for resumed
+-- jobs (which may be orphaned), or with leases (which may have expired).
 WITH RECURSIVE kinds AS (
     (SELECT p.kind FROM concurrency_parked_jobs p ORDER BY p.kind LIMIT 1)
     UNION ALL
@@ -104,22 +130,12 @@ WITH RECURSIVE kinds AS (
     FROM kinds
     WHERE kinds.kind IS NOT NULL
 )
-SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL;
-
--- name: DeleteStaleConcurrencyExecutions :many
--- Frees the slots of kind whose River job no longer holds them: the job is
--- gone or no longer running, or — a slot reserved for a resumed job — the
--- job was cancelled or deleted, or not fetched within reserved_ttl_ms.
-DELETE FROM concurrency_executions e
-WHERE e.kind = sqlc.arg(kind)
-  AND NOT EXISTS (
-      SELECT 1 FROM river_job j
-      WHERE j.id = e.job_id
-        AND ((NOT e.reserved AND j.state = 'running')
-             OR (e.reserved AND j.state IN ('available', 'running')
-                 AND e.admitted_at > now() - make_interval(secs => sqlc.arg(reserved_ttl_ms)::bigint / 1000.0)))
-  )
-RETURNING e.job_id;
+SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
+UNION
+SELECT DISTINCT e.kind FROM concurrency_executions e WHERE e.reserved
+UNION
+SELECT DISTINCT cl.kind FROM concurrency_leases cl
+ORDER BY 1;
 
 -- name: ListParkedJobs :many
 -- Parked jobs with their River rows, oldest first within a kind (the order
@@ -213,8 +229,15 @@ counted AS (
     WHERE l.kind = c.kind
     RETURNING l.kind
 )
+-- A reserved slot freed meanwhile (its reservation expired while this
+-- statement waited for the lock) is not claimed: that job is decided again
+-- by the parking path.
 SELECT d.job_id::bigint AS job_id,
-       CASE WHEN d.decision = 'reserved' THEN 'admit' ELSE d.decision END::text AS decision
+       CASE
+           WHEN d.decision = 'reserved' AND d.job_id IN (SELECT c.job_id FROM claimed c) THEN 'admit'
+           WHEN d.decision = 'reserved' THEN 'park'
+           ELSE d.decision
+       END::text AS decision
 FROM decided d
 ORDER BY d.ord;
 
@@ -230,8 +253,11 @@ WITH lk AS (
     FOR UPDATE
 ),
 freed AS (
+    -- The uncorrelated count makes the DELETE wait until every limit row
+    -- is locked (an InitPlan runs first).
     DELETE FROM concurrency_executions e
     WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[])
+      AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.kind
 ),
 per_kind AS (

@@ -101,19 +101,30 @@ SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned,
        COALESCE((SELECT c.admitted FROM counted c), 0)::integer AS admitted,
        COALESCE((SELECT c.has_parked FROM counted c), false)::boolean AS has_parked;
 
--- name: RenewLeases :exec
--- Marks the leases of worker_id on kinds as alive.
-UPDATE concurrency_leases
-SET renewed_at = now()
-WHERE worker_id = sqlc.arg(worker_id)::text AND kind = ANY(sqlc.arg(kinds)::text[]) AND slots > 0;
+-- name: RenewLease :one
+-- Marks the lease of worker_id on kind as alive and returns the slots it
+-- holds (0 when the row is gone: the lease expired or the limit was
+-- removed), which the worker checks against its own count.
+WITH renewed AS (
+    UPDATE concurrency_leases
+    SET renewed_at = now()
+    WHERE worker_id = sqlc.arg(worker_id)::text AND kind = sqlc.arg(kind)
+    RETURNING slots
+)
+SELECT COALESCE((SELECT slots FROM renewed), 0)::integer AS slots;
 
 -- name: DeleteStaleLeases :many
--- Frees the leases of kind not renewed within ttl_ms (their holder is gone
--- without a liveness row to reap) and returns the slots freed. Run under
--- the kind's limit row lock, before RecountConcurrency.
+-- Frees the leases of kind not renewed within ttl_ms whose holder is not a
+-- live worker (a registered worker's leases are the reaper's, once it is
+-- dead): a process gone without a liveness row. Returns the slots freed.
+-- Run under the kind's limit row lock, before RecountConcurrency.
 DELETE FROM concurrency_leases cl
 WHERE cl.kind = sqlc.arg(kind)
   AND cl.renewed_at < now() - make_interval(secs => sqlc.arg(ttl_ms)::bigint / 1000.0)
+  AND NOT EXISTS (
+      SELECT 1 FROM sluice_workers w
+      WHERE w.id = cl.worker_id AND w.heartbeat_at > now() - w.dead_after
+  )
 RETURNING cl.worker_id, cl.slots;
 
 -- name: DeleteWorkerLeases :many
