@@ -149,7 +149,9 @@ DELETE FROM concurrency_limits l WHERE l.kind = $1
 
 // Removes kind's limit and the leases counted against it (workers find
 // their leases gone and stop using them; slot rows of running jobs stay
-// until their jobs end, and count again if a limit returns meanwhile).
+// until their jobs end, and count again if a limit returns meanwhile). Run
+// after LockConcurrencyLimits in the same transaction, so that a lease
+// granted meanwhile is seen and deleted too.
 func (q *Queries) ClearConcurrencyLimit(ctx context.Context, kind string) (int64, error) {
 	result, err := q.db.Exec(ctx, clearConcurrencyLimit, kind)
 	if err != nil {
@@ -617,7 +619,7 @@ SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
 UNION
 SELECT DISTINCT e.kind FROM concurrency_executions e WHERE e.reserved
 UNION
-SELECT DISTINCT cl.kind FROM concurrency_leases cl
+SELECT DISTINCT cl.kind FROM concurrency_leases cl WHERE cl.slots > 0
 ORDER BY 1
 `
 

@@ -13,10 +13,7 @@ const deleteStaleLeases = `-- name: DeleteStaleLeases :many
 DELETE FROM concurrency_leases cl
 WHERE cl.kind = $1
   AND cl.renewed_at < now() - make_interval(secs => $2::bigint / 1000.0)
-  AND NOT EXISTS (
-      SELECT 1 FROM sluice_workers w
-      WHERE w.id = cl.worker_id AND w.heartbeat_at > now() - w.dead_after
-  )
+  AND NOT EXISTS (SELECT 1 FROM sluice_workers w WHERE w.id = cl.worker_id)
 RETURNING cl.worker_id, cl.slots
 `
 
@@ -30,10 +27,11 @@ type DeleteStaleLeasesRow struct {
 	Slots    int32  `json:"slots"`
 }
 
-// Frees the leases of kind not renewed within ttl_ms whose holder is not a
-// live worker (a registered worker's leases are the reaper's, once it is
-// dead): a process gone without a liveness row. Returns the slots freed.
-// Run under the kind's limit row lock, before RecountConcurrency.
+// Frees the leases of kind not renewed within ttl_ms whose holder has no
+// sluice_workers row (a process gone without a liveness row to reap); a
+// registered worker's leases are the reaper's, once it is dead, which also
+// fences it. Returns the slots freed. Run under the kind's limit row lock,
+// before RecountConcurrency.
 func (q *Queries) DeleteStaleLeases(ctx context.Context, arg DeleteStaleLeasesParams) ([]*DeleteStaleLeasesRow, error) {
 	rows, err := q.db.Query(ctx, deleteStaleLeases, arg.Kind, arg.TtlMs)
 	if err != nil {

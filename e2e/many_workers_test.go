@@ -62,14 +62,18 @@ func TestManyWorkers(t *testing.T) {
 	feeder.Add(1)
 	go func() {
 		defer feeder.Done()
+		// The inserts run to completion even when the feeder is stopped
+		// mid-statement: a cancelled statement may still have committed,
+		// and then the counts would miss its rows.
+		insertCtx := context.WithoutCancel(ctx)
 		for ctx.Err() == nil {
-			if _, err := h.pool.Exec(ctx, `
+			if _, err := h.pool.Exec(insertCtx, `
 				INSERT INTO ci_builds (project_id, pipeline_id, runner_id, status, created_at, updated_at)
 				SELECT 1 + i % 7, 10, 100, 'canceling', now() - interval '2 hours', now() - interval '2 hours'
 				FROM generate_series(1, 150) AS i`); err == nil {
 				builds += 150
 			}
-			if _, err := h.pool.Exec(ctx, `
+			if _, err := h.pool.Exec(insertCtx, `
 				INSERT INTO project_export_jobs (project_id, job_id, status)
 				SELECT 1 + i % 7, 1000000000 + nextval('project_export_jobs_id_seq'), 'started'
 				FROM generate_series(1, 20) AS i`); err == nil {

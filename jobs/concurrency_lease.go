@@ -66,6 +66,7 @@ type kindLease struct {
 	kind          string
 	limit         int32
 	fast          bool // positive limit, no parked jobs, no reserved slots (last look)
+	overLimit     bool // the kind's slots taken exceed its limit (a lowered limit, last look)
 	others        int  // other workers holding or wanting slots of the kind
 	leased, inUse int
 	toReturn      int // slots given up, to be returned by the keeper
@@ -184,7 +185,7 @@ func (s *leaser) release(kind string) {
 	case k.inUse >= k.leased:
 		// The slot was lost (the lease expired, or the limit was removed):
 		// it is no longer counted anywhere.
-	case !k.fast || k.overShare():
+	case !k.fast || k.overLimit || k.overShare():
 		k.leased--
 		k.toReturn++
 		s.startKeeper(k)
@@ -198,8 +199,15 @@ func (s *leaser) release(kind string) {
 }
 
 // usable is how many of its leased slots the worker may use: no more than
-// the kind's limit, which may have been lowered since they were leased.
-func (k *kindLease) usable() int { return min(k.leased, max(int(k.limit), 0)) }
+// the kind's limit, which may have been lowered since they were leased, and
+// none beyond those in use while the kind's slots taken across all workers
+// exceed it (they drain as jobs end).
+func (k *kindLease) usable() int {
+	if k.overLimit {
+		return min(k.leased, k.inUse)
+	}
+	return min(k.leased, max(int(k.limit), 0))
+}
 
 // overShare reports whether the worker holds more slots than its fair
 // share while other workers hold or want slots of the kind.
@@ -258,7 +266,11 @@ func (s *leaser) keep(k *kindLease) {
 			}
 			k.minSpare, k.windowAt = k.leased-k.inUse, time.Now()
 		}
-		if over := k.leased - max(k.inUse, int(k.limit)); over > 0 {
+		over := k.leased - max(k.inUse, int(k.limit))
+		if k.overLimit {
+			over = k.leased - k.inUse
+		}
+		if over > 0 {
 			// The limit was lowered: give back what is not in use at once.
 			ret += over
 			k.leased -= over
@@ -324,13 +336,20 @@ func (s *leaser) renew(k *kindLease) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if lost := k.leased + k.toReturn - int(held); lost > 0 {
+	switch diff := k.leased + k.toReturn - int(held); {
+	case diff > 0:
 		s.l.logger.Warn("concurrency lease: slots lost (the lease expired or the limit was removed); not used any more",
-			"kind", k.kind, "slots", lost)
-		fromReturn := min(lost, k.toReturn)
+			"kind", k.kind, "slots", diff)
+		fromReturn := min(diff, k.toReturn)
 		k.toReturn -= fromReturn
-		k.leased -= lost - fromReturn
+		k.leased -= diff - fromReturn
 		k.minSpare, k.windowAt = 0, time.Now()
+	case diff < 0:
+		// The database counts slots this worker does not hold (a grant
+		// whose reply was lost): give them back.
+		s.l.logger.Warn("concurrency lease: the database counts slots this worker does not hold; giving them back",
+			"kind", k.kind, "slots", -diff)
+		k.toReturn -= diff
 	}
 	return nil
 }
@@ -360,6 +379,7 @@ func (s *leaser) look(k *kindLease) error {
 	k.limit = st.MaxConcurrency
 	k.others = int(st.Others)
 	k.fast = st.MaxConcurrency > 0 && !st.HasParked && !st.HasReserved
+	k.overLimit = st.Admitted > st.MaxConcurrency
 	if !k.fast {
 		s.dismissWaiters(k)
 	}

@@ -54,3 +54,18 @@ func TestLeaserLostSlots(t *testing.T) {
 	default:
 	}
 }
+
+// TestLeaserOverLimit: while the slots taken across all workers exceed the
+// kind's limit, a worker starts nothing on its spare slots and gives every
+// freed slot back.
+func TestLeaserOverLimit(t *testing.T) {
+	ctx := context.Background()
+	st := limitState{kind: "k", limit: 4}
+	s, k := newTestLease(4, 3, 2)
+	k.overLimit = true
+	require.False(t, s.acquire(ctx, st, 1), "over the limit: no new start on a spare slot")
+	s.release("k")
+	require.Equal(t, 1, k.inUse)
+	require.Equal(t, 2, k.leased)
+	require.Equal(t, 1, k.toReturn, "the freed slot goes back")
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/jobs"
@@ -134,6 +133,39 @@ func TestConcurrencyLimitLowered(t *testing.T) {
 	waitAllDone(t, pool, tracker, fullKind, 303, 2*time.Minute)
 }
 
+// TestConcurrencyLimitLoweredManyWorkers: with several workers holding
+// slots, a lowered limit holds too: while the slots taken across workers
+// exceed it, no worker starts a job on a spare slot, and freed slots go
+// back until the total is within the limit.
+func TestConcurrencyLimitLoweredManyWorkers(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	const kind = "lowered3"
+	const fullKind = "test.probe." + kind
+	setLimit(t, pool, fullKind, 9)
+	tracker := newProbeTracker()
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	startProbeWorker(t, url, kind+"-b", kind, tracker, 0, nil)
+	startProbeWorker(t, url, kind+"-c", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 1500, 20)
+	require.Eventually(t, func() bool { return tracker.running.Load() >= 7 }, 10*time.Second, 2*time.Millisecond)
+
+	// Measured before any waiting job could have waited --park-after (1s)
+	// and parked, which would switch the kind to per-job admission: the
+	// leases alone must hold the new limit, once the workers have seen it
+	// (each reads the kind's state every few ms while jobs wait).
+	setLimit(t, pool, fullKind, 4)
+	time.Sleep(250 * time.Millisecond)
+	tracker.max.Store(tracker.running.Load())
+	time.Sleep(500 * time.Millisecond)
+	_, worked := tracker.snapshot()
+	require.Less(t, len(worked), 1500, "jobs were still starting while measured")
+	require.LessOrEqual(t, tracker.max.Load(), int32(4), "the lowered limit holds across workers")
+	waitAllDone(t, pool, tracker, fullKind, 1500, 2*time.Minute)
+}
+
 // TestConcurrencyLimitClearedWithLeases: removing a limit drops the leases
 // counted against it, so setting it again starts from what really runs.
 func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
@@ -151,13 +183,75 @@ func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
 	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)
 	require.Positive(t, count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases"), "leases linger a moment")
 
-	n, err := db.New(pool).ClearConcurrencyLimit(ctx, fullKind)
+	cleared, err := jobs.ClearLimit(ctx, pool, fullKind)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+	require.True(t, cleared)
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"))
 	setLimit(t, pool, fullKind, 3)
 	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind), "no ghost slots")
 	insertProbes(t, a, kind, 100, 6, 0)
 	waitAllDone(t, pool, tracker, fullKind, 12, time.Minute)
 	require.LessOrEqual(t, tracker.max.Load(), int32(3))
+}
+
+// TestClearLimitRacesGrant: a lease granted while limits clear waits for
+// the kind's lock is removed with the limit (no ghost lease row).
+func TestClearLimitRacesGrant(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	setLimit(t, pool, "demo.sleep", 3)
+	// A grant in flight: it holds the kind's lock and writes its lease.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM concurrency_limits WHERE kind = 'demo.sleep' FOR UPDATE`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := jobs.ClearLimit(ctx, pool, "demo.sleep")
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockConcurrencyLimits%'") == 1
+	}, 10*time.Second, 5*time.Millisecond, "clear waits for the lock")
+	_, err = tx.Exec(ctx, `INSERT INTO concurrency_leases (kind, worker_id, slots) VALUES ('demo.sleep', 'w', 2)`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE concurrency_limits SET admitted = admitted + 2 WHERE kind = 'demo.sleep'`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"), "the lease went with the limit")
+	setLimit(t, pool, "demo.sleep", 3)
+	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+}
+
+// TestConcurrencyLeaseCountedButNotHeld: slots the database counts for a
+// worker that does not hold them (a grant whose reply was lost) are given
+// back at the worker's next renewal.
+func TestConcurrencyLeaseCountedButNotHeld(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	const kind = "extra"
+	const fullKind = "test.probe." + kind
+	setLimit(t, pool, fullKind, 4)
+	tracker := newProbeTracker()
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 1, 4000) // keeps one slot leased meanwhile
+	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	time.Sleep(2 * jobs.LeaseLinger) // spare slots gone back
+
+	_, err := pool.Exec(ctx, `UPDATE concurrency_leases SET slots = slots + 2 WHERE worker_id = $1`, kind+"-a")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = admitted + 2 WHERE kind = $1`, fullKind)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT slots FROM concurrency_leases WHERE worker_id = $1", kind+"-a") == 1 &&
+			count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind) == 1
+	}, 3*jobs.LeaseRenew, 20*time.Millisecond, "the extra slots went back")
 }

@@ -5,9 +5,30 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/db"
 )
+
+// ClearLimit removes the limit of kind, with the leases counted against it,
+// and reports whether there was one. The limit row is locked first, so a
+// lease granted meanwhile is removed too.
+func ClearLimit(ctx context.Context, pool *pgxpool.Pool, kind string) (bool, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.LockConcurrencyLimits(ctx, []string{kind}); err != nil {
+			return err
+		}
+		var err error
+		n, err = q.ClearConcurrencyLimit(ctx, kind)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("clear the limit of %s: %w", kind, err)
+	}
+	return n > 0, nil
+}
 
 // SlotReservation is what ReserveSlot found.
 type SlotReservation struct {

@@ -16,7 +16,9 @@ RETURNING kind, max_concurrency;
 -- name: ClearConcurrencyLimit :execrows
 -- Removes kind's limit and the leases counted against it (workers find
 -- their leases gone and stop using them; slot rows of running jobs stay
--- until their jobs end, and count again if a limit returns meanwhile).
+-- until their jobs end, and count again if a limit returns meanwhile). Run
+-- after LockConcurrencyLimits in the same transaction, so that a lease
+-- granted meanwhile is seen and deleted too.
 WITH leases AS (
     DELETE FROM concurrency_leases cl WHERE cl.kind = sqlc.arg(kind)
 )
@@ -134,7 +136,7 @@ SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
 UNION
 SELECT DISTINCT e.kind FROM concurrency_executions e WHERE e.reserved
 UNION
-SELECT DISTINCT cl.kind FROM concurrency_leases cl
+SELECT DISTINCT cl.kind FROM concurrency_leases cl WHERE cl.slots > 0
 ORDER BY 1;
 
 -- name: ListParkedJobs :many

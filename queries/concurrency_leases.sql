@@ -114,17 +114,15 @@ WITH renewed AS (
 SELECT COALESCE((SELECT slots FROM renewed), 0)::integer AS slots;
 
 -- name: DeleteStaleLeases :many
--- Frees the leases of kind not renewed within ttl_ms whose holder is not a
--- live worker (a registered worker's leases are the reaper's, once it is
--- dead): a process gone without a liveness row. Returns the slots freed.
--- Run under the kind's limit row lock, before RecountConcurrency.
+-- Frees the leases of kind not renewed within ttl_ms whose holder has no
+-- sluice_workers row (a process gone without a liveness row to reap); a
+-- registered worker's leases are the reaper's, once it is dead, which also
+-- fences it. Returns the slots freed. Run under the kind's limit row lock,
+-- before RecountConcurrency.
 DELETE FROM concurrency_leases cl
 WHERE cl.kind = sqlc.arg(kind)
   AND cl.renewed_at < now() - make_interval(secs => sqlc.arg(ttl_ms)::bigint / 1000.0)
-  AND NOT EXISTS (
-      SELECT 1 FROM sluice_workers w
-      WHERE w.id = cl.worker_id AND w.heartbeat_at > now() - w.dead_after
-  )
+  AND NOT EXISTS (SELECT 1 FROM sluice_workers w WHERE w.id = cl.worker_id)
 RETURNING cl.worker_id, cl.slots;
 
 -- name: DeleteWorkerLeases :many

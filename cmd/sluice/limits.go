@@ -96,11 +96,11 @@ Workers pick up a change within a second.`
 				return err
 			}
 			defer pool.Close()
-			n, err := db.New(pool).ClearConcurrencyLimit(cmd.Context(), kind)
+			cleared, err := jobs.ClearLimit(cmd.Context(), pool, kind)
 			if err != nil {
-				return fmt.Errorf("clear limit of %s: %w", kind, err)
+				return err
 			}
-			if n == 0 {
+			if !cleared {
 				return usagef("no limit is set for %q", kind)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: unlimited (limit removed)\n", kind)
