@@ -83,12 +83,9 @@ func TestConcurrencyLeaseLost(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "lost"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 2)
-	tracker := newProbeTracker()
+	url, pool, tracker := probeKind(t, kind, 2)
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
 	insertProbes(t, a, kind, 0, 30, 150)
 	require.Eventually(t, func() bool { return tracker.running.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
@@ -111,12 +108,9 @@ func TestConcurrencyLeaseLost(t *testing.T) {
 func TestConcurrencyLimitLowered(t *testing.T) {
 	t.Parallel()
 
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "lowered"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 10)
-	tracker := newProbeTracker()
+	url, pool, tracker := probeKind(t, kind, 10)
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
 	insertProbes(t, a, kind, 0, 3, 3000)   // three long jobs
 	insertProbes(t, a, kind, 100, 300, 20) // and a stream of short ones
@@ -140,12 +134,9 @@ func TestConcurrencyLimitLowered(t *testing.T) {
 func TestConcurrencyLimitLoweredManyWorkers(t *testing.T) {
 	t.Parallel()
 
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "lowered3"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 9)
-	tracker := newProbeTracker()
+	url, pool, tracker := probeKind(t, kind, 9)
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
 	startProbeWorker(t, url, kind+"-b", kind, tracker, 0, nil)
 	startProbeWorker(t, url, kind+"-c", kind, tracker, 0, nil)
@@ -172,12 +163,9 @@ func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "cleared"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 3)
-	tracker := newProbeTracker()
+	url, pool, tracker := probeKind(t, kind, 3)
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
 	insertProbes(t, a, kind, 0, 6, 0)
 	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)
@@ -235,12 +223,9 @@ func TestConcurrencyLeaseCountedButNotHeld(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	url := testdb.New(t)
-	pool := openPool(t, url)
 	const kind = "extra"
 	const fullKind = "test.probe." + kind
-	setLimit(t, pool, fullKind, 4)
-	tracker := newProbeTracker()
+	url, pool, tracker := probeKind(t, kind, 4)
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
 	insertProbes(t, a, kind, 0, 1, 4000) // keeps one slot leased meanwhile
 	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)

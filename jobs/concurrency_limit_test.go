@@ -128,14 +128,22 @@ func insertProbes(t *testing.T, client *jobtest.Client, kind string, from, n, ms
 // the tracker and the first worker's client.
 func limitedProbes(t *testing.T, kind string, limit int32, parkAfter time.Duration) (*pgxpool.Pool, *probeTracker, *jobtest.Client) {
 	t.Helper()
-	url := testdb.New(t)
-	pool := openPool(t, url)
-	setLimit(t, pool, "test.probe."+kind, limit)
+	url, pool, tracker := probeKind(t, kind, limit)
 	logParkings(t, pool)
-	tracker := newProbeTracker()
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, parkAfter, nil)
 	startProbeWorker(t, url, kind+"-b", kind, tracker, parkAfter, nil)
 	return pool, tracker, a
+}
+
+// probeKind makes a test database whose probe kind ("test.probe." + kind)
+// is limited to limit, and returns its URL, a pool and a tracker for the
+// probe workers to start.
+func probeKind(t *testing.T, kind string, limit int32) (string, *pgxpool.Pool, *probeTracker) {
+	t.Helper()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	setLimit(t, pool, "test.probe."+kind, limit)
+	return url, pool, newProbeTracker()
 }
 
 func setLimit(t *testing.T, pool *pgxpool.Pool, kind string, n int32) {
