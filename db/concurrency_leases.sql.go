@@ -147,6 +147,8 @@ func (q *Queries) GrantLease(ctx context.Context, arg GrantLeaseParams) (*GrantL
 
 const leaseState = `-- name: LeaseState :one
 SELECT l.max_concurrency, l.admitted, l.has_parked,
+       COALESCE((SELECT cl.slots FROM concurrency_leases cl
+                 WHERE cl.kind = l.kind AND cl.worker_id = $1::text), 0)::integer AS own,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
        (SELECT count(*) FROM concurrency_leases cl
         WHERE cl.kind = l.kind AND cl.worker_id <> $1::text
@@ -165,14 +167,16 @@ type LeaseStateRow struct {
 	MaxConcurrency int32 `json:"max_concurrency"`
 	Admitted       int32 `json:"admitted"`
 	HasParked      bool  `json:"has_parked"`
+	Own            int32 `json:"own"`
 	HasReserved    bool  `json:"has_reserved"`
 	Others         int32 `json:"others"`
 }
 
 // The state of kind as a lease holder sees it, without locking: the limit,
-// the slots taken, whether jobs are parked or slots reserved, and how many
-// other workers hold slots of the kind or asked for some within the last
-// wanted_window_ms (they share the limit fairly).
+// the slots taken, whether jobs are parked or slots reserved, the slots
+// this worker's lease holds, and how many other workers hold slots of the
+// kind or asked for some within the last wanted_window_ms (they share the
+// limit fairly).
 func (q *Queries) LeaseState(ctx context.Context, arg LeaseStateParams) (*LeaseStateRow, error) {
 	row := q.db.QueryRow(ctx, leaseState, arg.WorkerID, arg.WantedWindowMs, arg.Kind)
 	var i LeaseStateRow
@@ -180,6 +184,7 @@ func (q *Queries) LeaseState(ctx context.Context, arg LeaseStateParams) (*LeaseS
 		&i.MaxConcurrency,
 		&i.Admitted,
 		&i.HasParked,
+		&i.Own,
 		&i.HasReserved,
 		&i.Others,
 	)

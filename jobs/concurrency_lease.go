@@ -244,12 +244,24 @@ func (s *leaser) keep(k *kindLease) {
 	ticker := time.NewTicker(LeasePoll)
 	defer ticker.Stop()
 	var renewed, looked time.Time
+	// needRenew forces a renewal, which reconciles the worker's count with
+	// the database's, before anything else: a grant or give-back whose
+	// reply was lost may have committed.
+	needRenew := false
 	for first := true; ; first = false {
 		if !first {
 			select {
 			case <-k.wake:
 			case <-ticker.C:
 			}
+		}
+		if needRenew || time.Since(renewed) >= LeaseRenew {
+			if err := s.renew(k); err != nil {
+				s.l.logger.Warn("concurrency lease: not renewed", "kind", k.kind, "error", err)
+				needRenew = true
+				continue
+			}
+			renewed, needRenew = time.Now(), false
 		}
 		s.mu.Lock()
 		ret := k.toReturn
@@ -286,11 +298,12 @@ func (s *leaser) keep(k *kindLease) {
 
 		if ret > 0 && s.giveBack(k.kind, ret) != nil {
 			s.mu.Lock()
-			k.toReturn += ret // next round
+			k.toReturn += ret // next round, after a renewal says what went back
 			s.mu.Unlock()
+			needRenew = true
 			continue
 		}
-		if idle {
+		if idle && !needRenew {
 			s.mu.Lock()
 			if k.leased == 0 && k.inUse == 0 && len(k.waiters) == 0 && k.toReturn == 0 {
 				k.keeper = false
@@ -298,13 +311,6 @@ func (s *leaser) keep(k *kindLease) {
 				return
 			}
 			s.mu.Unlock()
-		}
-		if time.Since(renewed) >= LeaseRenew {
-			if err := s.renew(k); err != nil {
-				s.l.logger.Warn("concurrency lease: not renewed", "kind", k.kind, "error", err)
-			} else {
-				renewed = time.Now()
-			}
 		}
 		s.mu.Lock()
 		waiting := len(k.waiters) > 0
@@ -319,6 +325,7 @@ func (s *leaser) keep(k *kindLease) {
 		looked = time.Now()
 		if err := s.lease(k); err != nil {
 			s.l.logger.Warn("concurrency lease: slots not leased", "kind", k.kind, "error", err)
+			needRenew = true
 		}
 	}
 }
@@ -336,7 +343,16 @@ func (s *leaser) renew(k *kindLease) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch diff := k.leased + k.toReturn - int(held); {
+	s.reconcile(k, int(held))
+	return nil
+}
+
+// reconcile makes the worker's count of k's slots (leased and to return)
+// agree with held, what the database counts for it; s.mu is held, and only
+// the keeper of k, which does all of k's lease statements one after the
+// other, calls it.
+func (s *leaser) reconcile(k *kindLease, held int) {
+	switch diff := k.leased + k.toReturn - held; {
 	case diff > 0:
 		s.l.logger.Warn("concurrency lease: slots lost (the lease expired or the limit was removed); not used any more",
 			"kind", k.kind, "slots", diff)
@@ -351,7 +367,6 @@ func (s *leaser) renew(k *kindLease) error {
 			"kind", k.kind, "slots", -diff)
 		k.toReturn -= diff
 	}
-	return nil
 }
 
 // look reads the kind's state; a kind off the fast path sends its waiting
@@ -376,6 +391,7 @@ func (s *leaser) look(k *kindLease) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reconcile(k, int(st.Own))
 	k.limit = st.MaxConcurrency
 	k.others = int(st.Others)
 	k.fast = st.MaxConcurrency > 0 && !st.HasParked && !st.HasReserved

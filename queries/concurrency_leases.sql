@@ -16,10 +16,13 @@ ORDER BY l.kind;
 
 -- name: LeaseState :one
 -- The state of kind as a lease holder sees it, without locking: the limit,
--- the slots taken, whether jobs are parked or slots reserved, and how many
--- other workers hold slots of the kind or asked for some within the last
--- wanted_window_ms (they share the limit fairly).
+-- the slots taken, whether jobs are parked or slots reserved, the slots
+-- this worker's lease holds, and how many other workers hold slots of the
+-- kind or asked for some within the last wanted_window_ms (they share the
+-- limit fairly).
 SELECT l.max_concurrency, l.admitted, l.has_parked,
+       COALESCE((SELECT cl.slots FROM concurrency_leases cl
+                 WHERE cl.kind = l.kind AND cl.worker_id = sqlc.arg(worker_id)::text), 0)::integer AS own,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
        (SELECT count(*) FROM concurrency_leases cl
         WHERE cl.kind = l.kind AND cl.worker_id <> sqlc.arg(worker_id)::text
