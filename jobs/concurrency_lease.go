@@ -243,11 +243,19 @@ func (s *leaser) keep(k *kindLease) {
 	defer s.wg.Done()
 	ticker := time.NewTicker(LeasePoll)
 	defer ticker.Stop()
-	var renewed, looked time.Time
+	var renewed, looked, warned time.Time
 	// needRenew forces a renewal, which reconciles the worker's count with
 	// the database's, before anything else: a grant or give-back whose
 	// reply was lost may have committed.
 	needRenew := false
+	// warn logs at most once per LeaseRenew: while the database is down,
+	// every round fails.
+	warn := func(msg string, err error) {
+		if time.Since(warned) >= LeaseRenew {
+			s.l.logger.Warn(msg, "kind", k.kind, "error", err)
+			warned = time.Now()
+		}
+	}
 	for first := true; ; first = false {
 		if !first {
 			select {
@@ -255,9 +263,12 @@ func (s *leaser) keep(k *kindLease) {
 			case <-ticker.C:
 			}
 		}
-		if needRenew || time.Since(renewed) >= LeaseRenew {
+		s.mu.Lock()
+		stopped := s.stopped
+		s.mu.Unlock()
+		if !stopped && (needRenew || time.Since(renewed) >= LeaseRenew) {
 			if err := s.renew(k); err != nil {
-				s.l.logger.Warn("concurrency lease: not renewed", "kind", k.kind, "error", err)
+				warn("concurrency lease: not renewed", err)
 				needRenew = true
 				continue
 			}
@@ -319,12 +330,12 @@ func (s *leaser) keep(k *kindLease) {
 			continue
 		}
 		if err := s.look(k); err != nil {
-			s.l.logger.Warn("concurrency lease: kind state not read", "kind", k.kind, "error", err)
+			warn("concurrency lease: kind state not read", err)
 			continue
 		}
 		looked = time.Now()
 		if err := s.lease(k); err != nil {
-			s.l.logger.Warn("concurrency lease: slots not leased", "kind", k.kind, "error", err)
+			warn("concurrency lease: slots not leased", err)
 			needRenew = true
 		}
 	}

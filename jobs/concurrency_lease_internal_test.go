@@ -2,10 +2,14 @@ package jobs
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/db"
 )
 
 // newTestLease is a leaser holding leased slots of kind "k" under limit,
@@ -68,4 +72,31 @@ func TestLeaserOverLimit(t *testing.T) {
 	require.Equal(t, 1, k.inUse)
 	require.Equal(t, 2, k.leased)
 	require.Equal(t, 1, k.toReturn, "the freed slot goes back")
+}
+
+// TestLeaserCloseWhileDatabaseDown: a stopping worker's keepers end even
+// when every statement fails (the database is down), and close returns.
+func TestLeaserCloseWhileDatabaseDown(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	defer pool.Close()
+	l := &Limiter{pool: pool, q: db.New(pool), logger: slog.New(slog.DiscardHandler), workerID: "down"}
+	s := newLeaser(l, 20*time.Millisecond)
+	k := &kindLease{kind: "k", limit: 3, fast: true, leased: 2, wake: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.kinds["k"] = k
+	s.startKeeper(k)
+	s.mu.Unlock()
+	time.Sleep(50 * time.Millisecond) // the keeper fails a few rounds
+
+	closed := make(chan struct{})
+	go func() {
+		s.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close hangs while the database is down")
+	}
 }
