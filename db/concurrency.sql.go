@@ -202,16 +202,6 @@ func (q *Queries) ConcurrencyOverview(ctx context.Context) ([]*ConcurrencyOvervi
 	return items, nil
 }
 
-const deleteParkedJobRecord = `-- name: DeleteParkedJobRecord :exec
-DELETE FROM concurrency_parked_jobs WHERE job_id = $1
-`
-
-// Drops the parking record of a job (by hand: tests and repairs).
-func (q *Queries) DeleteParkedJobRecord(ctx context.Context, jobID int64) error {
-	_, err := q.db.Exec(ctx, deleteParkedJobRecord, jobID)
-	return err
-}
-
 const deleteStaleConcurrencyExecutions = `-- name: DeleteStaleConcurrencyExecutions :many
 DELETE FROM concurrency_executions e
 WHERE e.kind = $1
@@ -252,24 +242,6 @@ func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg Dele
 		return nil, err
 	}
 	return items, nil
-}
-
-const getParkedJob = `-- name: GetParkedJob :one
-SELECT job_id, kind, parked_at, reason, worker_id FROM concurrency_parked_jobs WHERE job_id = $1
-`
-
-// The parking record of one job.
-func (q *Queries) GetParkedJob(ctx context.Context, jobID int64) (*ConcurrencyParkedJob, error) {
-	row := q.db.QueryRow(ctx, getParkedJob, jobID)
-	var i ConcurrencyParkedJob
-	err := row.Scan(
-		&i.JobID,
-		&i.Kind,
-		&i.ParkedAt,
-		&i.Reason,
-		&i.WorkerID,
-	)
-	return &i, err
 }
 
 const hasParkedJobs = `-- name: HasParkedJobs :one

@@ -191,11 +191,17 @@ func (s *leaser) release(kind string) {
 		s.startKeeper(k)
 		signal(k.wake)
 	case len(k.waiters) > 0 && k.inUse < k.usable():
-		w := heap.Pop(&k.waiters).(*leaseWaiter)
-		w.granted = true
-		k.inUse++
-		close(w.ready)
+		s.grantOldest(k)
 	}
+}
+
+// grantOldest gives a usable leased slot to the oldest waiting job of k;
+// s.mu is held.
+func (s *leaser) grantOldest(k *kindLease) {
+	w := heap.Pop(&k.waiters).(*leaseWaiter)
+	w.granted = true
+	k.inUse++
+	close(w.ready)
 }
 
 // usable is how many of its leased slots the worker may use: no more than
@@ -458,11 +464,8 @@ func (s *leaser) lease(k *kindLease) error {
 		k.fast = false
 		s.dismissWaiters(k)
 	}
-	for len(k.waiters) > 0 && k.inUse < k.leased {
-		w := heap.Pop(&k.waiters).(*leaseWaiter)
-		w.granted = true
-		k.inUse++
-		close(w.ready)
+	for len(k.waiters) > 0 && k.inUse < k.usable() {
+		s.grantOldest(k)
 	}
 	return nil
 }

@@ -342,7 +342,7 @@ func saveCounts(ctx context.Context, q *db.Queries, counts map[string]*kindCount
 func (l *Limiter) admitBatch(batch []*admitRequest) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
 	defer cancel()
-	p := db.AdmitJobsParams{WorkerID: l.workerIDPtr()}
+	p := db.AdmitJobsParams{WorkerID: &l.workerID}
 	for _, r := range batch {
 		p.JobIds = append(p.JobIds, r.job.ID)
 		p.Kinds = append(p.Kinds, r.job.Kind)
@@ -381,7 +381,6 @@ func (l *Limiter) admitBatch(batch []*admitRequest) {
 func (l *Limiter) parkBatch(batch []*admitRequest) {
 	var parkedKinds []string
 	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
-		parkedKinds = parkedKinds[:0]
 		q := db.New(tx)
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
 		counts, err := lockKinds(ctx, q, kinds)
@@ -419,7 +418,7 @@ func (l *Limiter) parkBatch(batch []*admitRequest) {
 		}
 		if len(admitIDs) > 0 {
 			if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
-				JobIds: admitIDs, Kinds: admitKinds, WorkerID: l.workerIDPtr(), Reserved: false,
+				JobIds: admitIDs, Kinds: admitKinds, WorkerID: &l.workerID, Reserved: false,
 			}); err != nil {
 				return fmt.Errorf("admit: %w", err)
 			}
@@ -471,7 +470,7 @@ func (l *Limiter) park(ctx context.Context, q *db.Queries, batch []*admitRequest
 		done[id] = true
 	}
 	var p db.InsertParkedJobsParams
-	p.WorkerID = l.workerIDPtr()
+	p.WorkerID = &l.workerID
 	var kinds []string
 	for i, r := range batch {
 		job := r.job
@@ -636,13 +635,6 @@ func (l *Limiter) withBatchTx(parent context.Context, fn func(ctx context.Contex
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), batchTimeout)
 	defer cancel()
 	return pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error { return fn(ctx, tx) })
-}
-
-func (l *Limiter) workerIDPtr() *string {
-	if l.workerID == "" {
-		return nil
-	}
-	return &l.workerID
 }
 
 // distinctKinds returns the sorted distinct kinds of n items.

@@ -47,9 +47,10 @@ func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, k
 }
 
 // Release deletes the slots of jobIDs (the jobs rescued from the worker),
-// every other slot recorded for the worker and its leases, and resumes parked jobs of their
-// kinds into the freed slots, in the same transaction. A kind whose slot turns up although it was not locked (not
-// expected: the dead worker cannot take slots any more) is locked late.
+// every other slot recorded for the worker and its leases, and resumes
+// parked jobs of their kinds into the freed slots, in the same transaction.
+// A kind whose slot turns up although it was not locked (not expected: the
+// dead worker cannot take slots any more) is locked late.
 func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseResult, error) {
 	res := SlotReleaseResult{Released: map[string]int{}, Resumed: map[string]int{}}
 	q := db.New(r.tx)
@@ -64,20 +65,18 @@ func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseR
 	if err != nil {
 		return res, fmt.Errorf("release leases of worker %s: %w", r.workerID, err)
 	}
-	var late []string
 	for _, row := range released {
 		res.Released[row.Kind]++
-		if _, ok := r.counts[row.Kind]; !ok && !slices.Contains(late, row.Kind) {
-			late = append(late, row.Kind)
-		}
 	}
 	for _, row := range leases {
-		if row.Slots == 0 {
-			continue
+		if row.Slots > 0 {
+			res.Released[row.Kind] += int(row.Slots)
 		}
-		res.Released[row.Kind] += int(row.Slots)
-		if _, ok := r.counts[row.Kind]; !ok && !slices.Contains(late, row.Kind) {
-			late = append(late, row.Kind)
+	}
+	var late []string
+	for kind := range res.Released {
+		if _, ok := r.counts[kind]; !ok {
+			late = append(late, kind)
 		}
 	}
 	if len(late) > 0 {

@@ -179,11 +179,10 @@ func (w *ConcurrencyLimitResumeWorker) resumeKind(ctx context.Context, kind stri
 		if resumed, err = w.deps.Limiter.resumeInto(ctx, q, kind, c); err != nil {
 			return err
 		}
-		if remaining, err = q.HasParkedJobs(ctx, kind); err != nil {
-			return fmt.Errorf("look for parked jobs: %w", err)
-		}
+		// Fresh either way: resumeInto looked again after resuming, and
+		// when it had no slot to fill, the recount just did.
+		remaining = c.hasParked
 		if limited {
-			c.hasParked, c.dirty = remaining, true
 			return saveCounts(ctx, q, map[string]*kindCounts{kind: c})
 		}
 		return nil

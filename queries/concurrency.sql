@@ -101,10 +101,6 @@ RETURNING j.id, j.queue;
 -- Whether kind has parking records (pending, or completing their parking).
 SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind));
 
--- name: DeleteParkedJobRecord :exec
--- Drops the parking record of a job (by hand: tests and repairs).
-DELETE FROM concurrency_parked_jobs WHERE job_id = sqlc.arg(job_id);
-
 -- name: DeleteStaleConcurrencyExecutions :many
 -- Frees the slots of kind whose River job no longer holds them: the job is
 -- gone or no longer running, or — a slot reserved for a resumed job — the
@@ -150,10 +146,6 @@ JOIN river_job j ON j.id = p.job_id
 WHERE sqlc.arg(kind)::text = '' OR p.kind = sqlc.arg(kind)::text
 ORDER BY p.kind, p.job_id
 LIMIT sqlc.arg(max_rows);
-
--- name: GetParkedJob :one
--- The parking record of one job.
-SELECT * FROM concurrency_parked_jobs WHERE job_id = sqlc.arg(job_id);
 
 -- name: ConcurrencyOverview :many
 -- sluice_concurrency_overview, with the age in seconds (0 when none parked).

@@ -37,15 +37,13 @@ func NewDeps(tb testing.TB, pool *pgxpool.Pool) (*jobs.Deps, *prometheus.Registr
 	return NewDepsConfig(tb, pool, jobs.DepsConfig{})
 }
 
-// NewDepsConfig is NewDeps with cfg, whose logger, registry and worker id
-// default to the test's.
+// NewDepsConfig is NewDeps with cfg, whose logger and worker id default to
+// the test's; its metrics go to the private registry returned.
 func NewDepsConfig(tb testing.TB, pool *pgxpool.Pool, cfg jobs.DepsConfig) (*jobs.Deps, *prometheus.Registry) {
 	tb.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Logger = cmp.Or(cfg.Logger, Logger(tb))
-	if cfg.Registerer == nil {
-		cfg.Registerer = reg
-	}
+	cfg.Registerer = reg
 	cfg.WorkerID = cmp.Or(cfg.WorkerID, "test-"+tb.Name())
 	deps, err := jobs.NewDeps(pool, cfg)
 	if err != nil {
