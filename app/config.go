@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/liveness"
+	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -36,11 +38,22 @@ const (
 	DefaultHardStopGrace = 5 * time.Second
 	// DefaultHeartbeatInterval is how often a worker refreshes its
 	// sluice_workers row.
-	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultHeartbeatInterval = liveness.DefaultHeartbeatInterval
+	// DefaultJobTimeout is River's own default job timeout.
+	DefaultJobTimeout = time.Minute
+	// DefaultDeadAfter is how long after its last heartbeat a worker counts
+	// as dead.
+	DefaultDeadAfter = liveness.DefaultDeadAfter
+	// MinDeadAfterBeats is how many heartbeat intervals dead-after spans at
+	// least.
+	MinDeadAfterBeats = liveness.MinDeadAfterBeats
 )
 
 // Config configures a worker process.
 type Config struct {
+	// Program is the application's workers and migrations, and the modules
+	// turned on.
+	Program Program
 	// DatabaseURL is the pgx connection string.
 	DatabaseURL string
 	// HTTPAddr is the listen address of the HTTP server; empty disables it.
@@ -69,13 +82,10 @@ type Config struct {
 	// JobTimeout is River's client-level job timeout.
 	JobTimeout time.Duration
 	// ParkAfter is how long a job of a limited kind waits in the worker for
-	// a slot before it parks (jobs.DefaultParkAfter when 0).
+	// a slot before it parks (limiter.DefaultParkAfter when 0).
 	ParkAfter time.Duration
 	// MaintenanceTimeout bounds a maintenance run.
 	MaintenanceTimeout time.Duration
-	// ExportDir is where export.project writes archives (SLUICE_EXPORT_DIR);
-	// empty means jobs.DefaultExportDir.
-	ExportDir string
 	// Logger receives every log line.
 	Logger *slog.Logger
 	// SchedulePollInterval is the longest the schedule dispatcher sleeps
@@ -117,13 +127,13 @@ func (c *Config) withDefaults() Config {
 		out.HardStopGrace = DefaultHardStopGrace
 	}
 	if out.JobTimeout == 0 {
-		out.JobTimeout = jobs.DefaultJobTimeout
+		out.JobTimeout = DefaultJobTimeout
 	}
 	if out.ParkAfter == 0 {
-		out.ParkAfter = jobs.DefaultParkAfter
+		out.ParkAfter = limiter.DefaultParkAfter
 	}
 	if out.MaintenanceTimeout == 0 {
-		out.MaintenanceTimeout = jobs.DefaultMaintenanceTimeout
+		out.MaintenanceTimeout = maintenance.DefaultTimeout
 	}
 	if out.ID == "" {
 		out.ID = NewID()
@@ -172,8 +182,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("fetch poll interval must be at least the fetch cooldown, got %s", c.FetchPollInterval)
 	case c.RescueStuckJobsAfter < 0:
 		return fmt.Errorf("rescue-stuck-jobs-after must not be negative, got %s", c.RescueStuckJobsAfter)
-	case c.RescueStuckJobsAfter > 0 && c.RescueStuckJobsAfter < max(c.JobTimeout, jobs.DefaultJobTimeout):
-		return fmt.Errorf("rescue-stuck-jobs-after (%s) must be at least the job timeout (%s)", c.RescueStuckJobsAfter, max(c.JobTimeout, jobs.DefaultJobTimeout))
+	case c.RescueStuckJobsAfter > 0 && c.RescueStuckJobsAfter < max(c.JobTimeout, DefaultJobTimeout):
+		return fmt.Errorf("rescue-stuck-jobs-after (%s) must be at least the job timeout (%s)", c.RescueStuckJobsAfter, max(c.JobTimeout, DefaultJobTimeout))
 	case len(c.ID) > 100:
 		return fmt.Errorf("worker id must be at most 100 characters, got %d", len(c.ID))
 	case c.SchedulePollInterval < 0 || (c.SchedulePollInterval > 0 && c.SchedulePollInterval < 10*time.Millisecond):
@@ -217,3 +227,10 @@ func validateListenAddr(addr string) error {
 	}
 	return nil
 }
+
+// ErrReaped ends a worker that found itself declared dead by another
+// worker (liveness.ErrReaped).
+var ErrReaped = liveness.ErrReaped
+
+// ExitReaped is the exit code of `sluice worker` after ErrReaped.
+const ExitReaped = liveness.ExitReaped

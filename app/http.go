@@ -9,12 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-dev/sluice/module"
 )
 
 // newHTTPHandler serves /healthz (the process is alive), /readyz (the
 // database answers), /metrics (Prometheus) and /health (workers and
 // schedules, see checkHealth).
-func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Handler {
+func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry, modules []module.Module) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
@@ -29,7 +31,7 @@ func newHTTPHandler(pool *pgxpool.Pool, registry *prometheus.Registry) http.Hand
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
-	mux.HandleFunc("GET /stats", statsHandler(pool)) // the stats document (stats.go)
+	mux.HandleFunc("GET /stats", statsHandler(pool, modules)) // the stats document (stats.go)
 	mux.HandleFunc("GET /health", healthHandler(pool))
 	return mux
 }

@@ -2,14 +2,13 @@ package app
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-
-	"github.com/sluice-dev/sluice/jobs"
 )
 
 // Client is the River client type sluice uses.
@@ -36,13 +35,9 @@ type clientOpts struct {
 	softStopTimeout      time.Duration
 }
 
-// newWorkClient builds a River client with every sluice worker and
-// middleware registered.
-func newWorkClient(pool *pgxpool.Pool, deps *jobs.Deps, opts clientOpts) (*Client, error) {
-	workers := river.NewWorkers()
-	if err := jobs.AddWorkers(workers, deps); err != nil {
-		return nil, fmt.Errorf("register workers: %w", err)
-	}
+// newWorkClient builds a River client working the program's jobs, with
+// sluice's middleware, and gives it to the workers that insert jobs.
+func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts clientOpts) (*Client, error) {
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		FetchCooldown:          opts.fetchCooldown,
 		FetchPollInterval:      opts.fetchPollInterval,
@@ -50,14 +45,15 @@ func newWorkClient(pool *pgxpool.Pool, deps *jobs.Deps, opts clientOpts) (*Clien
 		RescueStuckJobsAfter:   opts.rescueStuckJobsAfter,
 		JobTimeout:             opts.jobTimeout,
 		LeaderElectionDisabled: opts.leaderElectionOff,
-		Logger:                 deps.Logger,
+		Logger:                 logger,
 		Queues:                 opts.queues,
 		SoftStopTimeout:        opts.softStopTimeout,
-		WorkerMiddleware:       jobs.Middleware(deps),
-		Workers:                workers,
+		WorkerMiddleware:       j.Middleware(),
+		Workers:                j.Workers,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
+	j.SetClient(client)
 	return client, nil
 }

@@ -9,12 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/migrations"
 )
 
@@ -69,13 +68,12 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 	if err := migrations.Check(ctx, pool, cfg.Logger); err != nil {
 		return nil, err
 	}
-	deps, err := jobs.NewDeps(pool, jobs.DepsConfig{
+	j, err := NewJobs(pool, JobsConfig{
+		Program:            cfg.Program,
 		Logger:             cfg.Logger,
-		Registerer:         prometheus.NewRegistry(),
 		WorkerID:           cfg.ID,
 		JobTimeout:         cfg.JobTimeout,
 		MaintenanceTimeout: cfg.MaintenanceTimeout,
-		ExportDir:          cfg.ExportDir,
 		IgnoreLimits:       opts.IgnoreLimit,
 		NeverPark:          true,
 	})
@@ -84,7 +82,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 	}
 
 	queue := privateQueueName()
-	client, err := newWorkClient(pool, deps, clientOpts{
+	client, err := newWorkClient(pool, j, cfg.Logger, clientOpts{
 		fetchCooldown:     cfg.FetchCooldown,
 		fetchPollInterval: cfg.FetchPollInterval,
 		id:                cfg.ID,
@@ -114,7 +112,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 	}
 	jobID := inserted.Job.ID
 	if !opts.IgnoreLimit {
-		if err := reserveRunSlot(ctx, deps.Limiter, args.Kind(), jobID, opts.Wait); err != nil {
+		if err := reserveRunSlot(ctx, j.Limiter, args.Kind(), jobID, opts.Wait); err != nil {
 			deleteCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if _, delErr := client.JobDelete(deleteCtx, jobID); delErr != nil {
@@ -154,9 +152,9 @@ wait:
 	if err := client.Stop(stopCtx); err != nil {
 		return nil, fmt.Errorf("stop River client: %w", err)
 	}
-	flushLimiter(deps, cfg.Logger)
+	flushLimiter(j, cfg.Logger)
 
-	if err := deps.Limiter.Forget(ctx, args.Kind(), jobID); err != nil {
+	if err := j.Limiter.Forget(ctx, args.Kind(), jobID); err != nil {
 		// A slot the job did not claim (it failed for want of one).
 		cfg.Logger.Warn("slot of the job not freed; concurrency_limit.resume will", "job_id", jobID, "error", err)
 	}
@@ -182,10 +180,10 @@ wait:
 
 // reserveRunSlot reserves a slot of kind for the job jobID when the kind is
 // limited, trying every runSlotPoll until wait has passed.
-func reserveRunSlot(ctx context.Context, limiter *jobs.Limiter, kind string, jobID int64, wait time.Duration) error {
+func reserveRunSlot(ctx context.Context, lim *limiter.Limiter, kind string, jobID int64, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		res, err := limiter.ReserveSlot(ctx, kind, jobID)
+		res, err := lim.ReserveSlot(ctx, kind, jobID)
 		if err != nil {
 			return err
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 func TestRunOne(t *testing.T) {
@@ -20,11 +20,11 @@ func TestRunOne(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	cfg := app.Config{DatabaseURL: url, Logger: jobtest.Logger(t)}
+	cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, Logger: jobtest.Logger(t)}
 
 	t.Run("completes", func(t *testing.T) {
 		t.Parallel()
-		res, err := app.RunOne(ctx, cfg, jobs.DemoSleepArgs{MS: 10}, app.RunOptions{})
+		res, err := app.RunOne(ctx, cfg, demo.SleepArgs{MS: 10}, app.RunOptions{})
 		require.NoError(t, err)
 		require.True(t, res.Succeeded())
 		require.Equal(t, "demo.sleep", res.Kind)
@@ -36,13 +36,13 @@ func TestRunOne(t *testing.T) {
 		t.Parallel()
 		runCtx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := app.RunOne(runCtx, cfg, jobs.DemoSleepArgs{MS: 60_000}, app.RunOptions{})
+		_, err := app.RunOne(runCtx, cfg, demo.SleepArgs{MS: 60_000}, app.RunOptions{})
 		require.Error(t, err)
 	})
 
 	t.Run("unmigrated database", func(t *testing.T) {
 		t.Parallel()
-		_, err := app.RunOne(ctx, app.Config{DatabaseURL: testdb.NewEmpty(t)}, jobs.DemoSleepArgs{}, app.RunOptions{})
+		_, err := app.RunOne(ctx, app.Config{Program: jobtest.Program(), DatabaseURL: testdb.NewEmpty(t)}, demo.SleepArgs{}, app.RunOptions{})
 		require.ErrorContains(t, err, "sluice migrate up")
 	})
 }
@@ -73,7 +73,7 @@ func TestRunOneLimitChangedAfterReservation(t *testing.T) {
 	}
 	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	res, err := app.RunOne(runCtx, app.Config{DatabaseURL: url, Logger: jobtest.Logger(t)}, jobs.DemoSleepArgs{MS: 1}, app.RunOptions{})
+	res, err := app.RunOne(runCtx, app.Config{Program: jobtest.Program(), DatabaseURL: url, Logger: jobtest.Logger(t)}, demo.SleepArgs{MS: 1}, app.RunOptions{})
 	require.NoError(t, err, "run returns, it does not hang")
 	require.False(t, res.Succeeded())
 	require.Contains(t, res.Error, "no concurrency slot free")

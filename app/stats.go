@@ -8,34 +8,25 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/module"
 )
 
-// StatsSection is one top-level section of the stats document: a value that
-// encodes as the section's JSON and prints itself as a table for people.
-type StatsSection interface {
-	// WriteTable prints the section under a title line.
-	WriteTable(w io.Writer) error
-}
-
-// statsReader reads one section of the stats document.
-type statsReader struct {
-	// name is the section's key in the JSON document.
-	name string
-	read func(ctx context.Context, dbtx db.DBTX) (StatsSection, error)
-}
+// StatsSection is one top-level section of the stats document.
+type StatsSection = module.StatsSection
 
 // statsReaders are the sections of the stats document, in the order `sluice
-// stats` prints them. A subsystem adds its summary (parked jobs, schedules,
-// …) by appending one reader here: a JSON value with a WriteTable method.
-var statsReaders = []statsReader{
-	{name: "queues", read: readQueueStats},
-	{name: "task_cancellation", read: readTaskCancellationStats},
+// stats` prints them: the core's, then the modules' (module.Module.Stats).
+// A section is a JSON value with a WriteTable method.
+func statsReaders(modules []module.Module) []module.StatsReader {
+	readers := []module.StatsReader{{Name: "queues", Read: readQueueStats}}
+	for _, m := range modules {
+		readers = append(readers, m.Stats...)
+	}
+	return readers
 }
 
 // Stats is the document served at /stats and printed by `sluice stats`,
@@ -47,16 +38,17 @@ type Stats struct {
 	sections map[string]StatsSection
 }
 
-// ReadStats reads every section of the stats document through dbtx.
-func ReadStats(ctx context.Context, dbtx db.DBTX) (*Stats, error) {
+// ReadStats reads every section of the stats document through dbtx: the
+// core's and those of modules.
+func ReadStats(ctx context.Context, dbtx db.DBTX, modules []module.Module) (*Stats, error) {
 	s := &Stats{sections: map[string]StatsSection{}}
-	for _, r := range statsReaders {
-		section, err := r.read(ctx, dbtx)
+	for _, r := range statsReaders(modules) {
+		section, err := r.Read(ctx, dbtx)
 		if err != nil {
 			return nil, err
 		}
-		s.names = append(s.names, r.name)
-		s.sections[r.name] = section
+		s.names = append(s.names, r.Name)
+		s.sections[r.Name] = section
 	}
 	return s, nil
 }
@@ -105,11 +97,11 @@ const statsTimeout = 10 * time.Second
 
 // statsHandler serves the stats document as JSON; 503 if the database
 // cannot be read.
-func statsHandler(dbtx db.DBTX) http.HandlerFunc {
+func statsHandler(dbtx db.DBTX, modules []module.Module) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), statsTimeout)
 		defer cancel()
-		stats, err := ReadStats(ctx, dbtx)
+		stats, err := ReadStats(ctx, dbtx, modules)
 		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": err.Error()})
 			return
@@ -168,56 +160,6 @@ func (q QueueStats) WriteTable(w io.Writer) error {
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", kind, state, k.Jobs[state], oldest)
 		}
-	}
-	return tw.Flush()
-}
-
-// taskCancellationSection is the "task_cancellation" section, with the
-// monitor's settings for the table's title.
-type taskCancellationSection struct {
-	stats    jobs.TaskCancellationStats
-	settings *jobs.TaskCancellationSettings
-}
-
-func readTaskCancellationStats(ctx context.Context, dbtx db.DBTX) (StatsSection, error) {
-	stats, err := jobs.ReadTaskCancellationStats(ctx, db.New(dbtx))
-	if err != nil {
-		return nil, err
-	}
-	settings, err := jobs.ReadTaskCancellationSettings(ctx, db.NewSettings(dbtx))
-	if err != nil {
-		return nil, err
-	}
-	return &taskCancellationSection{stats: stats, settings: settings}, nil
-}
-
-// MarshalJSON encodes exactly the contract's shape: {"KIND":
-// {"current_count_post_cancel": N, "total_count_post_cancel": N}}.
-func (s *taskCancellationSection) MarshalJSON() ([]byte, error) {
-	return json.Marshal(s.stats)
-}
-
-// WriteTable prints one line per kind, under the monitor's settings.
-func (s *taskCancellationSection) WriteTable(w io.Writer) error {
-	kinds := "all kinds"
-	if len(s.settings.Kinds) > 0 {
-		kinds = "kinds " + strings.Join(s.settings.Kinds, ", ")
-	}
-	monitor := "enabled"
-	if !s.settings.Enabled {
-		monitor = "disabled"
-	}
-	fmt.Fprintf(w, "Task cancellation (jobs still running %s after their cancellation; monitor %s, %s)\n",
-		s.settings.Duration(), monitor, kinds)
-	if len(s.stats) == 0 {
-		_, err := fmt.Fprintln(w, "  none")
-		return err
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  KIND\tCURRENT\tTOTAL")
-	for _, kind := range sortedKeys(s.stats) {
-		k := s.stats[kind]
-		fmt.Fprintf(tw, "  %s\t%d\t%d\n", kind, k.CurrentCountPostCancel, k.TotalCountPostCancel)
 	}
 	return tw.Flush()
 }

@@ -13,8 +13,10 @@ import (
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/modules/demo"
+	"github.com/sluice-dev/sluice/modules/taskcancel"
 )
 
 // TestWorkerStats: /stats serves the stats document, with the
@@ -29,7 +31,7 @@ func TestWorkerStats(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	// The job that ignores its cancellation must not hold up the stop.
-	w, _ := startWorker(t, app.Config{DatabaseURL: url, ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond})
+	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond})
 	base := "http://" + w.HTTPAddr()
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + path)
@@ -48,12 +50,12 @@ func TestWorkerStats(t *testing.T) {
 	require.Equal(t, byte('{'), empty["queues"][0])
 
 	// A job running long after its cancellation, counted by the monitor.
-	id := insert(t, url, jobs.DemoSleepArgs{MS: 600_000, IgnoreCancel: true})
+	id := insert(t, url, demo.SleepArgs{MS: 600_000, IgnoreCancel: true})
 	waitState(t, url, id, "running")
-	require.NoError(t, db.NewSettings(pool).Set(ctx, jobs.SettingTaskCancellationDurationMillis, 0))
+	require.NoError(t, db.NewSettings(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
 	_, err = w.Client().JobCancel(ctx, id)
 	require.NoError(t, err)
-	monitor := insert(t, url, jobs.TaskCancellationMonitorArgs{})
+	monitor := insert(t, url, taskcancel.TaskCancellationMonitorArgs{})
 	waitState(t, url, monitor, "completed")
 
 	code, body = get("/stats")

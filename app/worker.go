@@ -15,7 +15,8 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/liveness"
+	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/scheduler"
 )
@@ -26,18 +27,15 @@ type Worker struct {
 	cfg      Config
 	pool     *pgxpool.Pool
 	client   *Client
-	deps     *jobs.Deps
+	jobs     *Jobs
 	registry *prometheus.Registry
+	handler  http.Handler
 	listener net.Listener
 	server   *http.Server
-	// dispatcher is the schedule dispatcher; heartbeat keeps the
-	// sluice_workers row.
+	// dispatcher is the schedule dispatcher.
 	dispatcher *scheduler.Dispatcher
-	heartbeat  *heartbeat
-	// live is the worker's identity towards the other workers; reaper
-	// rescues the jobs of dead workers.
-	live   *liveness
-	reaper *reaper
+	// live is the worker's heartbeat row and its reaper of dead workers.
+	live *liveness.Service
 }
 
 // NewWorker connects to the database, checks that its schema is migrated,
@@ -48,8 +46,14 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	}
 	cfg = cfg.withDefaults()
 
-	live := newLiveness(cfg)
-	pool, err := live.openPool(ctx, cfg.DatabaseURL)
+	live := liveness.New(liveness.Config{ID: cfg.ID, HeartbeatInterval: cfg.HeartbeatInterval,
+		DeadAfter: cfg.DeadAfter, Logger: cfg.Logger})
+	config, err := db.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	live.ConfigurePool(config)
+	pool, err := db.OpenConfig(ctx, config, cfg.DatabaseURL, 10*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -69,29 +73,28 @@ func (w *Worker) init(ctx context.Context) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	w.registry.MustRegister(jobs.NewTaskCancellationCollector(w.pool, w.cfg.Logger))
-	deps, err := jobs.NewDeps(w.pool, jobs.DepsConfig{
+	j, err := NewJobs(w.pool, JobsConfig{
+		Program:            w.cfg.Program,
 		Logger:             w.cfg.Logger,
 		Registerer:         w.registry,
 		WorkerID:           w.cfg.ID,
 		JobTimeout:         w.cfg.JobTimeout,
 		MaintenanceTimeout: w.cfg.MaintenanceTimeout,
-		ExportDir:          w.cfg.ExportDir,
 		ParkAfter:          w.cfg.ParkAfter,
 	})
 	if err != nil {
 		return err
 	}
-	w.deps = deps
-	w.client, err = newWorkClient(w.pool, deps, clientOpts{
+	w.jobs = j
+	w.client, err = newWorkClient(w.pool, j, w.cfg.Logger, clientOpts{
 		fetchCooldown:        w.cfg.FetchCooldown,
 		fetchPollInterval:    w.cfg.FetchPollInterval,
 		rescueStuckJobsAfter: w.cfg.RescueStuckJobsAfter,
 		id:                   w.cfg.ID,
 		jobTimeout:           w.cfg.JobTimeout,
 		queues: map[string]river.QueueConfig{
-			river.QueueDefault:    {MaxWorkers: w.cfg.DefaultWorkers},
-			jobs.MaintenanceQueue: {MaxWorkers: w.cfg.MaintenanceWorkers},
+			river.QueueDefault: {MaxWorkers: w.cfg.DefaultWorkers},
+			maintenance.Queue:  {MaxWorkers: w.cfg.MaintenanceWorkers},
 		},
 	})
 	if err != nil {
@@ -103,13 +106,14 @@ func (w *Worker) init(ctx context.Context) error {
 	if err := w.initLiveness(); err != nil {
 		return err
 	}
+	w.handler = newHTTPHandler(w.pool, w.registry, w.cfg.Program.Modules)
 	if w.cfg.HTTPAddr != "" {
 		w.listener, err = net.Listen("tcp", w.cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("listen on %s (SLUICE_HTTP_ADDR): %w", w.cfg.HTTPAddr, err)
 		}
 		w.server = &http.Server{
-			Handler:           newHTTPHandler(w.pool, w.registry),
+			Handler:           w.handler,
 			ReadHeaderTimeout: 5 * time.Second,
 		}
 	}
@@ -127,11 +131,28 @@ func (w *Worker) HTTPAddr() string {
 	return w.listener.Addr().String()
 }
 
+// Handler serves the worker's HTTP endpoints (/healthz, /readyz, /metrics,
+// /stats, /health), for an application that mounts them in its own server.
+func (w *Worker) Handler() http.Handler { return w.handler }
+
 // Pool is the worker's database pool.
 func (w *Worker) Pool() *pgxpool.Pool { return w.pool }
 
 // Client is the worker's River client.
 func (w *Worker) Client() *Client { return w.client }
+
+// Jobs is what the worker's River client works with.
+func (w *Worker) Jobs() *Jobs { return w.jobs }
+
+// stopReaped ends a worker that found itself reaped: its jobs were rescued
+// and may run elsewhere, so it cancels them at once (their completion is
+// fenced anyway) instead of letting them finish, and leaves the database
+// alone.
+func (w *Worker) stopReaped() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = w.client.StopAndCancel(ctx)
+}
 
 // Run works jobs and serves HTTP until ctx is cancelled, then stops
 // gracefully: it stops fetching, lets running jobs finish for up to
@@ -139,25 +160,28 @@ func (w *Worker) Client() *Client { return w.client }
 // and returns. The pool is closed on return. If the worker finds itself
 // reaped (declared dead by another worker), it cancels its jobs at once and
 // returns ErrReaped.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Worker) Run(ctx context.Context) error { return w.RunNotify(ctx, nil) }
+
+// RunNotify is Run, calling started (if set) once the worker works jobs.
+func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	defer w.pool.Close()
 	logger := w.cfg.Logger
 
 	// The row comes first: every job this worker takes is attempted under
 	// a registered id, so a reaper can rescue it.
-	if err := w.register(ctx); err != nil {
+	if err := w.live.Register(ctx); err != nil {
 		if w.listener != nil {
 			_ = w.listener.Close()
 		}
 		return err
 	}
-	stopReaper, stopHeartbeat := w.startLiveness(ctx)
+	stopReaper, stopHeartbeat := w.live.Start(ctx)
 	// The client runs on a context of its own: cancelling ctx must start a
 	// graceful stop, not River's hard stop.
 	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
 		stopReaper()
 		stopHeartbeat()
-		w.removeHeartbeat()
+		w.live.Remove()
 		if w.listener != nil {
 			_ = w.listener.Close()
 		}
@@ -167,6 +191,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
+	}
+	if started != nil {
+		started()
 	}
 	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(),
 		"default_workers", w.cfg.DefaultWorkers, "maintenance_workers", w.cfg.MaintenanceWorkers)
@@ -183,7 +210,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	stopReaper()
 	stopDispatcher()
-	if w.live.isReaped() {
+	if w.live.IsReaped() {
 		w.stopReaped()
 		stopHeartbeat()
 		runErr = ErrReaped
@@ -191,10 +218,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		clean := w.stopClient()
 		stopHeartbeat()
 		switch {
-		case w.live.isReaped():
+		case w.live.IsReaped():
 			runErr = ErrReaped
 		case clean:
-			w.removeHeartbeat()
+			w.live.Remove()
 		default:
 			logger.Warn("worker row left in place: jobs still running are rescued by a reaper once it counts as dead",
 				"dead_after", w.cfg.DeadAfter.String())
@@ -217,7 +244,7 @@ func (w *Worker) stopClient() bool {
 	logger := w.cfg.Logger
 	// Jobs that ended have their concurrency slots released in the
 	// background: write those releases before the pool closes.
-	defer flushLimiter(w.deps, logger)
+	defer flushLimiter(w.jobs, logger)
 	softCtx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := w.client.Stop(softCtx); err == nil {
@@ -240,10 +267,10 @@ const flushTimeout = 5 * time.Second
 // flushLimiter waits (at most flushTimeout) for the concurrency slot
 // releases still in flight; releases it gives up on leave stale slot rows
 // that concurrency_limit.resume cleans up.
-func flushLimiter(deps *jobs.Deps, logger *slog.Logger) {
+func flushLimiter(j *Jobs, logger *slog.Logger) {
 	done := make(chan struct{})
 	go func() {
-		deps.Limiter.Flush()
+		j.Limiter.Flush()
 		close(done)
 	}()
 	select {

@@ -12,7 +12,8 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/liveness"
+	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 const (
@@ -96,16 +97,16 @@ func TestWorkerExitsWhenReaped(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	w := runWorker(t, app.Config{DatabaseURL: url, ID: "victim", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
+	w := runWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "victim", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
 	waitRegistered(t, pool, w)
-	id := insert(t, url, jobs.DemoSleepArgs{MS: 60_000})
+	id := insert(t, url, demo.SleepArgs{MS: 60_000})
 	waitState(t, url, id, rivertype.JobStateRunning)
 
 	var incarnation, backend string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT incarnation, backend_name FROM sluice_workers WHERE id = $1`, w.ID()).
 		Scan(&incarnation, &backend))
 	require.NotEmpty(t, incarnation)
-	require.Equal(t, app.WorkerAppName(w.ID()), backend)
+	require.Equal(t, liveness.WorkerAppName(w.ID()), backend)
 	require.Positive(t, countRows(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, backend))
 
 	_, err := pool.Exec(ctx, `DELETE FROM sluice_workers WHERE id = $1`, w.ID())
@@ -122,7 +123,7 @@ func TestWorkerLeavesRowForReaper(t *testing.T) {
 	t.Parallel()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	cfg := app.Config{DatabaseURL: url, HeartbeatInterval: testBeat, DeadAfter: testDeadAfter,
+	cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, HeartbeatInterval: testBeat, DeadAfter: testDeadAfter,
 		ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond}
 	first := cfg
 	first.ID = "first"
@@ -136,7 +137,7 @@ func TestWorkerLeavesRowForReaper(t *testing.T) {
 		close(rw.done)
 	}()
 	waitRegistered(t, pool, rw)
-	id := insert(t, url, jobs.DemoSleepArgs{MS: 2000, IgnoreCancel: true})
+	id := insert(t, url, demo.SleepArgs{MS: 2000, IgnoreCancel: true})
 	waitState(t, url, id, rivertype.JobStateRunning)
 	cancel()
 	require.NoError(t, rw.wait(t))
@@ -177,7 +178,7 @@ func TestWorkerTakesOverItsID(t *testing.T) {
 		VALUES ('{"ms": 1}', 'demo.sleep', 5, 'running', 'default', 1, now(), '{fixed}')
 		RETURNING id`).Scan(&job))
 
-	cfg := app.Config{DatabaseURL: url, ID: "fixed", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter}
+	cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "fixed", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter}
 	live := runWorker(t, cfg)
 	require.Eventually(t, func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM sluice_workers WHERE id = 'fixed' AND incarnation <> 'old'`) == 1

@@ -2,15 +2,13 @@ package app
 
 import (
 	"context"
-	"time"
 
-	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
 // initScheduler builds the worker's schedule dispatcher (its metrics on the
-// worker's registry) and heartbeat.
+// worker's registry).
 func (w *Worker) initScheduler() error {
 	metrics, err := scheduler.NewMetrics(w.registry)
 	if err != nil {
@@ -19,23 +17,30 @@ func (w *Worker) initScheduler() error {
 	w.dispatcher, err = scheduler.New(scheduler.Config{
 		Pool:         w.pool,
 		Client:       w.client,
-		Registry:     jobs.NewRegistry(),
+		Registry:     w.jobs.Registry,
 		Logger:       w.cfg.Logger,
 		Metrics:      metrics,
 		PollInterval: w.cfg.SchedulePollInterval,
 		BatchSize:    w.cfg.ScheduleBatchSize,
 	})
-	if err != nil {
-		return err
-	}
-	w.heartbeat = newHeartbeat(db.New(w.pool), w.live, w.cfg.HeartbeatInterval,
-		w.dispatcher.PollInterval(), w.dispatcher.LastTick, w.cfg.Logger)
-	return nil
+	return err
+}
+
+// initLiveness builds the worker's heartbeat, which reports the
+// dispatcher's ticks, and its reaper.
+func (w *Worker) initLiveness() error {
+	return w.live.Init(w.pool, liveness.InitConfig{
+		Limiter:      w.jobs.Limiter,
+		Registry:     w.jobs.Registry,
+		Registerer:   w.registry,
+		PollInterval: w.dispatcher.PollInterval(),
+		LastTick:     w.dispatcher.LastTick,
+	})
 }
 
 // startScheduler starts the dispatcher. stopDispatcher ends it (it finishes
 // its batch in flight) and waits for it. The worker's row and heartbeat are
-// started before (startLiveness).
+// started before (liveness.Service.Start).
 func (w *Worker) startScheduler(ctx context.Context) (stopDispatcher func()) {
 	dispCtx, cancelDisp := context.WithCancel(context.WithoutCancel(ctx))
 	dispDone := make(chan struct{})
@@ -46,15 +51,6 @@ func (w *Worker) startScheduler(ctx context.Context) (stopDispatcher func()) {
 		}
 	}()
 	return func() { cancelDisp(); <-dispDone }
-}
-
-// removeHeartbeat deletes the worker's row on a clean shutdown.
-func (w *Worker) removeHeartbeat() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := w.heartbeat.remove(ctx); err != nil {
-		w.cfg.Logger.Warn("worker row not removed; it goes stale", "error", err)
-	}
 }
 
 // Dispatcher is the worker's schedule dispatcher.

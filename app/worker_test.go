@@ -17,7 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 // startWorker runs a worker on url until the returned stop is called; stop
@@ -99,7 +99,7 @@ func TestWorkerRefusesUnmigratedDatabase(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.NewEmpty(t)
-	_, err := app.NewWorker(context.Background(), app.Config{DatabaseURL: url, HTTPAddr: "127.0.0.1:0"})
+	_, err := app.NewWorker(context.Background(), app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPAddr: "127.0.0.1:0"})
 	require.ErrorContains(t, err, "sluice migrate up")
 }
 
@@ -107,7 +107,7 @@ func TestWorkerHTTP(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	w, _ := startWorker(t, app.Config{DatabaseURL: url})
+	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url})
 	base := "http://" + w.HTTPAddr()
 
 	get := func(path string) (int, string) {
@@ -126,7 +126,7 @@ func TestWorkerHTTP(t *testing.T) {
 	code, _ = get("/readyz")
 	require.Equal(t, http.StatusOK, code)
 
-	id := insert(t, url, jobs.DemoSleepArgs{MS: 1})
+	id := insert(t, url, demo.SleepArgs{MS: 1})
 	waitState(t, url, id, rivertype.JobStateCompleted)
 	require.Eventually(t, func() bool {
 		_, body = get("/metrics")
@@ -141,7 +141,7 @@ func TestWorkerReadyzReportsDatabaseDown(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	w, _ := startWorker(t, app.Config{DatabaseURL: url})
+	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url})
 
 	// Kill every connection of the worker and forbid new ones: the database
 	// is unreachable for it.
@@ -177,10 +177,10 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 	t.Run("running jobs finish", func(t *testing.T) {
 		t.Parallel()
 		url := testdb.New(t)
-		_, stop := startWorker(t, app.Config{DatabaseURL: url, ShutdownTimeout: 10 * time.Second})
+		_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 10 * time.Second})
 		ids := []int64{
-			insert(t, url, jobs.DemoSleepArgs{MS: 800}),
-			insert(t, url, jobs.DemoSleepArgs{MS: 800}),
+			insert(t, url, demo.SleepArgs{MS: 800}),
+			insert(t, url, demo.SleepArgs{MS: 800}),
 		}
 		for _, id := range ids {
 			waitState(t, url, id, rivertype.JobStateRunning)
@@ -196,8 +196,8 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 	t.Run("jobs still running at the timeout are cancelled", func(t *testing.T) {
 		t.Parallel()
 		url := testdb.New(t)
-		_, stop := startWorker(t, app.Config{DatabaseURL: url, ShutdownTimeout: 300 * time.Millisecond})
-		id := insert(t, url, jobs.DemoSleepArgs{MS: 60_000})
+		_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 300 * time.Millisecond})
+		id := insert(t, url, demo.SleepArgs{MS: 60_000})
 		waitState(t, url, id, rivertype.JobStateRunning)
 		err, took := stop()
 		require.NoError(t, err)
@@ -210,8 +210,8 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 	t.Run("jobs ignoring cancellation do not block the exit", func(t *testing.T) {
 		t.Parallel()
 		url := testdb.New(t)
-		_, stop := startWorker(t, app.Config{DatabaseURL: url, ShutdownTimeout: 200 * time.Millisecond, HardStopGrace: 300 * time.Millisecond})
-		id := insert(t, url, jobs.DemoSleepArgs{MS: 60_000, IgnoreCancel: true})
+		_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 200 * time.Millisecond, HardStopGrace: 300 * time.Millisecond})
+		id := insert(t, url, demo.SleepArgs{MS: 60_000, IgnoreCancel: true})
 		waitState(t, url, id, rivertype.JobStateRunning)
 		err, took := stop()
 		require.NoError(t, err)

@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"time"
 )
 
 const countTaskCancellations = `-- name: CountTaskCancellations :many
@@ -175,27 +174,4 @@ func (q *Queries) TaskCancellationTracked(ctx context.Context) (bool, error) {
 	var tracked bool
 	err := row.Scan(&tracked)
 	return tracked, err
-}
-
-const trackCancelledJob = `-- name: TrackCancelledJob :execrows
-INSERT INTO task_cancellation_tracker (job_id, kind, cancelled_at)
-VALUES ($1, $2, $3)
-ON CONFLICT (job_id) DO NOTHING
-`
-
-type TrackCancelledJobParams struct {
-	JobID       int64     `json:"job_id"`
-	Kind        string    `json:"kind"`
-	CancelledAt time.Time `json:"cancelled_at"`
-}
-
-// Registers a running job whose cancellation was just requested
-// (onTaskCancelled), in the transaction that cancelled it. A job already
-// tracked (the river_job trigger tracks it too) is left as it is.
-func (q *Queries) TrackCancelledJob(ctx context.Context, arg TrackCancelledJobParams) (int64, error) {
-	result, err := q.db.Exec(ctx, trackCancelledJob, arg.JobID, arg.Kind, arg.CancelledAt)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 // Load test sizes: `make e2e` runs the issue's 100,000 jobs; `make test`
@@ -62,7 +62,7 @@ func TestLoadThroughLimit(t *testing.T) {
 		params := make([]river.InsertManyParams, 0, batch)
 		for i := start; i < min(start+batch, n); i++ {
 			params = append(params, river.InsertManyParams{
-				Args:       jobs.DemoSleepArgs{},
+				Args:       demo.SleepArgs{},
 				InsertOpts: &river.InsertOpts{Metadata: fmt.Appendf(nil, `{"e2e_seq": %d}`, i)},
 			})
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 // No-op throughput benchmarks: how fast a job runner moves jobs that do
@@ -161,7 +161,7 @@ func sluiceWorkerNoop(b *testing.B, pool *pgxpool.Pool, url string) float64 {
 	}
 	params := make([]river.InsertManyParams, noopJobs)
 	for i := range params {
-		params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}}
+		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
 	}
 	resetRiverJobs(b, pool)
 	if _, err := inserter.InsertManyFast(ctx, params); err != nil {

@@ -6,14 +6,6 @@
 -- tracker only (never river_job).
 SELECT EXISTS (SELECT 1 FROM task_cancellation_tracker) AS tracked;
 
--- name: TrackCancelledJob :execrows
--- Registers a running job whose cancellation was just requested
--- (onTaskCancelled), in the transaction that cancelled it. A job already
--- tracked (the river_job trigger tracks it too) is left as it is.
-INSERT INTO task_cancellation_tracker (job_id, kind, cancelled_at)
-VALUES (sqlc.arg(job_id), sqlc.arg(kind), sqlc.arg(cancelled_at))
-ON CONFLICT (job_id) DO NOTHING;
-
 -- name: EvictTaskCancellations :many
 -- onTaskCompleted, as a safety net: removes tracked rows whose job is no
 -- longer running (the untrack trigger on river_job removes them as the job

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -200,7 +200,7 @@ func directInsert(b *testing.B, pool *pgxpool.Pool, n int) time.Duration {
 	for done := 0; done < n; done += 500 {
 		params := make([]river.InsertManyParams, 500)
 		for i := range params {
-			params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}, InsertOpts: &river.InsertOpts{Metadata: []byte(`{"schedule": "x"}`)}}
+			params[i] = river.InsertManyParams{Args: demo.SleepArgs{}, InsertOpts: &river.InsertOpts{Metadata: []byte(`{"schedule": "x"}`)}}
 		}
 		tx, err := pool.Begin(ctx)
 		require.NoError(b, err)

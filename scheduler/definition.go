@@ -9,7 +9,7 @@ import (
 
 	"github.com/riverqueue/river"
 
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/kinds"
 )
 
 // Misfire policies: what a dispatch does when more than one due time has
@@ -74,7 +74,7 @@ type Compiled struct {
 }
 
 // FieldError reports an invalid field of a schedule, naming the field and
-// the reason. It wraps the underlying error (such as *jobs.UnknownKindError).
+// the reason. It wraps the underlying error (such as *kinds.UnknownKindError).
 type FieldError struct {
 	// Field is the schedule field: name, cron, timezone, kind, args, queue,
 	// misfire or max_retries.
@@ -103,7 +103,7 @@ var (
 // Validate checks every field of d (name first, then cron and timezone,
 // kind, args, queue, misfire, max_retries) and returns the first problem
 // as a *FieldError. Empty Timezone, Args and Misfire take their defaults.
-func Validate(registry *jobs.Registry, d Definition) (*Compiled, error) {
+func Validate(registry *kinds.Registry, d Definition) (*Compiled, error) {
 	if !nameRE.MatchString(d.Name) {
 		return nil, &FieldError{Field: "name", Value: d.Name,
 			Reason: "want 1 to 128 letters, digits, _ . : or -, starting with a letter or digit"}
@@ -113,7 +113,7 @@ func Validate(registry *jobs.Registry, d Definition) (*Compiled, error) {
 
 // compile validates everything but the name (the dispatcher's check of a
 // stored row, whose name the table's CHECK constraint guards).
-func compile(registry *jobs.Registry, d Definition) (*Compiled, error) {
+func compile(registry *kinds.Registry, d Definition) (*Compiled, error) {
 	if d.Timezone == "" {
 		d.Timezone = DefaultTimezone
 	}
@@ -154,10 +154,10 @@ func compile(registry *jobs.Registry, d Definition) (*Compiled, error) {
 }
 
 // decodeArgs decodes args strictly for kind with the registry.
-func decodeArgs(registry *jobs.Registry, kind string, args json.RawMessage) (river.JobArgs, error) {
+func decodeArgs(registry *kinds.Registry, kind string, args json.RawMessage) (river.JobArgs, error) {
 	jobArgs, err := registry.Decode(kind, args)
-	var unknown *jobs.UnknownKindError
-	var argsErr *jobs.ArgsError
+	var unknown *kinds.UnknownKindError
+	var argsErr *kinds.ArgsError
 	switch {
 	case err == nil:
 		return jobArgs, nil

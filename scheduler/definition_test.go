@@ -9,21 +9,23 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
 
-	registry := jobs.NewRegistry()
+	registry := jobtest.Registry(t)
 	good := scheduler.Definition{Name: "nightly", Cron: "0 3 * * *", Kind: "demo.sleep", Args: json.RawMessage(`{"ms": 5}`), Enabled: true}
 
 	c, err := scheduler.Validate(registry, good)
 	require.NoError(t, err)
 	require.Equal(t, "UTC", c.Timezone, "default zone")
 	require.Equal(t, scheduler.MisfireRunOnce, c.Misfire, "default misfire")
-	require.Equal(t, jobs.DemoSleepArgs{MS: 5}, c.JobArgs)
+	require.Equal(t, demo.SleepArgs{MS: 5}, c.JobArgs)
 
 	for _, tc := range []struct {
 		name   string
@@ -80,7 +82,7 @@ func TestValidate(t *testing.T) {
 		d := good
 		d.Kind = "nope"
 		_, err := scheduler.Validate(registry, d)
-		var unknown *jobs.UnknownKindError
+		var unknown *kinds.UnknownKindError
 		require.ErrorAs(t, err, &unknown)
 	})
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/kinds"
 )
 
 // Defaults of Config.
@@ -41,8 +41,8 @@ type Config struct {
 	// Client inserts the jobs, with InsertManyTx in the claim's
 	// transaction (required; an insert-only client will do).
 	Client *river.Client[pgx.Tx]
-	// Registry decodes and validates the job args; nil: jobs.NewRegistry().
-	Registry *jobs.Registry
+	// Registry decodes and validates the job args (required).
+	Registry *kinds.Registry
 	// Logger receives the dispatcher's log lines; nil discards them.
 	Logger *slog.Logger
 	// Metrics are the dispatcher's collectors; nil: a private registry.
@@ -67,7 +67,7 @@ type Dispatcher struct {
 	cfg      Config
 	q        *db.Queries
 	settings *db.Settings
-	registry *jobs.Registry
+	registry *kinds.Registry
 	logger   *slog.Logger
 	metrics  *Metrics
 
@@ -119,7 +119,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.Registry == nil {
-		cfg.Registry = jobs.NewRegistry()
+		return nil, errors.New("scheduler: a Dispatcher needs the program's kinds (Config.Registry)")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

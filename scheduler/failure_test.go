@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -93,7 +94,7 @@ func TestFailedInsertBackoffAndFailedState(t *testing.T) {
 
 	// Fixed and enabled again: active, counters reset, cadence from now.
 	allowInserts(t, pool)
-	store := scheduler.NewStore(pool, nil)
+	store := scheduler.NewStore(pool, jobtest.Registry(t))
 	r, changed, err := store.Enable(context.Background(), "failing")
 	require.NoError(t, err)
 	require.True(t, changed)
@@ -192,7 +193,7 @@ func TestInvalidRowsFromSQL(t *testing.T) {
 	require.Equal(t, 1, res.Jobs, "good goes on (run_once after the hour)")
 
 	// Enabling a row that is still invalid is refused, naming the field.
-	_, _, err = scheduler.NewStore(pool, nil).Enable(context.Background(), "bad-kind")
+	_, _, err = scheduler.NewStore(pool, jobtest.Registry(t)).Enable(context.Background(), "bad-kind")
 	require.ErrorContains(t, err, `invalid kind "no.such.kind"`)
 	require.Equal(t, "failed", getRow(t, pool, "bad-kind").Status)
 }

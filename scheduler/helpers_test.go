@@ -92,6 +92,9 @@ func newDispatcher(t testing.TB, url string, cfg scheduler.Config) *scheduler.Di
 	if cfg.Logger == nil {
 		cfg.Logger = jobtest.Logger(t)
 	}
+	if cfg.Registry == nil {
+		cfg.Registry = jobtest.Registry(t)
+	}
 	d, err := scheduler.New(cfg)
 	require.NoError(t, err)
 	return d

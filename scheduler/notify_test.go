@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -39,7 +40,7 @@ func TestNotifyWakesDispatcher(t *testing.T) {
 	// The first tick is done: the dispatcher sleeps for the poll interval.
 	require.Eventually(t, func() bool { return !d.LastTick().IsZero() }, 30*time.Second, 10*time.Millisecond)
 
-	store := scheduler.NewStore(pool, nil)
+	store := scheduler.NewStore(pool, jobtest.Registry(t))
 	_, err := store.Add(context.Background(), scheduler.Definition{
 		Name: "soon", Cron: "@every 1s", Kind: "demo.sleep", Args: json.RawMessage(`{}`), Enabled: true,
 	})
@@ -80,7 +81,7 @@ func TestStore(t *testing.T) {
 	ctx := context.Background()
 	url := newDB(t)
 	pool := openPool(t, url)
-	store := scheduler.NewStore(pool, nil)
+	store := scheduler.NewStore(pool, jobtest.Registry(t))
 
 	r, err := store.Add(ctx, scheduler.Definition{Name: "report", Cron: "0 6 * * *", Timezone: "Asia/Tokyo", Kind: "demo.sleep", Args: json.RawMessage(`{"ms": 1}`), Enabled: true})
 	require.NoError(t, err)

@@ -13,7 +13,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/db"
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/kinds"
 )
 
 // NotFoundError reports an unknown schedule name.
@@ -46,14 +46,12 @@ func (e *InvalidRowError) Unwrap() error { return e.Err }
 // locked (FOR UPDATE) so that it never interleaves with a dispatch.
 type Store struct {
 	pool     *pgxpool.Pool
-	registry *jobs.Registry
+	registry *kinds.Registry
 }
 
-// NewStore returns a Store on pool; registry nil means jobs.NewRegistry().
-func NewStore(pool *pgxpool.Pool, registry *jobs.Registry) *Store {
-	if registry == nil {
-		registry = jobs.NewRegistry()
-	}
+// NewStore returns a Store on pool; registry decodes and validates the
+// schedules' job args.
+func NewStore(pool *pgxpool.Pool, registry *kinds.Registry) *Store {
 	return &Store{pool: pool, registry: registry}
 }
 

@@ -6,7 +6,6 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,38 +17,46 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/internal/testlog"
+	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/modules"
 )
 
 // Logger is a test logger: quiet unless SLUICE_TEST_LOG is set.
 func Logger(tb testing.TB) *slog.Logger {
 	tb.Helper()
-	if os.Getenv("SLUICE_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", tb.Name())
+	return testlog.Logger(tb)
 }
 
-// NewDeps returns worker dependencies on pool with a private metrics
-// registry.
-func NewDeps(tb testing.TB, pool *pgxpool.Pool) (*jobs.Deps, *prometheus.Registry) {
+// Program is the stock program: every built-in module on.
+func Program() app.Program { return app.Program{Modules: modules.All()} }
+
+// NewJobs returns the jobs of the stock program on pool with a private
+// metrics registry.
+func NewJobs(tb testing.TB, pool *pgxpool.Pool) (*app.Jobs, *prometheus.Registry) {
 	tb.Helper()
-	return NewDepsConfig(tb, pool, jobs.DepsConfig{})
+	return NewJobsConfig(tb, pool, app.JobsConfig{})
 }
 
-// NewDepsConfig is NewDeps with cfg, whose logger and worker id default to
-// the test's; its metrics go to the private registry returned.
-func NewDepsConfig(tb testing.TB, pool *pgxpool.Pool, cfg jobs.DepsConfig) (*jobs.Deps, *prometheus.Registry) {
+// NewJobsConfig is NewJobs with cfg, whose program (default the stock
+// program), logger and worker id default to the test's; its metrics go to
+// the private registry returned.
+func NewJobsConfig(tb testing.TB, pool *pgxpool.Pool, cfg app.JobsConfig) (*app.Jobs, *prometheus.Registry) {
 	tb.Helper()
 	reg := prometheus.NewRegistry()
+	if cfg.Program.Workers == nil && cfg.Program.Modules == nil {
+		cfg.Program = Program()
+	}
 	cfg.Logger = cmp.Or(cfg.Logger, Logger(tb))
 	cfg.Registerer = reg
 	cfg.WorkerID = cmp.Or(cfg.WorkerID, "test-"+tb.Name())
-	deps, err := jobs.NewDeps(pool, cfg)
+	j, err := app.NewJobs(pool, cfg)
 	if err != nil {
-		tb.Fatalf("jobtest: deps: %v", err)
+		tb.Fatalf("jobtest: jobs: %v", err)
 	}
-	return deps, reg
+	return j, reg
 }
 
 // Config tweaks a test client.
@@ -71,30 +78,27 @@ type Client struct {
 	seen map[int64]*river.Event // finished events not yet asked for
 }
 
-// Start builds a client with every sluice worker and middleware, subscribes
-// to job-finished events and starts it; it is stopped when tb ends.
-func Start(tb testing.TB, pool *pgxpool.Pool, deps *jobs.Deps, cfg Config) *Client {
+// Start builds a client working j's jobs with sluice's middleware,
+// subscribes to job-finished events and starts it; it is stopped when tb
+// ends.
+func Start(tb testing.TB, pool *pgxpool.Pool, j *app.Jobs, cfg Config) *Client {
 	tb.Helper()
-	workers := river.NewWorkers()
-	if err := jobs.AddWorkers(workers, deps); err != nil {
-		tb.Fatalf("jobtest: workers: %v", err)
-	}
 	queues := cfg.Queues
 	if queues == nil {
 		queues = map[string]river.QueueConfig{
-			river.QueueDefault:    {MaxWorkers: 10},
-			jobs.MaintenanceQueue: {MaxWorkers: 10},
+			river.QueueDefault: {MaxWorkers: 10},
+			maintenance.Queue:  {MaxWorkers: 10},
 		}
 	}
 	riverCfg := &river.Config{
 		ID:                cfg.ID,
 		FetchCooldown:     10 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
-		Logger:            deps.Logger,
+		Logger:            j.Env.Logger,
 		Queues:            queues,
 		TestOnly:          true,
-		WorkerMiddleware:  jobs.Middleware(deps),
-		Workers:           workers,
+		WorkerMiddleware:  j.Middleware(),
+		Workers:           j.Workers,
 	}
 	if cfg.Configure != nil {
 		cfg.Configure(riverCfg)
@@ -103,6 +107,7 @@ func Start(tb testing.TB, pool *pgxpool.Pool, deps *jobs.Deps, cfg Config) *Clie
 	if err != nil {
 		tb.Fatalf("jobtest: client: %v", err)
 	}
+	j.SetClient(client)
 	events, cancel := client.Subscribe(
 		river.EventKindJobCancelled, river.EventKindJobCompleted,
 		river.EventKindJobFailed, river.EventKindJobSnoozed,
@@ -115,7 +120,7 @@ func Start(tb testing.TB, pool *pgxpool.Pool, deps *jobs.Deps, cfg Config) *Clie
 		ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
 		defer stop()
 		_ = client.StopAndCancel(ctx)
-		deps.Limiter.Flush() // give back leased slots, write the releases
+		j.Limiter.Flush() // give back leased slots, write the releases
 	})
 	return &Client{Client: client, Events: events, seen: map[int64]*river.Event{}}
 }
@@ -163,4 +168,14 @@ func (c *Client) InsertAndWait(tb testing.TB, args river.JobArgs, opts *river.In
 		tb.Fatalf("jobtest: insert: %v", err)
 	}
 	return c.WaitFinished(tb, 30*time.Second, res.Job.ID)[res.Job.ID].Job
+}
+
+// Registry is the kinds of the stock program.
+func Registry(tb testing.TB) *kinds.Registry {
+	tb.Helper()
+	r, err := Program().Registry()
+	if err != nil {
+		tb.Fatalf("jobtest: registry: %v", err)
+	}
+	return r
 }

@@ -13,7 +13,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/sluice-dev/sluice/jobs"
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 // NoopThroughput empties river_job, pre-inserts n demo.sleep jobs of 0 ms,
@@ -47,7 +48,7 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 	}
 	params := make([]river.InsertManyParams, n)
 	for i := range params {
-		params[i] = river.InsertManyParams{Args: jobs.DemoSleepArgs{}}
+		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
 	}
 	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
 	if err != nil {
@@ -61,7 +62,7 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 	}
 	type started struct {
 		client *river.Client[pgx.Tx]
-		deps   *jobs.Deps
+		jobs   *app.Jobs
 	}
 	all := make([]started, clients)
 	events := make(chan *river.Event, n+1000)
@@ -74,19 +75,15 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 			}
 			defer clientPool.Close()
 		}
-		deps, _ := NewDeps(tb, clientPool)
-		workers := river.NewWorkers()
-		if err := jobs.AddWorkers(workers, deps); err != nil {
-			tb.Fatal(err)
-		}
+		j, _ := NewJobs(tb, clientPool)
 		cfg := &river.Config{
 			FetchCooldown:     time.Millisecond,
 			FetchPollInterval: 20 * time.Millisecond,
-			Logger:            deps.Logger,
+			Logger:            j.Env.Logger,
 			Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
 			TestOnly:          true,
-			WorkerMiddleware:  jobs.Middleware(deps),
-			Workers:           workers,
+			WorkerMiddleware:  j.Middleware(),
+			Workers:           j.Workers,
 		}
 		if configure != nil {
 			configure(cfg)
@@ -98,6 +95,7 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 		if err != nil {
 			tb.Fatal(err)
 		}
+		j.SetClient(client)
 		sub, cancel := client.SubscribeConfig(&river.SubscribeConfig{
 			ChanSize: n + 1000,
 			Kinds:    []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
@@ -108,7 +106,7 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 				events <- ev
 			}
 		}()
-		all[i] = started{client: client, deps: deps}
+		all[i] = started{client: client, jobs: j}
 	}
 
 	start := time.Now()
@@ -138,8 +136,8 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 		if err != nil {
 			tb.Fatal(err)
 		}
-		c.deps.Limiter.Flush()
-		run.Parked += float64(c.deps.Limiter.ParkedTotal())
+		c.jobs.Limiter.Flush()
+		run.Parked += float64(c.jobs.Limiter.ParkedTotal())
 	}
 	return run
 }

@@ -1,0 +1,82 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/module"
+)
+
+// Program is what a sluice program is made of besides its settings: the
+// application's own River workers and migrations, and the modules it turns
+// on. sluice's core (scheduler, limits and parking, liveness, maintenance
+// framework, metrics and health) is always on.
+type Program struct {
+	// Workers are the application's River workers (nil: none).
+	Workers *river.Workers
+	// Migrations are the application's goose migrations (nil: none).
+	Migrations fs.FS
+	// Modules are the modules turned on.
+	Modules []module.Module
+}
+
+// ErrNothingToWork is the error of a program without workers and modules.
+var ErrNothingToWork = errors.New("sluice: nothing to work: the Config has no Workers and no Modules (register River workers with river.AddWorker, or turn on a module)")
+
+var moduleNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
+
+// coreKinds are the kinds of sluice's core.
+func coreKinds() []kinds.Kind {
+	return []kinds.Kind{kinds.Of[limiter.ResumeArgs]()}
+}
+
+// Registry returns the registry of every kind the program works: the
+// application's (from its Workers bundle), the core's and the modules'. A
+// kind registered twice is an error naming it and where.
+func (p Program) Registry() (*kinds.Registry, error) {
+	own, err := kinds.FromWorkers(p.Workers)
+	if err != nil {
+		return nil, err
+	}
+	if len(own) == 0 && len(p.Modules) == 0 {
+		return nil, ErrNothingToWork
+	}
+	where := map[string]string{}
+	var all []kinds.Kind
+	add := func(ks []kinds.Kind, origin string) error {
+		for _, k := range ks {
+			if prev, ok := where[k.Name]; ok {
+				return fmt.Errorf("sluice: job kind %q is registered twice (%s and %s)", k.Name, prev, origin)
+			}
+			where[k.Name] = origin
+			all = append(all, k)
+		}
+		return nil
+	}
+	if err := add(own, "Config.Workers"); err != nil {
+		return nil, err
+	}
+	if err := add(coreKinds(), "sluice's core"); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, m := range p.Modules {
+		if !moduleNameRE.MatchString(m.Name) {
+			return nil, fmt.Errorf("sluice: invalid module name %q: want lowercase letters, digits and underscores", m.Name)
+		}
+		if seen[m.Name] {
+			return nil, fmt.Errorf("sluice: module %q is turned on twice", m.Name)
+		}
+		seen[m.Name] = true
+		if err := add(m.Kinds, "module "+m.Name); err != nil {
+			return nil, err
+		}
+	}
+	return kinds.New(all...)
+}

@@ -1,0 +1,93 @@
+package sluice
+
+import (
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/module"
+)
+
+// Module is a set of job kinds with their workers, migrations, default
+// schedules and commands that a program turns on as a whole (see package
+// modules for sluice's own).
+type Module = module.Module
+
+// Config configures a sluice program.
+type Config struct {
+	// Workers are the application's River workers, registered with
+	// river.AddWorker. sluice works them with its middleware (concurrency
+	// limits, metrics) and knows their kinds everywhere: enqueue, run and
+	// schedule decode args strictly into each kind's args type and call its
+	// Validate() error where it has one. sluice never changes the bundle: it
+	// works a copy with its own workers added.
+	Workers *river.Workers
+
+	// Migrations are the application's goose migrations (such as an
+	// embed.FS of SQL files), applied by `migrate up` after sluice's own and
+	// tracked in a version table of their own.
+	Migrations fs.FS
+
+	// Modules are the modules to turn on. sluice's core (scheduler, limits
+	// and parking, liveness, the maintenance framework, metrics and health)
+	// is always on.
+	Modules []Module
+
+	// The settings below are New's; Main reads its own from the command
+	// line and the environment.
+
+	// DatabaseURL is the pgx connection string (URL or key=value).
+	DatabaseURL string
+	// Logger receives every log line (nil: none).
+	Logger *slog.Logger
+	// ID names the worker: River's client ID. Empty: host-pid-random.
+	ID string
+	// HTTPAddr, if set, is where the worker serves its HTTP endpoints; an
+	// application that has its own server mounts Worker.Handler instead.
+	HTTPAddr string
+	// DefaultWorkers is how many jobs of the default queue run at once
+	// (default 50); MaintenanceWorkers those of the maintenance queue
+	// (default 4).
+	DefaultWorkers, MaintenanceWorkers int
+	// JobTimeout is River's job timeout for kinds without their own
+	// (default 1 minute).
+	JobTimeout time.Duration
+	// ShutdownTimeout is how long Stop lets running jobs finish before it
+	// cancels them (default 30 seconds).
+	ShutdownTimeout time.Duration
+	// HeartbeatInterval is how often the worker refreshes its row in
+	// sluice_workers (default 5 seconds); DeadAfter how long after its last
+	// heartbeat it counts as dead (default 30 seconds).
+	HeartbeatInterval, DeadAfter time.Duration
+	// ParkAfter is how long a job of a limited kind waits in the worker for
+	// a slot before it parks (default 1 second).
+	ParkAfter time.Duration
+	// SchedulePollInterval is the longest the schedule dispatcher sleeps
+	// between ticks (default 1 second).
+	SchedulePollInterval time.Duration
+}
+
+func (c Config) program() app.Program {
+	return app.Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules}
+}
+
+func (c Config) appConfig() app.Config {
+	return app.Config{
+		Program:              c.program(),
+		DatabaseURL:          c.DatabaseURL,
+		Logger:               c.Logger,
+		ID:                   c.ID,
+		HTTPAddr:             c.HTTPAddr,
+		DefaultWorkers:       c.DefaultWorkers,
+		MaintenanceWorkers:   c.MaintenanceWorkers,
+		JobTimeout:           c.JobTimeout,
+		ShutdownTimeout:      c.ShutdownTimeout,
+		HeartbeatInterval:    c.HeartbeatInterval,
+		DeadAfter:            c.DeadAfter,
+		ParkAfter:            c.ParkAfter,
+		SchedulePollInterval: c.SchedulePollInterval,
+	}
+}

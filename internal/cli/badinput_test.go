@@ -1,0 +1,122 @@
+package cli
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/testdb"
+)
+
+// sluiceTables are the tables whose rows a failed command must not change.
+var sluiceTables = []string{"river_job", "river_queue", "settings", "maintenance_runs"}
+
+// TestBadInput runs every command with malformed input: each exits 2 (or 1
+// for an unreachable database), says what was wrong in one line, and leaves
+// the database as it was.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	require.NoError(t, err)
+	defer pool.Close()
+	// Something to protect: a queued job.
+	code, _, stderr := runCLI(t, "--database-url", url, "enqueue", "demo.sleep", "--args", `{"ms": 1}`, "--at", "2099-01-01T00:00:00Z")
+	require.Equal(t, 0, code, stderr)
+	before := testdb.Checksum(t, pool, sluiceTables...)
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown command", []string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"run", "demo.sleep", "--sleepy"}, 2, "unknown flag: --sleepy"},
+		{"run unknown kind", []string{"run", "demo.slep"}, 2, `unknown job kind "demo.slep"`},
+		{"run no kind", []string{"run"}, 2, "expects a job KIND"},
+		{"run malformed JSON", []string{"run", "demo.sleep", "--args", `{"ms":`}, 2, "malformed JSON"},
+		{"run args not an object", []string{"run", "demo.sleep", "--args", `"ms"`}, 2, "must be a JSON object"},
+		{"run unknown field", []string{"run", "demo.sleep", "--args", `{"seconds": 1}`}, 2, `unknown field "seconds"`},
+		{"run out of range", []string{"run", "demo.sleep", "--args", `{"ms": -5}`}, 2, `field "ms": must be between`},
+		{"run wrong type", []string{"run", "demo.sleep", "--args", `{"ms": "5"}`}, 2, `field "ms"`},
+		{"enqueue unknown kind", []string{"enqueue", "nope"}, 2, `unknown job kind "nope"`},
+		{"enqueue bad queue", []string{"enqueue", "demo.sleep", "--queue", "Bad Queue"}, 2, `invalid --queue "Bad Queue"`},
+		{"enqueue bad time", []string{"enqueue", "demo.sleep", "--at", "tomorrow"}, 2, `invalid --at "tomorrow"`},
+		{"enqueue two kinds", []string{"enqueue", "demo.sleep", "demo.sleep"}, 2, "expects a job KIND"},
+		{"cancel not a number", []string{"jobs", "cancel", "x"}, 2, `invalid job ID "x"`},
+		{"cancel zero", []string{"jobs", "cancel", "0"}, 2, `invalid job ID "0"`},
+		{"cancel unknown job", []string{"jobs", "cancel", "987654321"}, 2, "no job with id 987654321"},
+		{"jobs without subcommand", []string{"jobs"}, 2, "needs a subcommand"},
+		{"jobs unknown subcommand", []string{"jobs", "delete", "1"}, 2, `unknown subcommand "delete"`},
+		{"migrate unknown direction", []string{"migrate", "sideways"}, 2, `unknown migrate direction "sideways"`},
+		{"migrate down bad version", []string{"migrate", "down", "--to", "-1"}, 2, `invalid --to "-1"`},
+		{"migrate up with --to", []string{"migrate", "up", "--to", "1"}, 2, "--to and --river apply to migrate down only"},
+		{"migrate river without to 0", []string{"migrate", "down", "--river"}, 2, "--river needs --to 0"},
+		{"worker zero workers", []string{"worker", "--default-workers", "0"}, 2, "must be at least 1"},
+		{"worker not a number", []string{"worker", "--maintenance-workers", "many"}, 2, "invalid argument"},
+		{"worker negative timeout", []string{"worker", "--shutdown-timeout", "-1s"}, 2, "must not be negative"},
+		{"worker bad duration", []string{"worker", "--job-timeout", "forever"}, 2, "invalid argument"},
+		{"bad log level", []string{"--log-level", "loud", "run", "demo.sleep"}, 2, `invalid --log-level (or $SLUICE_LOG_LEVEL) "loud"`},
+		{"bad log format", []string{"--log-format", "xml", "run", "demo.sleep"}, 2, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--database-url", url}, tc.args...)
+			code, stdout, stderr := runCLI(t, args...)
+			require.Equal(t, tc.code, code, "stdout=%q stderr=%q", stdout, stderr)
+			require.Contains(t, stderr, tc.want)
+			require.True(t, strings.HasPrefix(stderr, "sluice: "), stderr)
+			require.Empty(t, stdout)
+		})
+	}
+
+	require.Equal(t, before, testdb.Checksum(t, pool, sluiceTables...), "a rejected command changed the database")
+}
+
+// TestDatabaseURLErrors covers a missing, malformed and unreachable
+// database through the real binary and its environment.
+func TestDatabaseURLErrors(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name string
+		env  []string
+		code int
+		want string
+	}{
+		{"missing", []string{"DATABASE_URL="}, 2, "no database URL"},
+		{"malformed", []string{"DATABASE_URL=postgres://bob:s3cretpw@127.0.0.1:99999999/x"}, 2, "invalid database URL"},
+		{"unreachable", []string{"DATABASE_URL=postgres://bob:s3cretpw@127.0.0.1:1/x?connect_timeout=2"}, 1, "connect to database host=127.0.0.1 port=1"},
+		{"bad env number", []string{"DATABASE_URL=postgres://127.0.0.1/x", "SLUICE_DEFAULT_WORKERS=lots"}, 2, "invalid $SLUICE_DEFAULT_WORKERS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, args := range [][]string{
+				{"run", "demo.sleep"},
+				{"enqueue", "demo.sleep"},
+				{"jobs", "cancel", "1"},
+				{"migrate", "up"},
+				{"worker"},
+			} {
+				if strings.Contains(tc.name, "env number") && args[0] != "worker" {
+					continue
+				}
+				cmd := exec.Command(sluiceBin, args...)
+				cmd.Env = append(os.Environ(), tc.env...)
+				out, err := cmd.CombinedOutput()
+				var exitErr *exec.ExitError
+				require.ErrorAs(t, err, &exitErr, "%v: %s", args, out)
+				require.Equal(t, tc.code, exitErr.ExitCode(), "%v: %s", args, out)
+				require.Contains(t, string(out), tc.want, "%v", args)
+				require.NotContains(t, string(out), "s3cretpw", "the password leaked: %v", args)
+			}
+		})
+	}
+}

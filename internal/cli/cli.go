@@ -1,0 +1,39 @@
+// Package cli is the sluice command line: the cobra commands of sluice.Main,
+// on top of app, with the program's own kinds and modules known to every
+// command.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/sluice-dev/sluice/app"
+)
+
+// Run executes the command line args of prog and returns the exit code.
+// Cancelling ctx is how a signal reaches the command. A Program whose kinds
+// do not add up (none at all, or one registered twice) exits 1 before any
+// command runs.
+func Run(ctx context.Context, prog app.Program, args []string, stdout, stderr io.Writer) int {
+	registry, err := prog.Registry()
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice: %s\n", err)
+		return exitFailure
+	}
+	root := newRootCmd(stderr, prog, registry)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err = root.ExecuteContext(ctx)
+	code := exitCode(err)
+	if _, silent := err.(*silentExit); err != nil && !silent {
+		fmt.Fprintf(stderr, "sluice: %s\n", err)
+		if code == exitUsage {
+			if cmd, _, findErr := root.Find(args); findErr == nil && cmd != nil && cmd != root {
+				fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+			}
+		}
+	}
+	return code
+}

@@ -1,0 +1,194 @@
+package cli
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/module"
+)
+
+// envAnnotation is the flag annotation naming the environment variable that
+// supplies the flag's value when the flag is not given.
+const envAnnotation = module.EnvAnnotation
+
+// globals are the flags every command shares.
+type globals struct {
+	// prog is the program: the application's workers and migrations, and
+	// the modules; registry is every kind it works.
+	prog     app.Program
+	registry *kinds.Registry
+	// stderr receives log lines.
+	stderr      io.Writer
+	databaseURL string
+	logLevel    string
+	logFormat   string
+}
+
+func newRootCmd(stderr io.Writer, prog app.Program, registry *kinds.Registry) *cobra.Command {
+	g := &globals{stderr: stderr, prog: prog, registry: registry}
+	root := &cobra.Command{
+		Use:   "sluice",
+		Short: "A SQL-centric job runner on a Postgres queue (River)",
+		Long: `sluice runs background jobs on River, a Postgres queue, and keeps all of
+their state in Postgres: schedules, maintenance locks, concurrency limits and
+parked jobs are tables an operator can query and change with SQL.
+
+Every command reads the database from --database-url or DATABASE_URL.
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
+(sluice health follows the monitoring-plugin convention instead: 0 OK,
+1 WARNING, 2 CRITICAL).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyEnv(cmd)
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (pgx URL or key=value)")
+	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info for worker, warn otherwise)")
+	pf.StringVar(&g.logFormat, "log-format", "json", "log format: json or text")
+	bindEnv(pf, "database-url", "DATABASE_URL")
+	bindEnv(pf, "log-level", "SLUICE_LOG_LEVEL")
+	bindEnv(pf, "log-format", "SLUICE_LOG_FORMAT")
+
+	root.AddCommand(
+		newEnqueueCmd(g),
+		newJobsCmd(g),
+		newLimitsCmd(g),
+		newMigrateCmd(g),
+		newParkedCmd(g),
+		newRunCmd(g),
+		newStatsCmd(g),
+		newWorkerCmd(g),
+		newScheduleCmd(g),
+		newHealthCmd(g),
+	)
+	for _, m := range prog.Modules {
+		if m.Commands != nil {
+			root.AddCommand(m.Commands(g)...)
+		}
+	}
+	for _, cmd := range root.Commands() {
+		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
+	}
+	return root
+}
+
+// bindEnv makes the environment variable env the fallback for flag name.
+func bindEnv(fs *pflag.FlagSet, name, env string) { module.BindEnv(fs, name, env) }
+
+// addModuleFlags adds the flags of the modules to fs (the commands that
+// work jobs).
+func (g *globals) addModuleFlags(fs *pflag.FlagSet) {
+	for _, m := range g.prog.Modules {
+		if m.Flags != nil {
+			m.Flags(fs)
+		}
+	}
+}
+
+// applyEnv sets every flag of cmd that was not given on the command line
+// from its environment variable, if that is set.
+func applyEnv(cmd *cobra.Command) error {
+	var firstErr error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		envs := f.Annotations[envAnnotation]
+		if firstErr != nil || f.Changed || len(envs) == 0 {
+			return
+		}
+		val, ok := os.LookupEnv(envs[0])
+		if !ok || val == "" {
+			return
+		}
+		if err := f.Value.Set(val); err != nil {
+			firstErr = usagef("invalid $%s: %v", envs[0], db.Redact(err.Error(), val))
+		}
+	})
+	return firstErr
+}
+
+// logger builds the logger of a command; defaultLevel applies when neither
+// --log-level nor SLUICE_LOG_LEVEL is set.
+func (g *globals) logger(defaultLevel slog.Level) (*slog.Logger, error) {
+	w := g.stderr
+	level := defaultLevel
+	if g.logLevel != "" {
+		if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+			return nil, usagef("invalid --log-level (or $SLUICE_LOG_LEVEL) %q: want debug, info, warn or error", g.logLevel)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(g.logFormat) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, usagef("invalid --log-format (or $SLUICE_LOG_FORMAT) %q: want json or text", g.logFormat)
+	}
+}
+
+// cliLogger is the logger of a command other than worker.
+func (g *globals) cliLogger() (*slog.Logger, error) {
+	return g.logger(slog.LevelWarn)
+}
+
+// requireDatabaseURL checks that a database URL was given and parses.
+func (g *globals) requireDatabaseURL() error {
+	_, err := db.ParseConfig(g.databaseURL)
+	return err
+}
+
+// openPool opens a pool for a CLI command after checking the flags that
+// every database command shares.
+func (g *globals) openPool(cmd *cobra.Command, appName string) (*pgxpool.Pool, error) {
+	if _, err := g.cliLogger(); err != nil {
+		return nil, err
+	}
+	if err := g.requireDatabaseURL(); err != nil {
+		return nil, err
+	}
+	return app.OpenPool(cmd.Context(), g.databaseURL, appName)
+}
+
+// OpenClient is openPool plus an insert-only River client on the pool; the
+// modules' commands use it (module.CLI).
+func (g *globals) OpenClient(cmd *cobra.Command, appName string) (*pgxpool.Pool, *app.Client, error) {
+	return g.openClient(cmd, appName)
+}
+
+// openClient is openPool plus an insert-only River client on the pool.
+func (g *globals) openClient(cmd *cobra.Command, appName string) (*pgxpool.Pool, *app.Client, error) {
+	pool, err := g.openPool(cmd, appName)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := app.NewInsertClient(pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, client, nil
+}
+
+// exactArgs is cobra.ExactArgs whose error is a usage error naming the
+// arguments expected.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s expects %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+		}
+		return nil
+	}
+}

@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/scheduler"
+)
+
+func newWorkerCmd(g *globals) *cobra.Command {
+	var cfg app.Config
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run a worker: River client, schedule dispatcher, HTTP server",
+		Long: `worker works jobs from the default and maintenance queues, runs the schedule
+dispatcher (it inserts the jobs of due schedules) and serves HTTP:
+  /healthz  the process is alive
+  /readyz   the database answers
+  /metrics  Prometheus metrics
+  /stats    the stats document (as sluice stats --json)
+  /health   workers, dispatchers and schedules (as 'sluice health --json';
+            503 when CRITICAL)
+
+The worker keeps a row in sluice_workers (its id, host, pid, heartbeat and
+last dispatcher tick), refreshed every --heartbeat-interval and deleted on a
+clean stop. A worker whose heartbeat is older than its --dead-after is dead:
+the reaper of a live worker (one at a time, every heartbeat interval)
+makes its running jobs retryable ("worker <id> lost"; discarded when out
+of attempts, cancelled when their cancellation was requested), frees their
+concurrency slots, resumes parked jobs into them, marks its maintenance runs
+failed and deletes its row. A reaper acts only after its own worker has
+heartbeated without a gap for the dead worker's dead-after, so a database
+outage does not make workers reap each other. A worker that finds itself
+reaped (it was paused or cut off for longer than --dead-after) cancels its
+jobs, writes nothing more (its sessions are fenced in the database) and
+exits with code 3, for its supervisor to start a new one. A worker started
+with an --id that a live worker uses exits 1; with the --id of a dead worker,
+it waits until that worker counts as dead, reaps it and takes the id over.
+
+Any number of workers, on any number of machines, may run against one
+database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
+and fetching, lets running jobs finish for up to --shutdown-timeout, then
+cancels them and exits 0.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := g.logger(slog.LevelInfo)
+			if err != nil {
+				return err
+			}
+			if err := g.requireDatabaseURL(); err != nil {
+				return err
+			}
+			if cfg.DefaultWorkers < 1 || cfg.MaintenanceWorkers < 1 {
+				return usagef("--default-workers and --maintenance-workers must be at least 1")
+			}
+			if cfg.ScheduleBatchSize < 1 {
+				return usagef("--schedule-batch-size must be at least 1")
+			}
+			if cfg.SchedulePollInterval <= 0 || cfg.HeartbeatInterval <= 0 {
+				return usagef("--schedule-poll-interval and --heartbeat-interval must be positive")
+			}
+			if cmd.Flags().Changed("dead-after") || os.Getenv("SLUICE_DEAD_AFTER") != "" {
+				if least := app.MinDeadAfterBeats * cfg.HeartbeatInterval; cfg.DeadAfter < least {
+					return usagef("--dead-after (%s) must be at least %d heartbeat intervals (%s)", cfg.DeadAfter, app.MinDeadAfterBeats, least)
+				}
+			} else {
+				cfg.DeadAfter = 0 // the default: 30s, or 3 heartbeat intervals if that is longer
+			}
+			if err := cfg.Validate(); err != nil {
+				return asUsage(err)
+			}
+			cfg.Program = g.prog
+			cfg.DatabaseURL = g.databaseURL
+			cfg.Logger = logger
+			w, err := app.NewWorker(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return w.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.HTTPAddr, "http-addr", app.DefaultHTTPAddr, "HTTP listen address; empty disables the server")
+	f.StringVar(&cfg.ID, "id", "", "worker id (River client ID); default host-pid-random")
+	f.IntVar(&cfg.DefaultWorkers, "default-workers", app.DefaultDefaultWorkers, "jobs worked at once from the default queue")
+	f.IntVar(&cfg.MaintenanceWorkers, "maintenance-workers", app.DefaultMaintenanceWorkers, "jobs worked at once from the maintenance queue")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "on SIGINT/SIGTERM, how long running jobs may finish before they are cancelled")
+	f.DurationVar(&cfg.JobTimeout, "job-timeout", time.Minute, "River's job timeout for kinds without their own")
+	f.DurationVar(&cfg.MaintenanceTimeout, "maintenance-timeout", 30*time.Minute, "bound of one maintenance run (the lock's lease)")
+	f.DurationVar(&cfg.ParkAfter, "park-after", limiter.DefaultParkAfter, "how long a job of a limited kind waits in the worker for a slot before it parks (1ms to 1h)")
+	f.DurationVar(&cfg.FetchCooldown, "fetch-cooldown", app.DefaultFetchCooldown, "least time between two fetches of a queue (River's FetchCooldown)")
+	f.DurationVar(&cfg.FetchPollInterval, "fetch-poll-interval", app.DefaultFetchPollInterval, "poll a queue this often when no insert notification arrives")
+	f.DurationVar(&cfg.RescueStuckJobsAfter, "rescue-stuck-jobs-after", app.DefaultRescueStuckJobsAfter, "River's rescuer retries a job running longer than this (its worker presumed dead)")
+	f.DurationVar(&cfg.SchedulePollInterval, "schedule-poll-interval", scheduler.DefaultPollInterval, "longest the schedule dispatcher sleeps between ticks (it also wakes for the next due time and on NOTIFY)")
+	f.IntVar(&cfg.ScheduleBatchSize, "schedule-batch-size", scheduler.DefaultBatchSize, "due schedules one dispatcher transaction claims")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", app.DefaultHeartbeatInterval, "how often the worker refreshes its sluice_workers row")
+	f.DurationVar(&cfg.DeadAfter, "dead-after", app.DefaultDeadAfter, "a worker whose heartbeat is older than this is dead and its jobs are rescued; at least 3 heartbeat intervals (unset: 30s, or 3 intervals if longer)")
+	bindEnv(f, "http-addr", "SLUICE_HTTP_ADDR")
+	bindEnv(f, "fetch-cooldown", "SLUICE_FETCH_COOLDOWN")
+	bindEnv(f, "park-after", "SLUICE_PARK_AFTER")
+	bindEnv(f, "fetch-poll-interval", "SLUICE_FETCH_POLL_INTERVAL")
+	bindEnv(f, "rescue-stuck-jobs-after", "SLUICE_RESCUE_STUCK_JOBS_AFTER")
+	bindEnv(f, "id", "SLUICE_WORKER_ID")
+	bindEnv(f, "default-workers", "SLUICE_DEFAULT_WORKERS")
+	bindEnv(f, "maintenance-workers", "SLUICE_MAINTENANCE_WORKERS")
+	bindEnv(f, "shutdown-timeout", "SLUICE_SHUTDOWN_TIMEOUT")
+	bindEnv(f, "job-timeout", "SLUICE_JOB_TIMEOUT")
+	bindEnv(f, "maintenance-timeout", "SLUICE_MAINTENANCE_TIMEOUT")
+	g.addModuleFlags(f)
+	bindEnv(f, "schedule-poll-interval", "SLUICE_SCHEDULE_POLL_INTERVAL")
+	bindEnv(f, "schedule-batch-size", "SLUICE_SCHEDULE_BATCH_SIZE")
+	bindEnv(f, "heartbeat-interval", "SLUICE_HEARTBEAT_INTERVAL")
+	bindEnv(f, "dead-after", "SLUICE_DEAD_AFTER")
+	return cmd
+}

@@ -1,0 +1,242 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/limiter"
+)
+
+// TestConcurrencyLeasesShared: two workers share a kind's limit through
+// slot leases: the limit holds, both workers run jobs, nothing parks when
+// slots free up in time, and every leased slot goes back once idle.
+func TestConcurrencyLeasesShared(t *testing.T) {
+	t.Parallel()
+
+	const kind = "leases"
+	const fullKind = "test.probe." + kind
+	pool, tracker, a := limitedProbes(t, kind, 4, 0)
+
+	const n = 300
+	insertProbes(t, a, kind, 0, n, 5)
+	waitAllDone(t, pool, tracker, fullKind, n, time.Minute)
+
+	require.LessOrEqual(t, tracker.max.Load(), int32(4), "the limit held")
+	require.Equal(t, int32(4), tracker.max.Load(), "the limit is used fully")
+	_, worked := tracker.snapshot()
+	for seq := range n {
+		require.Equal(t, 1, worked[seq], "job %d worked %d times", seq, worked[seq])
+	}
+	require.Zero(t, parkings(t, pool, fullKind), "slots freed in time: nothing parked")
+	for _, w := range []string{kind + "-a", kind + "-b"} {
+		ran := count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND attempted_by[1] = $2", fullKind, w)
+		require.Greater(t, ran, n/10, "worker %s ran %d of %d jobs: the limit is shared", w, ran, n)
+	}
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind) == 0 &&
+			count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases") == 0
+	}, 10*time.Second, 10*time.Millisecond, "idle leases given back")
+}
+
+// TestConcurrencyLeaseExpires: a lease whose holder stopped renewing it (a
+// process gone without a liveness row) is freed by concurrency_limit.resume
+// after LeaseTTL, and its kind's count follows.
+func TestConcurrencyLeaseExpires(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	jobtest.SetLimit(t, pool, "demo.sleep", 3)
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_leases (kind, worker_id, slots, renewed_at)
+		VALUES ('demo.sleep', 'gone', 2, now() - $1::interval), ('demo.sleep', 'alive', 1, now())`, limiter.LeaseTTL.String())
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 3 WHERE kind = 'demo.sleep'`)
+	require.NoError(t, err)
+
+	// A registered live worker's lease is the reaper's business, however
+	// old its renewal: it is kept.
+	_, err = pool.Exec(ctx, `INSERT INTO sluice_workers (id, host, pid, heartbeat_interval) VALUES ('paused', 'h', 1, '1s');
+		INSERT INTO concurrency_leases (kind, worker_id, slots, renewed_at) VALUES ('demo.sleep', 'paused', 0, now() - interval '1 hour')`)
+	require.NoError(t, err)
+
+	deps, _ := jobtest.NewJobs(t, pool)
+	client := jobtest.Start(t, pool, deps, jobtest.Config{})
+	// The cron's kindless run finds the kind by its leases.
+	client.InsertAndWait(t, limiter.ResumeArgs{}, nil)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM concurrency_leases WHERE worker_id = 'gone'") == 0
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, count(t, pool, "SELECT slots FROM concurrency_leases WHERE worker_id = 'alive'"))
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_leases WHERE worker_id = 'paused'"))
+	require.Equal(t, 1, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+}
+
+// TestConcurrencyLeaseLost: a worker whose lease was freed behind its back
+// (expired while it was paused) stops using those slots at its next renewal,
+// so another worker leasing them does not take the kind over its limit.
+func TestConcurrencyLeaseLost(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "lost"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 2)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 30, 150)
+	require.Eventually(t, func() bool { return tracker.running.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
+
+	// Free a's lease as an expiry would (a's process does not know).
+	_, err := pool.Exec(ctx, `DELETE FROM concurrency_leases WHERE worker_id = $1`, kind+"-a")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 0 WHERE kind = $1`, fullKind)
+	require.NoError(t, err)
+	time.Sleep(limiter.LeaseRenew + 300*time.Millisecond) // a renews, finds them gone
+	tracker.max.Store(tracker.running.Load())
+	startProbeWorker(t, url, kind+"-b", kind, tracker, 0, nil)
+	waitAllDone(t, pool, tracker, fullKind, 30, time.Minute)
+	require.LessOrEqual(t, tracker.max.Load(), int32(2), "the limit held after the lease was lost")
+}
+
+// TestConcurrencyLimitLowered: lowering a limit stops new jobs from starting
+// on leased slots above it at once, even while older jobs still run and
+// the worker holds more slots.
+func TestConcurrencyLimitLowered(t *testing.T) {
+	t.Parallel()
+
+	const kind = "lowered"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 10)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 3, 3000)   // three long jobs
+	insertProbes(t, a, kind, 100, 300, 20) // and a stream of short ones
+	require.Eventually(t, func() bool { return tracker.running.Load() >= 8 }, 10*time.Second, 5*time.Millisecond,
+		"the worker uses its leased slots")
+
+	jobtest.SetLimit(t, pool, fullKind, 2)
+	time.Sleep(limiter.LimitCacheTTL + limiter.LeaseIdlePoll + 200*time.Millisecond)
+	_, worked := tracker.snapshot()
+	require.Less(t, len(worked), 303, "short jobs are left to start after the change")
+	tracker.max.Store(tracker.running.Load())
+	time.Sleep(500 * time.Millisecond)
+	require.LessOrEqual(t, tracker.max.Load(), int32(3), "no job started above the lowered limit while the long ones ran")
+	waitAllDone(t, pool, tracker, fullKind, 303, 2*time.Minute)
+}
+
+// TestConcurrencyLimitLoweredManyWorkers: with several workers holding
+// slots, a lowered limit holds too: while the slots taken across workers
+// exceed it, no worker starts a job on a spare slot, and freed slots go
+// back until the total is within the limit.
+func TestConcurrencyLimitLoweredManyWorkers(t *testing.T) {
+	t.Parallel()
+
+	const kind = "lowered3"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 9)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	startProbeWorker(t, url, kind+"-b", kind, tracker, 0, nil)
+	startProbeWorker(t, url, kind+"-c", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 1500, 20)
+	require.Eventually(t, func() bool { return tracker.running.Load() >= 7 }, 10*time.Second, 2*time.Millisecond)
+
+	// Measured before any waiting job could have waited --park-after (1s)
+	// and parked, which would switch the kind to per-job admission: the
+	// leases alone must hold the new limit, once the workers have seen it
+	// (each reads the kind's state every few ms while jobs wait).
+	jobtest.SetLimit(t, pool, fullKind, 4)
+	time.Sleep(250 * time.Millisecond)
+	tracker.max.Store(tracker.running.Load())
+	time.Sleep(500 * time.Millisecond)
+	_, worked := tracker.snapshot()
+	require.Less(t, len(worked), 1500, "jobs were still starting while measured")
+	require.LessOrEqual(t, tracker.max.Load(), int32(4), "the lowered limit holds across workers")
+	waitAllDone(t, pool, tracker, fullKind, 1500, 2*time.Minute)
+}
+
+// TestConcurrencyLimitClearedWithLeases: removing a limit drops the leases
+// counted against it, so setting it again starts from what really runs.
+func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "cleared"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 3)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 6, 0)
+	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)
+	require.Positive(t, count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases"), "leases linger a moment")
+
+	cleared, err := limiter.ClearLimit(ctx, pool, fullKind)
+	require.NoError(t, err)
+	require.True(t, cleared)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"))
+	jobtest.SetLimit(t, pool, fullKind, 3)
+	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind), "no ghost slots")
+	insertProbes(t, a, kind, 100, 6, 0)
+	waitAllDone(t, pool, tracker, fullKind, 12, time.Minute)
+	require.LessOrEqual(t, tracker.max.Load(), int32(3))
+}
+
+// TestClearLimitRacesGrant: a lease granted while limits clear waits for
+// the kind's lock is removed with the limit (no ghost lease row).
+func TestClearLimitRacesGrant(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	jobtest.SetLimit(t, pool, "demo.sleep", 3)
+	// A grant in flight: it holds the kind's lock and writes its lease.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM concurrency_limits WHERE kind = 'demo.sleep' FOR UPDATE`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := limiter.ClearLimit(ctx, pool, "demo.sleep")
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockConcurrencyLimits%'") == 1
+	}, 10*time.Second, 5*time.Millisecond, "clear waits for the lock")
+	_, err = tx.Exec(ctx, `INSERT INTO concurrency_leases (kind, worker_id, slots) VALUES ('demo.sleep', 'w', 2)`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE concurrency_limits SET admitted = admitted + 2 WHERE kind = 'demo.sleep'`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"), "the lease went with the limit")
+	jobtest.SetLimit(t, pool, "demo.sleep", 3)
+	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+}
+
+// TestConcurrencyLeaseCountedButNotHeld: slots the database counts for a
+// worker that does not hold them (a grant whose reply was lost) are given
+// back at the worker's next renewal.
+func TestConcurrencyLeaseCountedButNotHeld(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "extra"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 4)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 1, 4000) // keeps one slot leased meanwhile
+	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	time.Sleep(2 * limiter.LeaseLinger) // spare slots gone back
+
+	_, err := pool.Exec(ctx, `UPDATE concurrency_leases SET slots = slots + 2 WHERE worker_id = $1`, kind+"-a")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = admitted + 2 WHERE kind = $1`, fullKind)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT slots FROM concurrency_leases WHERE worker_id = $1", kind+"-a") == 1 &&
+			count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind) == 1
+	}, 3*limiter.LeaseRenew, 20*time.Millisecond, "the extra slots went back")
+}

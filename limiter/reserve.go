@@ -1,0 +1,83 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// ClearLimit removes the limit of kind, with the leases counted against it,
+// and reports whether there was one. The limit row is locked first, so a
+// lease granted meanwhile is removed too.
+func ClearLimit(ctx context.Context, pool *pgxpool.Pool, kind string) (bool, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.LockConcurrencyLimits(ctx, []string{kind}); err != nil {
+			return err
+		}
+		var err error
+		n, err = q.ClearConcurrencyLimit(ctx, kind)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("clear the limit of %s: %w", kind, err)
+	}
+	return n > 0, nil
+}
+
+// SlotReservation is what ReserveSlot found.
+type SlotReservation struct {
+	// Needed is false when the kind has no limit (no row, or 0): the job
+	// runs without a slot.
+	Needed bool
+	// Reserved is true when a slot is now reserved for the job.
+	Reserved bool
+	// Limit and Taken describe the kind when no slot was free: its
+	// max_concurrency and the slots taken.
+	Limit, Taken int32
+	// Parked reports that the kind has parked jobs, which go first.
+	Parked bool
+}
+
+// ReserveSlot reserves a slot of kind for the job jobID, as a resume does
+// for a parked job, if one is free and no parked job of the kind waits for
+// it (they are older: FIFO). The job's admission then takes the reserved
+// slot as its own; a reservation whose job never starts is freed by
+// concurrency_limit.resume after ReservedSlotTTL. sluice run uses it to
+// take a slot as a worker would, without ever parking.
+func (l *Limiter) ReserveSlot(ctx context.Context, kind string, jobID int64) (SlotReservation, error) {
+	var res SlotReservation
+	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		counts, err := lockKinds(ctx, q, []string{kind})
+		if err != nil {
+			return err
+		}
+		c, ok := counts[kind]
+		if !ok || c.limit == 0 {
+			return nil
+		}
+		res = SlotReservation{Needed: true, Limit: c.limit, Taken: c.taken, Parked: c.hasParked}
+		if c.limit < 0 || c.hasParked || c.taken >= c.limit {
+			return nil
+		}
+		if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
+			JobIds: []int64{jobID}, Kinds: []string{kind}, Reserved: true,
+		}); err != nil {
+			return fmt.Errorf("reserve a slot: %w", err)
+		}
+		c.taken++
+		c.dAdmit++
+		res.Reserved, res.Taken = true, c.taken
+		return saveCounts(ctx, q, counts)
+	})
+	if err != nil {
+		return SlotReservation{}, fmt.Errorf("reserve a %s slot: %w", kind, err)
+	}
+	return res, nil
+}

@@ -1,0 +1,306 @@
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/limiter"
+)
+
+// Reaper constants.
+const (
+	// terminateWaitMs is how long the reaper waits for each backend of a
+	// dead worker it terminates to exit.
+	terminateWaitMs = 5000
+	// reapTimeout bounds the reap of one dead worker.
+	reapTimeout = 30 * time.Second
+)
+
+// errReaperBusy: another worker's reaper holds the reaper lock.
+var errReaperBusy = errors.New("another reaper is at work")
+
+// reaper rescues the running jobs and concurrency slots of dead workers. It
+// runs on every worker, every heartbeat interval; its rules:
+//
+//   - a worker is dead when its heartbeat is older than its own dead-after
+//     (declared in its row, at least three of its heartbeat intervals), by
+//     the database's clock;
+//   - a reaper never reaps its own worker, and acts only while its own row
+//     is alive;
+//   - a reaper reaps a worker only after its own worker has been
+//     heartbeating successfully, without a gap, for at least that worker's
+//     dead-after: during a database outage every heartbeat goes stale, and
+//     afterwards each worker has had dead-after to heartbeat again before
+//     anyone may judge it;
+//   - one reaper at a time (the transaction-level advisory lock
+//     sluice.reaper), one dead worker per transaction.
+//
+// Reaping a worker: terminate its remaining backends (frees the session
+// advisory locks and row locks a stopped process still holds, and cuts a
+// paused process off), then in one transaction: lock its row (still dead),
+// terminate again whatever it reconnected meanwhile, lock the limit rows of
+// its kinds, rescue its running jobs as River's rescuer would
+// (RescueWorkerJobs), free their concurrency slots and every slot
+// recorded for it, resume parked jobs into the freed slots, mark its running
+// maintenance runs failed, and delete its row.
+type reaper struct {
+	pool     *pgxpool.Pool
+	limiter  *limiter.Limiter
+	registry *kinds.Registry
+	live     *liveness
+	logger   *slog.Logger
+	metrics  *reaperMetrics
+}
+
+// deadWorker is a worker row to reap.
+type deadWorker struct {
+	ID, Incarnation, Host string
+	Pid                   int32
+	BackendName           *string
+	HeartbeatAge          time.Duration
+}
+
+// reapResult is what reaping one worker did.
+type reapResult struct {
+	Rescued         []RescuedJob
+	Slots           limiter.SlotReleaseResult
+	MaintenanceRuns []int64
+	Terminated      int
+}
+
+// run reaps every heartbeat interval until ctx is done.
+func (r *reaper) run(ctx context.Context) {
+	ticker := time.NewTicker(r.live.interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.live.Reaped():
+			return
+		case <-ticker.C:
+			if _, err := r.pass(ctx); err != nil && ctx.Err() == nil {
+				r.metrics.errors.Inc()
+				r.logger.Warn("reaper pass failed", "error", err)
+			}
+		}
+	}
+}
+
+// pass reaps the workers that are dead now, under the rules above, and
+// returns how many it reaped.
+func (r *reaper) pass(ctx context.Context) (int, error) {
+	streak := r.live.streak(time.Now())
+	if streak <= 0 || r.live.isReaped() {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, reapTimeout)
+	defer cancel()
+	q := db.New(r.pool)
+	rows, err := q.DeadWorkers(ctx, db.DeadWorkersParams{
+		Streak: interval(streak), Me: r.live.id, Incarnation: r.live.incarnation,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("find dead workers: %w", err)
+	}
+	reaped := 0
+	for _, row := range rows {
+		d := deadWorker{ID: row.ID, Incarnation: row.Incarnation, Host: row.Host, Pid: row.Pid,
+			BackendName: row.BackendName, HeartbeatAge: time.Duration(row.HeartbeatAgeSeconds * float64(time.Second))}
+		ok, err := r.reap(ctx, d)
+		if errors.Is(err, errReaperBusy) {
+			return reaped, nil
+		}
+		if err != nil {
+			return reaped, err
+		}
+		if ok {
+			reaped++
+		}
+	}
+	return reaped, nil
+}
+
+// reap reaps the dead worker d; false when there was nothing to reap (it
+// came back, or another reaper took it).
+func (r *reaper) reap(ctx context.Context, d deadWorker) (bool, error) {
+	logger := r.logger.With("dead_worker_id", d.ID, "dead_worker_host", d.Host, "dead_worker_pid", d.Pid)
+	var terminated int
+	if d.BackendName != nil {
+		// Before the transaction: the locks a stopped worker holds would
+		// otherwise block it (and a dead reaper holds the reaper lock).
+		n, err := db.New(r.pool).TerminateBackends(ctx, db.TerminateBackendsParams{AppName: *d.BackendName, WaitMs: terminateWaitMs})
+		if err != nil {
+			logger.Warn("reaper: terminating the dead worker's backends failed", "error", err)
+		}
+		terminated += int(n)
+	}
+	var res *reapResult
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = r.reapTx(ctx, tx, d, false)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	if res == nil {
+		return false, nil
+	}
+	res.Terminated += terminated
+	r.record(logger, d, res)
+	return true, nil
+}
+
+// reapTx is the transaction of a reap. It returns nil when the row is no
+// longer there to reap. unfenced clears the session's worker id for the
+// transaction (for a process taking over its own id, whose new incarnation
+// is not registered yet).
+func (r *reaper) reapTx(ctx context.Context, tx pgx.Tx, d deadWorker, unfenced bool) (*reapResult, error) {
+	q := db.New(tx)
+	if unfenced {
+		if err := q.ClearWorkerSetting(ctx); err != nil {
+			return nil, fmt.Errorf("clear worker setting: %w", err)
+		}
+	}
+	acquired, err := q.TryReaperLock(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reaper lock: %w", err)
+	}
+	if !acquired {
+		return nil, errReaperBusy
+	}
+	row, err := q.LockDeadWorker(ctx, db.LockDeadWorkerParams{ID: d.ID, Incarnation: d.Incarnation})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock dead worker %s: %w", d.ID, err)
+	}
+	res := &reapResult{}
+	if row.BackendName != nil {
+		// Whatever it reconnected since: its new connections now wait for
+		// this transaction (afterConnect) and are refused after it.
+		n, err := q.TerminateBackends(ctx, db.TerminateBackendsParams{AppName: *row.BackendName, WaitMs: terminateWaitMs})
+		if err != nil {
+			return nil, fmt.Errorf("terminate backends of %s: %w", d.ID, err)
+		}
+		res.Terminated = int(n)
+	}
+	jobKinds, err := q.WorkerJobKinds(ctx, d.ID)
+	if err != nil {
+		return nil, fmt.Errorf("kinds of %s's jobs: %w", d.ID, err)
+	}
+	slots, err := r.limiter.LockSlotsOf(ctx, tx, d.ID, jobKinds)
+	if err != nil {
+		return nil, err
+	}
+	res.Rescued, err = RescueWorkerJobs(ctx, tx, r.registry, d.ID, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(res.Rescued))
+	for i, job := range res.Rescued {
+		ids[i] = job.ID
+	}
+	res.Slots, err = slots.Release(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := q.FailWorkerMaintenanceRuns(ctx, db.FailWorkerMaintenanceRunsParams{
+		WorkerID: d.ID, Reason: WorkerLostError(d.ID),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fail maintenance runs of %s: %w", d.ID, err)
+	}
+	for _, run := range runs {
+		res.MaintenanceRuns = append(res.MaintenanceRuns, run.ID)
+	}
+	if _, err := q.DeleteDeadWorker(ctx, db.DeleteDeadWorkerParams{ID: d.ID, Incarnation: d.Incarnation}); err != nil {
+		return nil, fmt.Errorf("delete worker row %s: %w", d.ID, err)
+	}
+	return res, nil
+}
+
+// record logs and counts a reap.
+func (r *reaper) record(logger *slog.Logger, d deadWorker, res *reapResult) {
+	byState := map[rivertype.JobState][]int64{}
+	for _, job := range res.Rescued {
+		byState[job.State] = append(byState[job.State], job.ID)
+		r.metrics.jobs.WithLabelValues(job.Kind, string(job.State)).Inc()
+	}
+	released := 0
+	for kind, n := range res.Slots.Released {
+		released += n
+		r.metrics.slots.WithLabelValues(kind).Add(float64(n))
+	}
+	resumed := 0
+	for _, n := range res.Slots.Resumed {
+		resumed += n
+	}
+	r.metrics.workers.Inc()
+	r.metrics.backends.Add(float64(res.Terminated))
+	logger.Warn("reaped dead worker: its jobs and concurrency slots are rescued",
+		"heartbeat_age", d.HeartbeatAge.Round(time.Millisecond).String(),
+		"jobs_retryable", byState[rivertype.JobStateRetryable],
+		"jobs_discarded", byState[rivertype.JobStateDiscarded],
+		"jobs_cancelled", byState[rivertype.JobStateCancelled],
+		"jobs_parked", byState[rivertype.JobStatePending],
+		"slots_released", released,
+		"parked_resumed", resumed,
+		"maintenance_runs_failed", res.MaintenanceRuns,
+		"backends_terminated", res.Terminated)
+}
+
+// reaperMetrics are the reaper's Prometheus metrics.
+type reaperMetrics struct {
+	workers  prometheus.Counter
+	jobs     *prometheus.CounterVec
+	slots    *prometheus.CounterVec
+	backends prometheus.Counter
+	errors   prometheus.Counter
+}
+
+func newReaperMetrics(reg prometheus.Registerer) (*reaperMetrics, error) {
+	m := &reaperMetrics{
+		workers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_reaper_workers_reaped_total",
+			Help: "Dead workers this worker's reaper reaped.",
+		}),
+		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_reaper_jobs_rescued_total",
+			Help: "Running jobs of dead workers rescued by this worker's reaper, by kind and new state (retryable, discarded, cancelled).",
+		}, []string{"kind", "state"}),
+		slots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_reaper_slots_released_total",
+			Help: "Concurrency slots of dead workers released by this worker's reaper, by kind.",
+		}, []string{"kind"}),
+		backends: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_reaper_backends_terminated_total",
+			Help: "Database backends of dead workers terminated by this worker's reaper.",
+		}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_reaper_errors_total",
+			Help: "Reaper passes of this worker that failed (retried at the next heartbeat interval).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.workers, m.jobs, m.slots, m.backends, m.errors} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register reaper metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,18 @@
+package module
+
+import "fmt"
+
+// UsageError is bad usage or bad input: the CLI exits 2, and nothing was
+// written.
+type UsageError struct {
+	Err error
+}
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a *UsageError.
+func Usagef(format string, args ...any) error {
+	return &UsageError{Err: fmt.Errorf(format, args...)}
+}

@@ -1,0 +1,46 @@
+// Package sluice is a SQL-centric job runner on a Postgres queue: River jobs
+// whose whole state lives in Postgres. Durable cron schedules, concurrency
+// limits with jobs parked in place, maintenance runs under advisory locks,
+// worker liveness with a reaper of dead workers, metrics and health all come
+// with it, and an operator sees and steers everything with SQL.
+//
+// A team runs its own job kinds by writing plain River workers and handing
+// them over:
+//
+//	workers := river.NewWorkers()
+//	river.AddWorker(workers, &GreetWorker{})
+//	os.Exit(sluice.Main(sluice.Config{Workers: workers, Migrations: migrationsFS}))
+//
+// Main is the whole sluice command line (worker, migrate, enqueue, run,
+// schedule, limits, parked, jobs, stats, health), with the program's kinds
+// known to every command. New runs the worker inside an application's own
+// process instead, beside its own HTTP server.
+//
+// sluice's own seed systems are modules (package modules and below): the
+// stock sluice binary turns them all on; a library user picks the ones it
+// wants with Config.Modules.
+package sluice
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sluice-dev/sluice/internal/cli"
+)
+
+// Main runs the sluice command line with os.Args and returns the process's
+// exit code: 0 success, 1 runtime failure, 2 bad usage or input (sluice
+// health: 0 OK, 1 WARNING, 2 CRITICAL; a reaped worker: 3). SIGINT and
+// SIGTERM stop the command gracefully.
+//
+// Main reads its settings from the command line and the environment
+// (`--help` lists them); of cfg it uses Workers, Migrations and Modules. A
+// cfg with no workers and no modules, or with a kind registered twice, is
+// reported and exits 1 before any command runs.
+func Main(cfg Config) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return cli.Run(ctx, cfg.program(), os.Args[1:], os.Stdout, os.Stderr)
+}
