@@ -24,7 +24,7 @@ func fencePools(b *testing.B) (with, without *pgxpool.Pool) {
 	ctx := context.Background()
 	open := func(dropFence bool) *pgxpool.Pool {
 		url := testdb.New(b)
-		config, err := db.ParseConfig(url)
+		config, err := testdb.PoolConfig(url)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -127,9 +127,10 @@ func (r *HealthReport) Summary() string {
 }
 
 // CheckHealth connects to databaseURL and reports the health of the
-// workers and schedules. An unreachable database is a CRITICAL report, not
-// an error; errors are a malformed URL only.
-func CheckHealth(ctx context.Context, databaseURL string) (*HealthReport, error) {
+// workers and schedules, with sluice's objects in schemas. An unreachable
+// database is a CRITICAL report, not an error; errors are a malformed URL
+// only.
+func CheckHealth(ctx context.Context, databaseURL string, schemas db.Schemas) (*HealthReport, error) {
 	config, err := db.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, err
@@ -138,7 +139,13 @@ func CheckHealth(ctx context.Context, databaseURL string) (*HealthReport, error)
 	if _, ok := config.ConnConfig.RuntimeParams["application_name"]; !ok {
 		config.ConnConfig.RuntimeParams["application_name"] = "sluice health"
 	}
-	pool, err := db.OpenConfig(ctx, config, databaseURL, 5*time.Second)
+	resolveCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = db.UseSchemas(resolveCtx, config, databaseURL, schemas)
+	var pool *pgxpool.Pool
+	if err == nil {
+		pool, err = db.OpenConfig(ctx, config, databaseURL, 5*time.Second)
+	}
 	if err != nil {
 		r := &HealthReport{Status: HealthOK, CheckedAt: time.Now().UTC()}
 		r.add("database", HealthCritical, "unreachable: %v", err)

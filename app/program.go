@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"regexp"
 
 	"github.com/riverqueue/river"
 
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/module"
 )
 
@@ -24,12 +27,25 @@ type Program struct {
 	Migrations fs.FS
 	// Modules are the modules turned on.
 	Modules []module.Module
+	// Schemas are where sluice's objects (default schema sluice) and
+	// River's tables (default: where the connection's search_path puts
+	// them) live.
+	Schemas db.Schemas
+}
+
+// MigrationOptions are the migrations of the program besides River's and
+// sluice's core: the modules' and the application's.
+func (p Program) MigrationOptions(logger *slog.Logger) migrations.Options {
+	return migrations.Options{Modules: p.Modules, App: p.Migrations, Logger: logger}
 }
 
 // ErrNothingToWork is the error of a program without workers and modules.
 var ErrNothingToWork = errors.New("sluice: nothing to work: the Config has no Workers and no Modules (register River workers with river.AddWorker, or turn on a module)")
 
 var moduleNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
+
+// reservedModuleNames name migration components of their own.
+var reservedModuleNames = map[string]bool{migrations.ComponentApp: true, migrations.ComponentSluice: true, migrations.ComponentRiver: true}
 
 // coreKinds are the kinds of sluice's core.
 func coreKinds() []kinds.Kind {
@@ -67,7 +83,7 @@ func (p Program) Registry() (*kinds.Registry, error) {
 	}
 	seen := map[string]bool{}
 	for _, m := range p.Modules {
-		if !moduleNameRE.MatchString(m.Name) {
+		if !moduleNameRE.MatchString(m.Name) || reservedModuleNames[m.Name] {
 			return nil, fmt.Errorf("sluice: invalid module name %q: want lowercase letters, digits and underscores", m.Name)
 		}
 		if seen[m.Name] {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/sluice-dev/sluice/db"
 )
 
 // Client is the River client type sluice uses.
@@ -17,7 +18,7 @@ type Client = river.Client[pgx.Tx]
 // NewInsertClient returns a River client that only inserts and cancels jobs
 // (no queues, no workers), for CLI commands.
 func NewInsertClient(pool *pgxpool.Pool) (*Client, error) {
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
@@ -43,6 +44,7 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 		FetchPollInterval:      opts.fetchPollInterval,
 		ID:                     opts.id,
 		RescueStuckJobsAfter:   opts.rescueStuckJobsAfter,
+		Schema:                 db.SchemasOf(pool).River,
 		JobTimeout:             opts.jobTimeout,
 		LeaderElectionDisabled: opts.leaderElectionOff,
 		Logger:                 logger,

@@ -60,12 +60,12 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice run "+cfg.ID)
+	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice run "+cfg.ID, cfg.Program.Schemas)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := migrations.Check(ctx, pool, cfg.Logger); err != nil {
+	if err := migrations.Check(ctx, pool, cfg.Program.MigrationOptions(cfg.Logger)); err != nil {
 		return nil, err
 	}
 	j, err := NewJobs(pool, JobsConfig{

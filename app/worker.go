@@ -52,6 +52,9 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Program.Schemas, err = db.UseSchemas(ctx, config, cfg.DatabaseURL, cfg.Program.Schemas); err != nil {
+		return nil, err
+	}
 	live.ConfigurePool(config)
 	pool, err := db.OpenConfig(ctx, config, cfg.DatabaseURL, 10*time.Second)
 	if err != nil {
@@ -66,7 +69,7 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 }
 
 func (w *Worker) init(ctx context.Context) error {
-	if err := migrations.Check(ctx, w.pool, w.cfg.Logger); err != nil {
+	if err := migrations.Check(ctx, w.pool, w.cfg.Program.MigrationOptions(w.cfg.Logger)); err != nil {
 		return err
 	}
 	w.registry.MustRegister(
@@ -281,10 +284,16 @@ func flushLimiter(j *Jobs, logger *slog.Logger) {
 }
 
 // OpenPool opens a pool for a sluice process named appName (shown in
-// pg_stat_activity.application_name unless the URL sets one).
-func OpenPool(ctx context.Context, databaseURL, appName string) (*pgxpool.Pool, error) {
+// pg_stat_activity.application_name unless the URL sets one), with the
+// schemas on its search_path (db.UseSchemas).
+func OpenPool(ctx context.Context, databaseURL, appName string, schemas db.Schemas) (*pgxpool.Pool, error) {
 	config, err := db.ParseConfig(databaseURL)
 	if err != nil {
+		return nil, err
+	}
+	resolveCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := db.UseSchemas(resolveCtx, config, databaseURL, schemas); err != nil {
 		return nil, err
 	}
 	if _, ok := config.ConnConfig.RuntimeParams["application_name"]; !ok && appName != "" {

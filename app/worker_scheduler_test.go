@@ -116,7 +116,7 @@ func TestHealth(t *testing.T) {
 
 	t.Run("unreachable database is CRITICAL", func(t *testing.T) {
 		t.Parallel()
-		report, err := app.CheckHealth(ctx, "postgres://bob:s3cretpw@127.0.0.1:1/x?connect_timeout=2")
+		report, err := app.CheckHealth(ctx, "postgres://bob:s3cretpw@127.0.0.1:1/x?connect_timeout=2", db.Schemas{})
 		require.NoError(t, err)
 		require.Equal(t, app.HealthCritical, report.Status)
 		require.Equal(t, 2, report.ExitCode())
@@ -127,13 +127,13 @@ func TestHealth(t *testing.T) {
 
 	t.Run("malformed URL is an error", func(t *testing.T) {
 		t.Parallel()
-		_, err := app.CheckHealth(ctx, "postgres://x:1:2:3")
+		_, err := app.CheckHealth(ctx, "postgres://x:1:2:3", db.Schemas{})
 		require.Error(t, err)
 	})
 
 	t.Run("no worker is CRITICAL", func(t *testing.T) {
 		t.Parallel()
-		report, err := app.CheckHealth(ctx, testdb.New(t))
+		report, err := app.CheckHealth(ctx, testdb.New(t), db.Schemas{})
 		require.NoError(t, err)
 		require.Equal(t, app.HealthCritical, report.Status)
 		require.True(t, report.DatabaseReachable)
@@ -151,7 +151,7 @@ func TestHealth(t *testing.T) {
 		}
 		check := func(want string) *app.HealthReport {
 			t.Helper()
-			report, err := app.CheckHealth(ctx, url)
+			report, err := app.CheckHealth(ctx, url, db.Schemas{})
 			require.NoError(t, err)
 			require.Equal(t, want, report.Status, "%+v", report.Checks)
 			return report

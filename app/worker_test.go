@@ -221,7 +221,7 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 
 func urlDatabase(t *testing.T, url string) string {
 	t.Helper()
-	cfg, err := db.ParseConfig(url)
+	cfg, err := testdb.PoolConfig(url)
 	require.NoError(t, err)
 	return cfg.ConnConfig.Database
 }

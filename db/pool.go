@@ -40,11 +40,22 @@ func ParseConfig(connString string) (*pgxpool.Config, error) {
 	return config, nil
 }
 
-// Open connects a pool to connString and checks that the server answers
-// within timeout. Errors never contain the password.
+// Open connects a pool to connString, with sluice's schema and River's
+// default one on its search_path (UseSchemas), and checks that the server
+// answers within timeout. Errors never contain the password.
 func Open(ctx context.Context, connString string, timeout time.Duration) (*pgxpool.Pool, error) {
+	return OpenSchemas(ctx, connString, Schemas{}, timeout)
+}
+
+// OpenSchemas is Open with the schemas s.
+func OpenSchemas(ctx context.Context, connString string, s Schemas, timeout time.Duration) (*pgxpool.Pool, error) {
 	config, err := ParseConfig(connString)
 	if err != nil {
+		return nil, err
+	}
+	ctx2, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := UseSchemas(ctx2, config, connString, s); err != nil {
 		return nil, err
 	}
 	return OpenConfig(ctx, config, connString, timeout)

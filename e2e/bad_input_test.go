@@ -39,7 +39,7 @@ var badInputs = []badInput{
 	{"migrate", []string{"migrate", "sideways"}, nil, `unknown migrate direction "sideways"`},
 	{"migrate", []string{"migrate", "down", "--to", "-1"}, nil, `invalid --to "-1"`},
 	{"migrate", []string{"migrate", "down", "--to", "x"}, nil, `invalid --to "x"`},
-	{"migrate", []string{"migrate", "up", "--to", "1"}, nil, "--to and --river apply to migrate down only"},
+	{"migrate", []string{"migrate", "up", "--to", "1"}, nil, "--to, --component and --river apply to migrate down only"},
 	{"migrate", []string{"migrate", "down", "--river"}, nil, "--river needs --to 0"},
 	{"migrate", []string{"migrate", "up", "down"}, nil, "migrate expects at most one of up, down, status"},
 
@@ -320,7 +320,9 @@ func isGroup(t *testing.T, command string) bool {
 // allTables lists every table of the test's database: sluice's and River's.
 func allTables(h *harness) []string {
 	h.t.Helper()
-	rows, err := h.pool.Query(context.Background(), `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1`)
+	rows, err := h.pool.Query(context.Background(), `
+		SELECT format('%I.%I', schemaname, tablename) FROM pg_tables
+		WHERE schemaname = ANY (current_schemas(false)) ORDER BY 1`)
 	require.NoError(h.t, err)
 	var tables []string
 	for rows.Next() {
@@ -329,7 +331,7 @@ func allTables(h *harness) []string {
 		tables = append(tables, name)
 	}
 	require.NoError(h.t, rows.Err())
-	require.Contains(h.t, tables, "river_job")
-	require.Contains(h.t, tables, "schedules")
+	require.Contains(h.t, tables, "public.river_job")
+	require.Contains(h.t, tables, "sluice.schedules")
 	return tables
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/demo"
@@ -121,6 +122,7 @@ func riverNoop(b *testing.B, pool *pgxpool.Pool) float64 {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, noopWorker{})
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Schema:            db.SchemasOf(pool).River,
 		FetchCooldown:     app.DefaultFetchCooldown,
 		FetchPollInterval: app.DefaultFetchPollInterval,
 		Logger:            slog.New(slog.DiscardHandler),

@@ -38,7 +38,7 @@ func newMember(t *testing.T, url, id string, interval, deadAfter time.Duration) 
 	ctx := context.Background()
 	logger := testlog.Logger(t).With("member", id)
 	live := newLiveness(Config{ID: id, HeartbeatInterval: interval, DeadAfter: deadAfter, Logger: logger})
-	config, err := db.ParseConfig(url)
+	config, err := testdb.PoolConfig(url)
 	require.NoError(t, err)
 	live.configurePool(config)
 	pool, err := db.OpenConfig(ctx, config, url, 10*time.Second)
@@ -324,6 +324,7 @@ func startGateClient(t *testing.T, pool *pgxpool.Pool, id, queue string) (*river
 	workers := river.NewWorkers()
 	river.AddWorker(workers, gw)
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Schema:                 db.SchemasOf(pool).River,
 		ID:                     id,
 		FetchCooldown:          10 * time.Millisecond,
 		FetchPollInterval:      20 * time.Millisecond,
@@ -381,7 +382,7 @@ func TestFenceDropsZombieCompletion(t *testing.T) {
 			z.live.registered.Store(false)
 
 			zClient, zGate := startGateClient(t, z.pool, "zombie", river.QueueDefault)
-			inserter, err := river.NewClient(riverpgxv5.New(admin), &river.Config{})
+			inserter, err := river.NewClient(riverpgxv5.New(admin), &river.Config{Schema: db.SchemasOf(admin).River})
 			require.NoError(t, err)
 			res, err := inserter.Insert(ctx, gateArgs{}, &river.InsertOpts{MaxAttempts: 5})
 			require.NoError(t, err)

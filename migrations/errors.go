@@ -17,3 +17,10 @@ func isUndefinedTable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }
+
+// isUndefinedSchema reports a missing schema, as when sluice's schema has
+// not been created yet.
+func isUndefinedSchema(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42P01")
+}

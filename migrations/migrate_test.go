@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +13,11 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/migrations"
+	"github.com/sluice-dev/sluice/modules"
 )
+
+// stock are the migrations of the stock binary: every built-in module.
+var stock = migrations.Options{Modules: modules.All()}
 
 func openEmpty(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
@@ -29,12 +32,11 @@ func TestUpIdempotent(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	logger := slog.New(slog.DiscardHandler)
 	_, pool := openEmpty(t)
 
-	require.ErrorIs(t, migrations.Check(ctx, pool, logger), migrations.ErrNotMigrated)
+	require.ErrorIs(t, migrations.Check(ctx, pool, stock), migrations.ErrNotMigrated)
 
-	steps, err := migrations.Up(ctx, pool, logger)
+	steps, err := migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 	var river, sluice int
 	for _, s := range steps {
@@ -47,13 +49,13 @@ func TestUpIdempotent(t *testing.T) {
 	}
 	require.Positive(t, river)
 	require.Positive(t, sluice)
-	require.NoError(t, migrations.Check(ctx, pool, logger))
+	require.NoError(t, migrations.Check(ctx, pool, stock))
 
-	steps, err = migrations.Up(ctx, pool, logger)
+	steps, err = migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 	require.Empty(t, steps, "a second up applies nothing")
 
-	statuses, err := migrations.Status(ctx, pool, logger)
+	statuses, err := migrations.Status(ctx, pool, stock)
 	require.NoError(t, err)
 	for _, s := range statuses {
 		require.True(t, s.Applied, "%s %s", s.Component, s.Name)
@@ -64,7 +66,6 @@ func TestUpConcurrent(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	logger := slog.New(slog.DiscardHandler)
 	url, _ := openEmpty(t)
 
 	// Several processes migrating at once: separate pools, same database.
@@ -82,7 +83,7 @@ func TestUpConcurrent(t *testing.T) {
 				return
 			}
 			defer pool.Close()
-			steps, err := migrations.Up(ctx, pool, logger)
+			steps, err := migrations.Up(ctx, pool, stock)
 			errs[i] = err
 			applied[i] = len(steps)
 		}()
@@ -102,8 +103,8 @@ func TestUpConcurrent(t *testing.T) {
 	pool, err := db.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
-	require.NoError(t, migrations.Check(ctx, pool, logger))
-	statuses, err := migrations.Status(ctx, pool, logger)
+	require.NoError(t, migrations.Check(ctx, pool, stock))
+	statuses, err := migrations.Status(ctx, pool, stock)
 	require.NoError(t, err)
 	require.Len(t, statuses, total)
 }
@@ -112,19 +113,18 @@ func TestDownAndUpAgain(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	logger := slog.New(slog.DiscardHandler)
 	_, pool := openEmpty(t)
 
-	_, err := migrations.Up(ctx, pool, logger)
+	_, err := migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 
 	// River's schema cannot go while sluice's depends on it.
 	one := int64(1)
-	_, err = migrations.Down(ctx, pool, logger, migrations.DownOpts{To: &one, River: true})
+	_, err = migrations.Down(ctx, pool, stock, migrations.DownOpts{To: &one, River: true})
 	require.Error(t, err)
 
 	zero := int64(0)
-	steps, err := migrations.Down(ctx, pool, logger, migrations.DownOpts{To: &zero, River: true})
+	steps, err := migrations.Down(ctx, pool, stock, migrations.DownOpts{To: &zero, River: true})
 	require.NoError(t, err)
 	require.NotEmpty(t, steps)
 
@@ -135,30 +135,29 @@ func TestDownAndUpAgain(t *testing.T) {
 	require.Zero(t, tables)
 
 	// Down with nothing left is not an error.
-	steps, err = migrations.Down(ctx, pool, logger, migrations.DownOpts{})
+	steps, err = migrations.Down(ctx, pool, stock, migrations.DownOpts{})
 	require.NoError(t, err)
 	require.Empty(t, steps)
 
-	_, err = migrations.Up(ctx, pool, logger)
+	_, err = migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
-	require.NoError(t, migrations.Check(ctx, pool, logger))
+	require.NoError(t, migrations.Check(ctx, pool, stock))
 }
 
 func TestDownOneStep(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	logger := slog.New(slog.DiscardHandler)
 	_, pool := openEmpty(t)
-	_, err := migrations.Up(ctx, pool, logger)
+	_, err := migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 
-	steps, err := migrations.Down(ctx, pool, logger, migrations.DownOpts{})
+	steps, err := migrations.Down(ctx, pool, stock, migrations.DownOpts{})
 	require.NoError(t, err)
 	require.Len(t, steps, 1)
 	require.Equal(t, "sluice", steps[0].Component)
 
-	err = migrations.Check(ctx, pool, logger)
+	err = migrations.Check(ctx, pool, stock)
 	require.True(t, errors.Is(err, migrations.ErrNotMigrated), "%v", err)
 	require.Contains(t, err.Error(), steps[0].Name)
 }

@@ -2,7 +2,6 @@ package migrations_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,12 +20,11 @@ func TestParkInPlaceMigration(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	logger := slog.New(slog.DiscardHandler)
 	_, pool := openEmpty(t)
-	_, err := migrations.Up(ctx, pool, logger)
+	_, err := migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 	before := int64(parkInPlaceVersion - 1)
-	_, err = migrations.Down(ctx, pool, logger, migrations.DownOpts{To: &before})
+	_, err = migrations.Down(ctx, pool, stock, migrations.DownOpts{To: &before})
 	require.NoError(t, err)
 
 	exec := func(sql string, args ...any) {
@@ -66,7 +64,7 @@ func TestParkInPlaceMigration(t *testing.T) {
 	dup := insertJob("available", `{}`, []byte("key-d"))
 	park(d)
 
-	_, err = migrations.Up(ctx, pool, logger)
+	_, err = migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 
 	type row struct {
@@ -106,7 +104,7 @@ func TestParkInPlaceMigration(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, `SELECT has_parked::int FROM concurrency_limits WHERE kind = 'demo.sleep'`))
 
 	// Down: back to the old form, every waiting job kept.
-	_, err = migrations.Down(ctx, pool, logger, migrations.DownOpts{To: &before})
+	_, err = migrations.Down(ctx, pool, stock, migrations.DownOpts{To: &before})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []int64{a, b, d},
 		jobIDs(t, pool, `SELECT original_job_id FROM concurrency_parked_jobs ORDER BY id`))
@@ -115,10 +113,10 @@ func TestParkInPlaceMigration(t *testing.T) {
 	require.Equal(t, 3, countRows(t, pool, `SELECT parked::int FROM concurrency_limits WHERE kind = 'demo.sleep'`))
 
 	// A job caught in the middle of its parking refuses the way down.
-	_, err = migrations.Up(ctx, pool, logger)
+	_, err = migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 	exec(`UPDATE river_job SET state = 'running', metadata = metadata || '{"sluice_park": true}' WHERE id = $1`, dup)
-	_, err = migrations.Down(ctx, pool, logger, migrations.DownOpts{To: &before})
+	_, err = migrations.Down(ctx, pool, stock, migrations.DownOpts{To: &before})
 	require.ErrorContains(t, err, "stop every sluice worker")
 }
 

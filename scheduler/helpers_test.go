@@ -75,7 +75,7 @@ func openPool(t testing.TB, url string) *pgxpool.Pool {
 
 func insertClient(t testing.TB, pool *pgxpool.Pool) *river.Client[pgx.Tx] {
 	t.Helper()
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
 	require.NoError(t, err)
 	return client
 }

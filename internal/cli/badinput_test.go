@@ -58,7 +58,7 @@ func TestBadInput(t *testing.T) {
 		{"jobs unknown subcommand", []string{"jobs", "delete", "1"}, 2, `unknown subcommand "delete"`},
 		{"migrate unknown direction", []string{"migrate", "sideways"}, 2, `unknown migrate direction "sideways"`},
 		{"migrate down bad version", []string{"migrate", "down", "--to", "-1"}, 2, `invalid --to "-1"`},
-		{"migrate up with --to", []string{"migrate", "up", "--to", "1"}, 2, "--to and --river apply to migrate down only"},
+		{"migrate up with --to", []string{"migrate", "up", "--to", "1"}, 2, "--to, --component and --river apply to migrate down only"},
 		{"migrate river without to 0", []string{"migrate", "down", "--river"}, 2, "--river needs --to 0"},
 		{"worker zero workers", []string{"worker", "--default-workers", "0"}, 2, "must be at least 1"},
 		{"worker not a number", []string{"worker", "--maintenance-workers", "many"}, 2, "invalid argument"},

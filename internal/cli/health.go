@@ -50,7 +50,7 @@ late: missed heartbeats, or dead), last heartbeat and running jobs.`,
 			if err := g.requireDatabaseURL(); err != nil {
 				return err
 			}
-			report, err := app.CheckHealth(cmd.Context(), g.databaseURL)
+			report, err := app.CheckHealth(cmd.Context(), g.databaseURL, g.prog.Schemas)
 			if err != nil {
 				return err
 			}

@@ -44,7 +44,7 @@ func qInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 // with its own logical name (tag-0 …), which parking and resuming keep.
 func insertTagged(t *testing.T, pool *pgxpool.Pool, tag string, n, ms int) {
 	t.Helper()
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
 	require.NoError(t, err)
 	params := make([]river.InsertManyParams, n)
 	for i := range params {

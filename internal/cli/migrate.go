@@ -11,17 +11,28 @@ import (
 )
 
 func newMigrateCmd(g *globals) *cobra.Command {
-	var to string
+	var to, component string
 	var withRiver bool
 	cmd := &cobra.Command{
 		Use:   "migrate [up|down|status]",
-		Short: "Apply, roll back or list sluice's and River's migrations",
-		Long: `migrate up (the default) applies River's migrations and then sluice's. It is
-idempotent and safe to run from several processes at once: they serialize on
-an advisory lock (sluice.migrate).
+		Short: "Apply, roll back or list the migrations of River, sluice, its modules and the application",
+		Long: `migrate up (the default) applies River's migrations (in River's schema), then
+sluice's own, each module's and the application's (sluice.Config.Migrations),
+each set tracked in a goose version table of its own in sluice's schema
+(--schema, default sluice): goose_db_version, goose_db_version_<module>,
+goose_db_version_app. sluice's and the modules' objects are created in
+sluice's schema; the application's migrations run with the connection's own
+search_path. A database of the layout before sluice had a schema of its own
+(its tables in public) is moved into the schema first, every row kept.
+migrate up is idempotent and safe to run from several processes at once: they
+serialize on an advisory lock (sluice.migrate). A failing migration is rolled
+back whole; the error names its file (exit 1).
 
-migrate down rolls back the last sluice migration, or all down to --to N.
-With --river (and --to 0) it also removes River's schema.
+migrate down rolls back the last migration of --component (sluice by default;
+a module's name, or app), or all down to --to N. down --to 0 of sluice first
+rolls back the application's and the modules' migrations. With --river (and
+--to 0) it also removes River's schema, the version tables and sluice's schema
+(unless it holds other objects).
 
 migrate status lists every migration and whether it is applied.`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -38,8 +49,8 @@ migrate status lists every migration and whether it is applied.`,
 			var downOpts migrations.DownOpts
 			switch direction {
 			case "up", "status":
-				if cmd.Flags().Changed("to") || withRiver {
-					return usagef("--to and --river apply to migrate down only")
+				if cmd.Flags().Changed("to") || withRiver || cmd.Flags().Changed("component") {
+					return usagef("--to, --component and --river apply to migrate down only")
 				}
 			case "down":
 				if cmd.Flags().Changed("to") {
@@ -50,8 +61,12 @@ migrate status lists every migration and whether it is applied.`,
 					downOpts.To = &v
 				}
 				downOpts.River = withRiver
-				if withRiver && (downOpts.To == nil || *downOpts.To != 0) {
-					return usagef("--river needs --to 0: River's schema can only go once every sluice migration is rolled back")
+				downOpts.Component = component
+				if withRiver && (downOpts.To == nil || *downOpts.To != 0 || component != migrations.ComponentSluice) {
+					return usagef("--river needs --to 0 (of sluice): River's schema can only go once every migration is rolled back")
+				}
+				if !g.knowsComponent(component) {
+					return usagef("unknown --component %q: want sluice, app, or a module with migrations", component)
 				}
 			default:
 				return usagef("unknown migrate direction %q: want up, down or status", direction)
@@ -68,7 +83,7 @@ migrate status lists every migration and whether it is applied.`,
 
 			switch direction {
 			case "status":
-				statuses, err := migrations.Status(ctx, pool, logger)
+				statuses, err := migrations.Status(ctx, pool, g.prog.MigrationOptions(logger))
 				if err != nil {
 					return err
 				}
@@ -77,11 +92,11 @@ migrate status lists every migration and whether it is applied.`,
 					if s.Applied {
 						state = "applied"
 					}
-					fmt.Fprintf(out, "%-7s %-7s %4d %s\n", s.Component, state, s.Version, s.Name)
+					fmt.Fprintf(out, "%-10s %-7s %4d %s\n", s.Component, state, s.Version, s.Name)
 				}
 				return nil
 			case "up":
-				steps, err := migrations.Up(ctx, pool, logger)
+				steps, err := migrations.Up(ctx, pool, g.prog.MigrationOptions(logger))
 				printSteps(cmd, steps)
 				if err != nil {
 					return err
@@ -91,7 +106,7 @@ migrate status lists every migration and whether it is applied.`,
 				}
 				return nil
 			default:
-				steps, err := migrations.Down(ctx, pool, logger, downOpts)
+				steps, err := migrations.Down(ctx, pool, g.prog.MigrationOptions(logger), downOpts)
 				printSteps(cmd, steps)
 				if err != nil {
 					return err
@@ -103,13 +118,31 @@ migrate status lists every migration and whether it is applied.`,
 			}
 		},
 	}
-	cmd.Flags().StringVar(&to, "to", "", "down: roll back sluice migrations down to this version (0 = all)")
+	cmd.Flags().StringVar(&to, "to", "", "down: roll back the component's migrations down to this version (0 = all)")
+	cmd.Flags().StringVar(&component, "component", migrations.ComponentSluice, "down: the migrations to roll back: sluice, a module's name, or app")
 	cmd.Flags().BoolVar(&withRiver, "river", false, "down --to 0: also remove River's schema")
 	return cmd
 }
 
 func printSteps(cmd *cobra.Command, steps []migrations.Step) {
 	for _, s := range steps {
-		fmt.Fprintf(cmd.OutOrStdout(), "%-7s %-5s %4d %s (%s)\n", s.Component, s.Direction, s.Version, s.Name, s.Duration.Round(1000))
+		fmt.Fprintf(cmd.OutOrStdout(), "%-10s %-5s %4d %s (%s)\n", s.Component, s.Direction, s.Version, s.Name, s.Duration.Round(1000))
 	}
+}
+
+// knowsComponent reports whether component names a set of migrations of the
+// program.
+func (g *globals) knowsComponent(component string) bool {
+	switch component {
+	case migrations.ComponentSluice:
+		return true
+	case migrations.ComponentApp:
+		return g.prog.Migrations != nil
+	}
+	for _, m := range g.prog.Modules {
+		if m.Name == component && m.Migrations != nil {
+			return true
+		}
+	}
+	return false
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"io"
 	"log/slog"
 	"os"
@@ -49,18 +50,25 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return applyEnv(cmd)
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			return g.checkSchemas()
 		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (pgx URL or key=value)")
+	pf.StringVar(&g.prog.Schemas.Sluice, "schema", cmp.Or(prog.Schemas.Sluice, db.DefaultSchema), "Postgres schema of sluice's tables, views, functions and migration versions")
+	pf.StringVar(&g.prog.Schemas.River, "river-schema", prog.Schemas.River, "Postgres schema of River's tables (River's Schema option; default: where the connection's search_path puts them, usually public)")
 	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info for worker, warn otherwise)")
 	pf.StringVar(&g.logFormat, "log-format", "json", "log format: json or text")
 	bindEnv(pf, "database-url", "DATABASE_URL")
 	bindEnv(pf, "log-level", "SLUICE_LOG_LEVEL")
 	bindEnv(pf, "log-format", "SLUICE_LOG_FORMAT")
+	bindEnv(pf, "schema", "SLUICE_SCHEMA")
+	bindEnv(pf, "river-schema", "SLUICE_RIVER_SCHEMA")
 
 	root.AddCommand(
 		newEnqueueCmd(g),
@@ -144,6 +152,19 @@ func (g *globals) cliLogger() (*slog.Logger, error) {
 	return g.logger(slog.LevelWarn)
 }
 
+// checkSchemas checks the schema names of --schema and --river-schema.
+func (g *globals) checkSchemas() error {
+	if err := db.ValidateSchema(g.prog.Schemas.Sluice); err != nil {
+		return usagef("--schema (or $SLUICE_SCHEMA): %v", err)
+	}
+	if g.prog.Schemas.River != "" {
+		if err := db.ValidateRiverSchema(g.prog.Schemas.River); err != nil {
+			return usagef("--river-schema (or $SLUICE_RIVER_SCHEMA): %v", err)
+		}
+	}
+	return nil
+}
+
 // requireDatabaseURL checks that a database URL was given and parses.
 func (g *globals) requireDatabaseURL() error {
 	_, err := db.ParseConfig(g.databaseURL)
@@ -159,7 +180,7 @@ func (g *globals) openPool(cmd *cobra.Command, appName string) (*pgxpool.Pool, e
 	if err := g.requireDatabaseURL(); err != nil {
 		return nil, err
 	}
-	return app.OpenPool(cmd.Context(), g.databaseURL, appName)
+	return app.OpenPool(cmd.Context(), g.databaseURL, appName, g.prog.Schemas)
 }
 
 // OpenClient is openPool plus an insert-only River client on the pool; the

@@ -35,7 +35,7 @@ OpenSearch's node-stats shape:
 			logger, _ := g.cliLogger() // checked by openPool
 			ctx := cmd.Context()
 			defer pool.Close()
-			if err := migrations.Check(ctx, pool, logger); err != nil {
+			if err := migrations.Check(ctx, pool, g.prog.MigrationOptions(logger)); err != nil {
 				return err
 			}
 			stats, err := app.ReadStats(ctx, pool, g.prog.Modules)

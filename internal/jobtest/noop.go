@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/modules/demo"
 )
 
@@ -50,7 +51,7 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
 	}
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -81,6 +82,7 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 			FetchPollInterval: 20 * time.Millisecond,
 			Logger:            j.Env.Logger,
 			Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
+			Schema:            db.SchemasOf(clientPool).River,
 			TestOnly:          true,
 			WorkerMiddleware:  j.Middleware(),
 			Workers:           j.Workers,

@@ -15,11 +15,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
-	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/migrations"
+	"github.com/sluice-dev/sluice/modules"
 )
 
 // DefaultServerURL is used when TEST_DATABASE_URL is not set.
@@ -162,7 +164,7 @@ func ensureTemplate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = migrations.Up(ctx, pool, slog.New(slog.DiscardHandler))
+	_, err = migrations.Up(ctx, pool, migrations.Options{Modules: modules.All(), Logger: slog.New(slog.DiscardHandler)})
 	pool.Close()
 	if err != nil {
 		return fmt.Errorf("migrate template: %w", err)
@@ -176,25 +178,22 @@ func ensureTemplate(ctx context.Context) error {
 	return nil
 }
 
-// migrationsHash identifies the schema a template holds: sluice's migration
-// files and River's migrations.
+// migrationsHash identifies the schema a template holds: the migration
+// files of sluice and of every built-in module, and River's migrations.
 func migrationsHash() (string, error) {
 	h := sha256.New()
-	entries, err := fs.ReadDir(migrations.FS, ".")
-	if err != nil {
-		return "", fmt.Errorf("read migrations: %w", err)
+	if err := hashDir(h, "sluice", migrations.FS); err != nil {
+		return "", err
 	}
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		names = append(names, e.Name())
+	if err := hashDir(h, "bootstrap", migrations.BootstrapFS); err != nil {
+		return "", err
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		data, err := fs.ReadFile(migrations.FS, name)
-		if err != nil {
-			return "", fmt.Errorf("read migration %s: %w", name, err)
+	for _, m := range modules.All() {
+		if m.Migrations != nil {
+			if err := hashDir(h, m.Name, m.Migrations); err != nil {
+				return "", err
+			}
 		}
-		fmt.Fprintf(h, "%s\x00%s\x00", name, data)
 	}
 	migrator, err := rivermigrate.New(riverpgxv5.New(nil), nil)
 	if err != nil {
@@ -204,6 +203,21 @@ func migrationsHash() (string, error) {
 		fmt.Fprintf(h, "river%d\x00%s\x00", m.Version, m.SQLUp)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// hashDir adds every file of fsys (walked in order) to h, under set.
+func hashDir(h io.Writer, set string, fsys fs.FS) error {
+	return fs.WalkDir(fsys, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := fs.ReadFile(fsys, path)
+		if err != nil {
+			return fmt.Errorf("read migration %s/%s: %w", set, path, err)
+		}
+		fmt.Fprintf(h, "%s/%s\x00%s\x00", set, path, data)
+		return nil
+	})
 }
 
 // urlFor returns the server URL pointed at database name.
@@ -231,7 +245,8 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// Checksum fingerprints the rows of tables, so a test can assert that a
+// Checksum fingerprints the rows of tables (schema.table or a name the
+// search_path finds), so a test can assert that a
 // failed command changed nothing.
 func Checksum(tb testing.TB, pool *pgxpool.Pool, tables ...string) string {
 	tb.Helper()
@@ -239,11 +254,27 @@ func Checksum(tb testing.TB, pool *pgxpool.Pool, tables ...string) string {
 	for _, table := range tables {
 		var sum string
 		err := pool.QueryRow(context.Background(),
-			"SELECT COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM "+pgx.Identifier{table}.Sanitize()+" t").Scan(&sum)
+			"SELECT COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM "+pgx.Identifier(strings.Split(table, ".")).Sanitize()+" t").Scan(&sum)
 		if err != nil {
 			tb.Fatalf("checksum %s: %v", table, err)
 		}
 		fmt.Fprintf(h, "%s=%s\n", table, sum)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// PoolConfig parses url as sluice's processes do: a pool configuration with
+// sluice's schema and River's on its search_path (db.UseSchemas), for tests
+// that tune the configuration before they open the pool.
+func PoolConfig(url string) (*pgxpool.Config, error) {
+	config, err := db.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := db.UseSchemas(ctx, config, url, db.Schemas{}); err != nil {
+		return nil, err
+	}
+	return config, nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/modules/cibuilds"
 )
@@ -225,7 +226,7 @@ func (l *queryLog) take() []tracedQuery {
 // recorded in the returned log.
 func tracedPool(tb testing.TB, url, prefix string) (*pgxpool.Pool, *queryLog) {
 	tb.Helper()
-	cfg, err := db.ParseConfig(url)
+	cfg, err := testdb.PoolConfig(url)
 	require.NoError(tb, err)
 	log := &queryLog{prefix: prefix}
 	cfg.ConnConfig.Tracer = log

@@ -15,7 +15,8 @@ import (
 // Module returns the CI-builds module.
 func Module() module.Module {
 	return module.Module{
-		Name: "cibuilds",
+		Migrations: migrations(),
+		Name:       "cibuilds",
 		Kinds: []kinds.Kind{
 			kinds.Of[DropCancelingBuildsArgs](),
 			kinds.Of[DropRunningBuildsArgs](),

@@ -709,7 +709,7 @@ func TestStuckBuildsRestoresConnection(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
-	cfg, err := db.ParseConfig(testdb.New(t))
+	cfg, err := testdb.PoolConfig(testdb.New(t))
 	require.NoError(t, err)
 	cfg.MaxConns = 2 // the advisory lock's and the sweep's
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -30,8 +30,9 @@ func Module(cfg Config) module.Module {
 	}
 	c := &cfg
 	return module.Module{
-		Name:  "exports",
-		Kinds: []kinds.Kind{kinds.Of[ProjectArgs](), kinds.Of[StuckJobsArgs]()},
+		Migrations: migrations(),
+		Name:       "exports",
+		Kinds:      []kinds.Kind{kinds.Of[ProjectArgs](), kinds.Of[StuckJobsArgs]()},
 		AddWorkers: func(workers *river.Workers, env *module.Env) error {
 			metrics, err := NewMetrics(env.Registerer)
 			if err != nil {

@@ -19,8 +19,9 @@ import (
 // Module returns the task-cancellation module.
 func Module() module.Module {
 	return module.Module{
-		Name:  "taskcancel",
-		Kinds: []kinds.Kind{kinds.Of[TaskCancellationMonitorArgs]()},
+		Migrations: migrations(),
+		Name:       "taskcancel",
+		Kinds:      []kinds.Kind{kinds.Of[TaskCancellationMonitorArgs]()},
 		AddWorkers: func(workers *river.Workers, env *module.Env) error {
 			return river.AddWorkerSafely(workers, &TaskCancellationMonitorWorker{
 				monitor: NewMonitor(env.Pool, env.Logger), jobTimeout: env.JobTimeout,

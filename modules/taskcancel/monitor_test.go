@@ -3,7 +3,6 @@ package taskcancel_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/migrations"
+	"github.com/sluice-dev/sluice/modules"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
 )
@@ -85,7 +85,7 @@ func TestTaskCancellationNothingTrackedReadsNoJobs(t *testing.T) {
 	}
 
 	// The monitor's pool: one connection, every statement recorded.
-	config, err := db.ParseConfig(url)
+	config, err := testdb.PoolConfig(url)
 	require.NoError(t, err)
 	config.MaxConns = 1
 	recorder := &statementRecorder{}
@@ -445,22 +445,22 @@ func TestTaskCancellationTrigger(t *testing.T) {
 }
 
 // TestTaskCancellationMigrationTracksEarlierCancellations: jobs cancelled
-// while running before migration 00006 was applied are tracked by it.
+// while running before the module's migration 00001 was applied are tracked by it.
 func TestTaskCancellationMigrationTracksEarlierCancellations(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
 	pool := testdb.NewPool(t)
-	logger := slog.New(slog.DiscardHandler)
-	to := int64(5)
-	_, err := migrations.Down(ctx, pool, logger, migrations.DownOpts{To: &to})
+	stock := migrations.Options{Modules: modules.All()}
+	to := int64(0)
+	_, err := migrations.Down(ctx, pool, stock, migrations.DownOpts{Component: "taskcancel", To: &to})
 	require.NoError(t, err)
 	var id int64
 	require.NoError(t, pool.QueryRow(ctx, `
 		INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, metadata)
 		VALUES ('{}', 'test.hold', 1, 'running', 'default', now(), '{"cancel_attempted_at": "2026-01-02T03:04:05.123456Z"}')
 		RETURNING id`).Scan(&id))
-	_, err = migrations.Up(ctx, pool, logger)
+	_, err = migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 	row, ok := tracked(t, pool)[id]
 	require.True(t, ok)
@@ -577,7 +577,7 @@ func TestTaskCancellationMonitorKilledMidRun(t *testing.T) {
 	_, err = blocker.Exec(ctx, "SELECT 1 FROM task_cancellation_counters WHERE kind = 'test.hold' FOR UPDATE")
 	require.NoError(t, err)
 
-	config, err := db.ParseConfig(testdb.WithDatabase(testdb.ServerURL(), pool.Config().ConnConfig.Database))
+	config, err := testdb.PoolConfig(testdb.WithDatabase(testdb.ServerURL(), pool.Config().ConnConfig.Database))
 	require.NoError(t, err)
 	config.ConnConfig.RuntimeParams["application_name"] = "doomed_monitor"
 	monitorPool, err := pgxpool.NewWithConfig(ctx, config)
