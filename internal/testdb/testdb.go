@@ -90,13 +90,45 @@ func NewEmpty(tb testing.TB) string {
 	return create(tb, false)
 }
 
+// NewForExample creates a fresh migrated database for a runnable Example,
+// which has no testing.TB to clean up after it, and returns its connection
+// string and a func that drops it (defer it). Like the rest of an Example,
+// it panics when it fails: creating the database, or dropping it.
+func NewForExample() (url string, drop func()) {
+	url, dropDB, err := createDB(true)
+	if err != nil {
+		panic(err)
+	}
+	return url, func() {
+		if err := dropDB(); err != nil {
+			panic(err)
+		}
+	}
+}
+
 // create makes a database of a fresh name (a clone of the migrated template,
 // or empty), drops it when tb ends, and returns its connection string.
 func create(tb testing.TB, fromTemplate bool) string {
 	tb.Helper()
+	url, drop, err := createDB(fromTemplate)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return url
+}
+
+// createDB makes a database of a fresh name (a clone of the migrated
+// template, or empty) and returns its connection string and the func that
+// drops it.
+func createDB(fromTemplate bool) (string, func() error, error) {
 	setupOnce.Do(func() { setupErr = setup() })
 	if setupErr != nil {
-		tb.Fatalf("test database: %v", setupErr)
+		return "", nil, fmt.Errorf("test database: %w", setupErr)
 	}
 	name := TestPrefix + randomHex(8)
 	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
@@ -106,16 +138,17 @@ func create(tb testing.TB, fromTemplate bool) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := admin.Exec(ctx, sql); err != nil {
-		tb.Fatalf("test database: create %s: %v", name, err)
+		return "", nil, fmt.Errorf("test database: create %s: %w", name, err)
 	}
-	tb.Cleanup(func() {
+	drop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			tb.Errorf("test database: drop %s: %v", name, err)
+			return fmt.Errorf("test database: drop %s: %w", name, err)
 		}
-	})
-	return urlFor(name)
+		return nil
+	}
+	return urlFor(name), drop, nil
 }
 
 func setup() error {
