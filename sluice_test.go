@@ -140,7 +140,6 @@ func TestWorkerStartStop(t *testing.T) {
 	w, err := sluice.New(ctx, cfg)
 	require.NoError(t, err)
 
-	require.EqualError(t, w.Stop(ctx), "sluice: worker not started")
 	select {
 	case <-w.Stopped():
 		t.Fatal("Stopped closed before Start")
@@ -239,8 +238,6 @@ func openPool(t *testing.T, url string) *pgxpool.Pool {
 
 func TestWorkerStartFails(t *testing.T) {
 	t.Parallel()
-	t.Skip("known bug in worker.go: Start holds w.mu while it waits, and the run goroutine takes w.mu before it closes done, " +
-		"so a worker that fails before it starts (here: its id in use by a live worker) hangs Start forever")
 	ctx := context.Background()
 
 	// Two workers under one id: the second finds the first alive.
@@ -268,4 +265,19 @@ func TestWorkerStartFails(t *testing.T) {
 		t.Fatal("Stopped not closed after a failed Start")
 	}
 	require.Equal(t, err, second.Err())
+}
+
+// TestWorkerStopBeforeStart: as River's Client.Stop, Stop of a worker never
+// started returns nil; it releases the worker's pool, and the worker can no
+// longer start.
+func TestWorkerStopBeforeStart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	w, err := sluice.New(ctx, testConfig(t, greetWorkers()))
+	require.NoError(t, err)
+	require.NoError(t, w.Stop(ctx))
+	require.NoError(t, w.Stop(ctx), "a second Stop is harmless")
+	require.Zero(t, w.Pool().Stat().TotalConns(), "the pool is closed")
+	require.ErrorContains(t, w.Start(ctx), "stopped before it was started")
 }

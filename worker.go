@@ -29,6 +29,8 @@ type Worker struct {
 	done    chan struct{}
 	err     error
 	started bool
+	// closed: stopped before it was started; it cannot start any more.
+	closed bool
 }
 
 // New connects to cfg.DatabaseURL, checks that the database is migrated
@@ -47,20 +49,26 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 // returns once they run; Stop ends them.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.started {
+	switch {
+	case w.closed:
+		w.mu.Unlock()
+		return errors.New("sluice: worker stopped before it was started: build a new one with New")
+	case w.started:
+		w.mu.Unlock()
 		return errors.New("sluice: worker already started")
 	}
 	w.started = true
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
+	w.mu.Unlock()
+
 	started := make(chan struct{})
 	go func() {
-		defer close(w.done)
 		err := w.w.RunNotify(runCtx, func() { close(started) })
 		w.mu.Lock()
 		w.err = err
 		w.mu.Unlock()
+		close(w.done)
 	}()
 	select {
 	case <-started:
@@ -78,12 +86,19 @@ func (w *Worker) Start(ctx context.Context) error {
 // running jobs finish for up to Config.ShutdownTimeout, cancels those still
 // running and returns once the worker has stopped, or when ctx is done. It
 // returns the error the worker stopped with (ErrReaped when it was reaped).
+// As River's Client.Stop, Stop of a worker that was never started returns
+// nil; it releases the worker's pool (and listener), and the worker cannot
+// be started any more.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	cancel, started := w.cancel, w.started
+	if !started && !w.closed {
+		w.closed = true
+		w.w.Close()
+	}
 	w.mu.Unlock()
 	if !started {
-		return errors.New("sluice: worker not started")
+		return nil
 	}
 	cancel()
 	select {

@@ -44,6 +44,9 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if _, err := cfg.Program.Registry(); err != nil {
+		return nil, err // before connecting: a broken Config needs no database to be found
+	}
 	cfg = cfg.withDefaults()
 
 	live := liveness.New(liveness.Config{ID: cfg.ID, HeartbeatInterval: cfg.HeartbeatInterval,
@@ -146,6 +149,15 @@ func (w *Worker) Client() *Client { return w.client }
 
 // Jobs is what the worker's River client works with.
 func (w *Worker) Jobs() *Jobs { return w.jobs }
+
+// Close releases the pool and the HTTP listener of a worker that was never
+// run; Run releases them itself.
+func (w *Worker) Close() {
+	if w.listener != nil {
+		_ = w.listener.Close()
+	}
+	w.pool.Close()
+}
 
 // stopReaped ends a worker that found itself reaped: its jobs were rescued
 // and may run elsewhere, so it cancels them at once (their completion is
