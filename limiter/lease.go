@@ -359,8 +359,9 @@ func (s *leaser) renew(k *kindLease) error {
 		return fmt.Errorf("renew the %s lease: %w", k.kind, err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.reconcile(k, int(held))
+	s.mu.Unlock()
+	s.l.TestSignals.Renewed.Signal(k.kind)
 	return nil
 }
 

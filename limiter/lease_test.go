@@ -86,7 +86,7 @@ func TestConcurrencyLeaseLost(t *testing.T) {
 	const kind = "lost"
 	const fullKind = "test.probe." + kind
 	url, pool, tracker := probeKind(t, kind, 2)
-	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+	a, lim := startProbeWorkerSignals(t, url, kind+"-a", kind, tracker, 0, nil)
 	insertProbes(t, a, kind, 0, 30, 150)
 	require.Eventually(t, func() bool { return tracker.running.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
 
@@ -95,7 +95,11 @@ func TestConcurrencyLeaseLost(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 0 WHERE kind = $1`, fullKind)
 	require.NoError(t, err)
-	time.Sleep(limiter.LeaseRenew + 300*time.Millisecond) // a renews, finds them gone
+	// a renews and finds them gone: wait for a renewal that began after
+	// the delete (one in flight may have read the row before it).
+	for range 2 {
+		require.Equal(t, fullKind, lim.TestSignals.Renewed.WaitOrTimeout())
+	}
 	tracker.max.Store(tracker.running.Load())
 	startProbeWorker(t, url, kind+"-b", kind, tracker, 0, nil)
 	waitAllDone(t, pool, tracker, fullKind, 30, time.Minute)
@@ -229,7 +233,9 @@ func TestConcurrencyLeaseCountedButNotHeld(t *testing.T) {
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
 	insertProbes(t, a, kind, 0, 1, 4000) // keeps one slot leased meanwhile
 	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
-	time.Sleep(2 * limiter.LeaseLinger) // spare slots gone back
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT slots FROM concurrency_leases WHERE worker_id = $1", kind+"-a") == 1
+	}, 3*limiter.LeaseRenew, 5*time.Millisecond, "one slot, the running job's, stays leased")
 
 	_, err := pool.Exec(ctx, `UPDATE concurrency_leases SET slots = slots + 2 WHERE worker_id = $1`, kind+"-a")
 	require.NoError(t, err)

@@ -91,6 +91,9 @@ const (
 type Limiter struct {
 	river.MiddlewareDefaults
 
+	// TestSignals let tests wait for background work (no-ops otherwise).
+	TestSignals TestSignals
+
 	pool         *pgxpool.Pool
 	logger       *slog.Logger
 	metrics      *Metrics

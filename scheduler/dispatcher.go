@@ -64,6 +64,9 @@ type Config struct {
 // the rows in the same transaction, so each due time yields exactly one job
 // however many dispatchers run.
 type Dispatcher struct {
+	// TestSignals let tests wait for background work (no-ops otherwise).
+	TestSignals TestSignals
+
 	cfg      Config
 	q        *db.Queries
 	settings *db.Settings
@@ -267,6 +270,7 @@ func (d *Dispatcher) tick(ctx, stop context.Context) (TickResult, error) {
 	}
 	d.lastTick.Store(time.Now().UnixNano())
 	d.metrics.TickDuration.Observe(time.Since(start).Seconds())
+	d.TestSignals.Ticked.Signal(res)
 	return res, nil
 }
 

@@ -61,6 +61,7 @@ func (d *Dispatcher) listenOnce(ctx context.Context) error {
 		return fmt.Errorf("listen %s: %w", NotifyChannel, err)
 	}
 	d.listening.Store(true)
+	d.TestSignals.Listening.Signal(struct{}{})
 	d.logger.Debug("schedule listener connected", "channel", NotifyChannel)
 	d.Wake()
 	for {

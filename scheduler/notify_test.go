@@ -35,10 +35,11 @@ func TestNotifyWakesDispatcher(t *testing.T) {
 	url := newDB(t)
 	pool := openPool(t, url)
 	d := newDispatcher(t, url, scheduler.Config{PollInterval: time.Hour})
+	d.TestSignals.Init(t)
 	runDispatcher(t, d)
-	require.Eventually(t, d.Listening, 30*time.Second, 10*time.Millisecond)
+	d.TestSignals.Listening.WaitOrTimeout()
 	// The first tick is done: the dispatcher sleeps for the poll interval.
-	require.Eventually(t, func() bool { return !d.LastTick().IsZero() }, 30*time.Second, 10*time.Millisecond)
+	d.TestSignals.Ticked.WaitOrTimeout()
 
 	store := scheduler.NewStore(pool, jobtest.Registry(t))
 	_, err := store.Add(context.Background(), scheduler.Definition{
@@ -61,13 +62,8 @@ func TestNotifyWakesDispatcher(t *testing.T) {
 		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%LISTEN sluice_schedules%'`).Scan(&killed))
 	require.Equal(t, 1, killed)
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(context.Background(), `
-			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%LISTEN sluice_schedules%'`).Scan(&n))
-		return n == 1 && d.Listening()
-	}, 30*time.Second, 20*time.Millisecond)
+	d.TestSignals.Listening.WaitOrTimeout() // reconnected
+	require.True(t, d.Listening())
 	_, err = store.Add(context.Background(), scheduler.Definition{
 		Name: "after-reconnect", Cron: "@every 1s", Kind: "demo.sleep", Enabled: true,
 	})

@@ -13,7 +13,11 @@ import (
 // The four sweeps, one per stuck status (GitLab's
 // Ci::StuckBuilds::Drop{Canceling,Running,Scheduled,Pending}Service). Each
 // is a maintenance kind with args {} and a timeout setting (a Go duration
-// string) that decides how old a build must be before it is failed.
+// string) that decides how old a build must be before it is failed; one
+// engine (Sweeper) and one generic worker run them all. Each keeps a select
+// query of its own: its status is a constant in the query, so that the
+// status's partial index is used by every plan, custom or generic (a
+// parameter would not match the index's predicate).
 var (
 	// Canceling fails builds in canceling whose created_at and updated_at
 	// are both older than its timeout.

@@ -1,0 +1,19 @@
+package limiter
+
+import (
+	"github.com/riverqueue/river/rivershared/testsignal"
+	"github.com/riverqueue/river/rivershared/util/testutil"
+)
+
+// TestSignals let tests wait for the limiter's background work instead of
+// sleeping (River's testsignal: no-ops unless a test calls Init).
+type TestSignals struct {
+	// Renewed: the worker renewed its lease of a kind and reconciled its
+	// count of the kind's slots with the database's (value: the kind).
+	Renewed testsignal.TestSignal[string]
+}
+
+// Init initializes every signal for tb.
+func (ts *TestSignals) Init(tb testutil.TestingTB) {
+	ts.Renewed.Init(tb)
+}
