@@ -44,6 +44,9 @@ their state in Postgres: schedules, maintenance locks, concurrency limits and
 parked jobs are tables an operator can query and change with SQL.
 
 Every command reads the database from --database-url or DATABASE_URL.
+sluice's tables, views and functions live in the Postgres schema --schema
+(default sluice); River's tables in River's schema (--river-schema; default:
+where the connection's search_path puts them, usually public).
 Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
 (sluice health follows the monitoring-plugin convention instead: 0 OK,
 1 WARNING, 2 CRITICAL).`,
