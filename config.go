@@ -8,6 +8,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/module"
 )
 
@@ -36,8 +37,17 @@ type Config struct {
 	// is always on.
 	Modules []Module
 
-	// The settings below are New's; Main reads its own from the command
-	// line and the environment.
+	// Schema is the Postgres schema of sluice's tables, views, functions
+	// and migration versions (default "sluice"). Main's --schema and
+	// $SLUICE_SCHEMA override it.
+	Schema string
+	// RiverSchema is where River's tables live (River's own Config.Schema);
+	// empty: where the connection's search_path puts them, usually public.
+	// Main's --river-schema and $SLUICE_RIVER_SCHEMA override it.
+	RiverSchema string
+
+	// The settings below are New's and Migrate's; Main reads its own from
+	// the command line and the environment.
 
 	// DatabaseURL is the pgx connection string (URL or key=value).
 	DatabaseURL string
@@ -71,7 +81,8 @@ type Config struct {
 }
 
 func (c Config) program() app.Program {
-	return app.Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules}
+	return app.Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules,
+		Schemas: db.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
 }
 
 func (c Config) appConfig() app.Config {

@@ -14,7 +14,8 @@
 // Main is the whole sluice command line (worker, migrate, enqueue, run,
 // schedule, limits, parked, jobs, stats, health), with the program's kinds
 // known to every command. New runs the worker inside an application's own
-// process instead, beside its own HTTP server.
+// process instead, beside its own HTTP server; Migrate applies the
+// program's migrations from Go.
 //
 // sluice's own seed systems are modules (package modules and below): the
 // stock sluice binary turns them all on; a library user picks the ones it
@@ -36,7 +37,8 @@ import (
 // SIGTERM stop the command gracefully.
 //
 // Main reads its settings from the command line and the environment
-// (`--help` lists them); of cfg it uses Workers, Migrations and Modules. A
+// (`--help` lists them); of cfg it uses Workers, Migrations and Modules, and
+// Schema and RiverSchema as the defaults of --schema and --river-schema. A
 // cfg with no workers and no modules, or with a kind registered twice, is
 // reported and exits 1 before any command runs.
 func Main(cfg Config) int {

@@ -48,6 +48,7 @@ type UnknownKindError struct {
 	Known []string
 }
 
+// Error describes the error.
 func (e *UnknownKindError) Error() string {
 	return fmt.Sprintf("unknown job kind %q (known kinds: %s)", e.Kind, strings.Join(e.Known, ", "))
 }
@@ -58,8 +59,10 @@ type ArgsError struct {
 	Err  error
 }
 
+// Error describes the error.
 func (e *ArgsError) Error() string { return fmt.Sprintf("invalid args for %s: %v", e.Kind, e.Err) }
 
+// Unwrap returns the underlying error.
 func (e *ArgsError) Unwrap() error { return e.Err }
 
 // DuplicateKindError reports a kind registered twice.
@@ -67,6 +70,7 @@ type DuplicateKindError struct {
 	Kind string
 }
 
+// Error describes the error.
 func (e *DuplicateKindError) Error() string {
 	return fmt.Sprintf("job kind %q is registered twice", e.Kind)
 }

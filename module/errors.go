@@ -8,8 +8,10 @@ type UsageError struct {
 	Err error
 }
 
+// Error describes the error.
 func (e *UsageError) Error() string { return e.Err.Error() }
 
+// Unwrap returns the underlying error.
 func (e *UsageError) Unwrap() error { return e.Err }
 
 // Usagef returns a *UsageError.

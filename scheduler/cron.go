@@ -51,6 +51,7 @@ type CronError struct {
 	Reason string
 }
 
+// Error describes the error.
 func (e *CronError) Error() string {
 	return fmt.Sprintf("invalid %s %q: %s", e.Field, e.Value, e.Reason)
 }

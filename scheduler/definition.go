@@ -85,6 +85,7 @@ type FieldError struct {
 	Err    error
 }
 
+// Error describes the error.
 func (e *FieldError) Error() string {
 	if e.Field == "args" {
 		return fmt.Sprintf("invalid args: %s", e.Reason)
@@ -92,6 +93,7 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("invalid %s %q: %s", e.Field, e.Value, e.Reason)
 }
 
+// Unwrap returns the underlying error.
 func (e *FieldError) Unwrap() error { return e.Err }
 
 var (

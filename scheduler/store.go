@@ -19,11 +19,13 @@ import (
 // NotFoundError reports an unknown schedule name.
 type NotFoundError struct{ Name string }
 
+// Error describes the error.
 func (e *NotFoundError) Error() string { return fmt.Sprintf("no schedule named %q", e.Name) }
 
 // ExistsError reports a schedule name already taken.
 type ExistsError struct{ Name string }
 
+// Error describes the error.
 func (e *ExistsError) Error() string {
 	return fmt.Sprintf("a schedule named %q already exists (change it with `sluice schedule update %s`)", e.Name, e.Name)
 }
@@ -35,10 +37,12 @@ type InvalidRowError struct {
 	Err  error
 }
 
+// Error describes the error.
 func (e *InvalidRowError) Error() string {
 	return fmt.Sprintf("schedule %q: %v (fix it with `sluice schedule update %s`)", e.Name, e.Err, e.Name)
 }
 
+// Unwrap returns the underlying error.
 func (e *InvalidRowError) Unwrap() error { return e.Err }
 
 // Store is the Go API behind `sluice schedule`: every change is validated
