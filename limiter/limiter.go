@@ -104,9 +104,10 @@ type Limiter struct {
 	q      *db.Queries
 	leases *leaser
 
-	cacheMu     sync.Mutex
-	cache       map[string]limitState
-	cacheLoaded time.Time
+	// cache is the worker's copy of concurrency_limits, read without a lock
+	// by every job; refreshMu lets one job refresh it at a time.
+	cache     atomic.Pointer[limitCache]
+	refreshMu sync.Mutex
 
 	admitter batcher[admitRequest]
 	releaser batcher[releaseRequest]
@@ -245,25 +246,55 @@ func (s limitState) fast() bool { return s.limit > 0 && !s.hasParked && !s.hasRe
 // LimitCacheTTL (ok false: no row). The cache only decides the path a job
 // takes; admission and leasing read the locked row.
 func (l *Limiter) stateOf(ctx context.Context, kind string) (limitState, bool, error) {
-	l.cacheMu.Lock()
-	defer l.cacheMu.Unlock()
-	if l.cache == nil || time.Since(l.cacheLoaded) > LimitCacheTTL {
-		rows, err := l.q.LimitStates(ctx)
+	c := l.cache.Load()
+	if c == nil || time.Since(c.loaded) > LimitCacheTTL {
+		fresh, err := l.refreshCache(ctx, c)
 		if err != nil {
-			if l.cache == nil {
-				return limitState{}, false, fmt.Errorf("read concurrency limits: %w", err)
-			}
-			l.logger.Warn("concurrency limits not refreshed; using the last copy", "error", err)
-		} else {
-			l.cache = make(map[string]limitState, len(rows))
-			for _, r := range rows {
-				l.cache[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved}
-			}
+			return limitState{}, false, err
 		}
-		l.cacheLoaded = time.Now()
+		c = fresh
 	}
-	st, ok := l.cache[kind]
+	st, ok := c.states[kind]
 	return st, ok, nil
+}
+
+// limitCache is a copy of concurrency_limits, never changed once stored.
+type limitCache struct {
+	states map[string]limitState
+	loaded time.Time
+}
+
+// refreshCache reloads the cache, stale is the copy the caller found (nil:
+// none yet). While another job refreshes it, a stale copy is used as it is:
+// no job waits for the query but the first ones.
+func (l *Limiter) refreshCache(ctx context.Context, stale *limitCache) (*limitCache, error) {
+	if stale != nil {
+		if !l.refreshMu.TryLock() {
+			return stale, nil
+		}
+	} else {
+		l.refreshMu.Lock()
+	}
+	defer l.refreshMu.Unlock()
+	if c := l.cache.Load(); c != nil && time.Since(c.loaded) <= LimitCacheTTL {
+		return c, nil // refreshed meanwhile
+	}
+	rows, err := l.q.LimitStates(ctx)
+	if err != nil {
+		if stale == nil {
+			return nil, fmt.Errorf("read concurrency limits: %w", err)
+		}
+		l.logger.Warn("concurrency limits not refreshed; using the last copy", "error", err)
+		c := &limitCache{states: stale.states, loaded: time.Now()}
+		l.cache.Store(c)
+		return c, nil
+	}
+	c := &limitCache{states: make(map[string]limitState, len(rows)), loaded: time.Now()}
+	for _, r := range rows {
+		c.states[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved}
+	}
+	l.cache.Store(c)
+	return c, nil
 }
 
 // release frees the job's slot, and resumes parked jobs of its kind into

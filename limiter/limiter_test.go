@@ -91,19 +91,27 @@ func (w *probeWorker) Work(ctx context.Context, job *river.Job[probeArgs]) error
 // kind; a job waits parkAfter for a slot before it parks (0: the default).
 func startProbeWorker(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) *jobtest.Client {
 	t.Helper()
-	client, _ := startProbeWorkerSignals(t, url, id, kind, tracker, parkAfter, configure)
+	client, _ := startProbeWorkerWith(t, url, id, kind, tracker, parkAfter, configure, false)
 	return client
 }
 
 // startProbeWorkerSignals is startProbeWorker that also returns the
-// worker's Limiter, its test signals initialized.
+// worker's Limiter, its test signals initialized (for short tests only:
+// signals nobody waits for fill their channel).
 func startProbeWorkerSignals(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) (*jobtest.Client, *limiter.Limiter) {
+	t.Helper()
+	return startProbeWorkerWith(t, url, id, kind, tracker, parkAfter, configure, true)
+}
+
+func startProbeWorkerWith(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config), signals bool) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
 	pool, err := db.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{WorkerID: id, ParkAfter: parkAfter})
-	deps.Limiter.TestSignals.Init(t)
+	if signals {
+		deps.Limiter.TestSignals.Init(t)
+	}
 	return jobtest.Start(t, pool, deps, jobtest.Config{
 		ID: id,
 		Configure: func(c *river.Config) {
