@@ -7,6 +7,7 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -34,10 +35,11 @@ var legacyTables = []string{
 }
 
 // installLegacy migrates the empty database at url as sluice did before it
-// had a schema of its own: River's migrations, then the old goose files
-// with goose's default version table, all where the connection's default
-// search_path puts them (public). It returns a pool with that search_path.
-func installLegacy(t *testing.T, url string) *pgxpool.Pool {
+// had a schema of its own: River's migrations, then the old goose files up
+// to version, with goose's default version table, all where the
+// connection's default search_path puts them (public). It returns a pool
+// with that search_path.
+func installLegacy(t *testing.T, url string, version int64) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	plain := plainPool(t, url)
@@ -51,9 +53,9 @@ func installLegacy(t *testing.T, url string) *pgxpool.Pool {
 	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("testdata/legacy"),
 		goose.WithDisableGlobalRegistry(true))
 	require.NoError(t, err)
-	results, err := provider.Up(ctx)
+	results, err := provider.UpTo(ctx, version)
 	require.NoError(t, err)
-	require.Len(t, results, 8)
+	require.Len(t, results, int(version))
 	require.True(t, exists(t, plain, "public.goose_db_version"))
 	require.True(t, exists(t, plain, "public.sluice_workers"))
 	return plain
@@ -67,7 +69,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.NewEmpty(t)
-	plain := installLegacy(t, url)
+	plain := installLegacy(t, url, 8)
 
 	// Rows as the old version wrote them.
 	exec := func(sql string, args ...any) {
@@ -189,4 +191,32 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 		"sluice_schedules_before_update reset next_run_at")
 	_, err = conn.Exec(ctx, "INSERT INTO sluice.concurrency_limits (kind, max_concurrency) VALUES ('other.kind', 1)")
 	require.NoError(t, err, "concurrency_limits_init_counts finds its tables")
+}
+
+// TestUpgradeLegacyLayoutOlderVersions upgrades installs of the old layout
+// that stopped at an earlier version: what they lack (tables, functions,
+// module versions) is left to the migrations of the new layout, and the
+// result is a fresh install's.
+func TestUpgradeLegacyLayoutOlderVersions(t *testing.T) {
+	t.Parallel()
+
+	fresh := testdb.NewPool(t)
+	for _, version := range []int64{2, 3, 5, 6, 7} {
+		t.Run(fmt.Sprint(version), func(t *testing.T) {
+			t.Parallel()
+
+			ctx := context.Background()
+			url := testdb.NewEmpty(t)
+			installLegacy(t, url, version)
+			pool, err := db.Open(ctx, url, 10*time.Second)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			_, err = migrations.Up(ctx, pool, stock)
+			require.NoError(t, err)
+			require.NoError(t, migrations.Check(ctx, pool, stock))
+			require.Equal(t, catalog(t, fresh, "sluice"), catalog(t, pool, "sluice"))
+			require.Equal(t, relations(t, fresh, "public"), relations(t, pool, "public"))
+			require.Equal(t, functions(t, fresh, "public"), functions(t, pool, "public"))
+		})
+	}
 }
