@@ -51,6 +51,10 @@ type Options struct {
 	App fs.FS
 	// Logger receives goose's and River's log lines.
 	Logger *slog.Logger
+
+	// core replaces FS, sluice's core migrations (nil: FS). Only tests set
+	// it (export_test.go), to play a sluice release that adds a migration.
+	core fs.FS
 }
 
 // Step is one migration applied or rolled back.
@@ -100,7 +104,11 @@ type set struct {
 
 // sets lists the goose migration sets in the order they apply.
 func sets(schemas db.Schemas, opts Options) []set {
-	out := []set{{component: ComponentSluice, fsys: FS, table: schemas.Sluice + ".goose_db_version"}}
+	core := opts.core
+	if core == nil {
+		core = FS
+	}
+	out := []set{{component: ComponentSluice, fsys: core, table: schemas.Sluice + ".goose_db_version"}}
 	for _, m := range opts.Modules {
 		if m.Migrations != nil {
 			out = append(out, set{component: m.Name, fsys: m.Migrations, table: schemas.Sluice + ".goose_db_version_" + m.Name})

@@ -41,33 +41,34 @@ ALTER VIEW IF EXISTS /* TEMPLATE: legacy */.sluice_concurrency_overview SET SCHE
 ALTER VIEW IF EXISTS /* TEMPLATE: legacy */.sluice_parked_jobs SET SCHEMA /* TEMPLATE: schema */;
 ALTER VIEW IF EXISTS /* TEMPLATE: legacy */.sluice_task_cancellation_stats SET SCHEMA /* TEMPLATE: schema */;
 
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_schedules_before_update() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_schedules_notify() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_schedule_overdue_after() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.concurrency_limits_init_counts() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_worker_fence() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_terminate_backends(text, bigint) SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_park_in_place() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_unpark() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_task_cancellation_attempted_at(jsonb) SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_task_cancellation_track() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_task_cancellation_untrack() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_task_cancellation_threshold() SET SCHEMA /* TEMPLATE: schema */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: legacy */.sluice_task_cancellation_kinds() SET SCHEMA /* TEMPLATE: schema */;
-
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_schedules_before_update() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_schedules_notify() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_schedule_overdue_after() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.concurrency_limits_init_counts() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_worker_fence() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_terminate_backends(text, bigint) SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_park_in_place() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_unpark() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_task_cancellation_attempted_at(jsonb) SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_task_cancellation_track() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_task_cancellation_untrack() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_task_cancellation_threshold() SET search_path = /* TEMPLATE: search_path */;
-ALTER FUNCTION IF EXISTS /* TEMPLATE: schema */.sluice_task_cancellation_kinds() SET search_path = /* TEMPLATE: search_path */;
+-- Postgres has no ALTER FUNCTION IF EXISTS: an install of an older
+-- version lacks some of the functions, so each moves if it exists.
+DO $$
+DECLARE
+    f text;
+BEGIN
+    FOREACH f IN ARRAY ARRAY[
+        'sluice_schedules_before_update()',
+        'sluice_schedules_notify()',
+        'sluice_schedule_overdue_after()',
+        'concurrency_limits_init_counts()',
+        'sluice_worker_fence()',
+        'sluice_terminate_backends(text, bigint)',
+        'sluice_park_in_place()',
+        'sluice_unpark()',
+        'sluice_task_cancellation_attempted_at(jsonb)',
+        'sluice_task_cancellation_track()',
+        'sluice_task_cancellation_untrack()',
+        'sluice_task_cancellation_threshold()',
+        'sluice_task_cancellation_kinds()'
+    ] LOOP
+        IF to_regprocedure('/* TEMPLATE: legacy */.' || f) IS NOT NULL THEN
+            EXECUTE format('ALTER FUNCTION %s.%s SET SCHEMA %s', '/* TEMPLATE: legacy */', f, '/* TEMPLATE: schema */');
+            EXECUTE format('ALTER FUNCTION %s.%s SET search_path = %s', '/* TEMPLATE: schema */', f, '/* TEMPLATE: search_path */');
+        END IF;
+    END LOOP;
+END
+$$;
 
 -- The version tables of the new layout, as goose creates them, with the
 -- moved versions (and goose's version-0 row), in their original order.

@@ -1,0 +1,88 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/migrations"
+)
+
+// TestUpOtherSchemas migrates into a sluice schema and a River schema of
+// the operator's choosing: nothing lands in public.
+func TestUpOtherSchemas(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.NewEmpty(t)
+	plain := plainPool(t, url)
+	publicBefore := relations(t, plain, "public")
+	// River's migrations expect River's schema to exist.
+	_, err := plain.Exec(ctx, "CREATE SCHEMA river_x")
+	require.NoError(t, err)
+
+	pool, err := db.OpenSchemas(ctx, url, db.Schemas{Sluice: "jobs_x", River: "river_x"}, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = migrations.Up(ctx, pool, stock)
+	require.NoError(t, err)
+	require.NoError(t, migrations.Check(ctx, pool, stock))
+
+	// The same objects as a fresh install's, in the other schemas.
+	fresh := testdb.NewPool(t)
+	require.Equal(t, relations(t, fresh, "sluice"), relations(t, pool, "jobs_x"))
+	require.Equal(t, functions(t, fresh, "sluice"), functions(t, pool, "jobs_x"))
+	require.Equal(t, relations(t, fresh, "public"), relations(t, pool, "river_x"))
+	require.Equal(t, functions(t, fresh, "public"), functions(t, pool, "river_x"))
+	require.Equal(t, publicBefore, relations(t, pool, "public"))
+	require.Empty(t, functions(t, pool, "public"))
+	require.Empty(t, types(t, pool, "public"))
+	require.Empty(t, queryStrings(t, pool, "SELECT nspname::text FROM pg_namespace WHERE nspname = 'sluice'"))
+	for _, p := range queryStrings(t, pool, `
+		SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE pronamespace = 'jobs_x'::regnamespace`) {
+		require.Equal(t, `search_path="jobs_x", "river_x"`, p)
+	}
+
+	// The triggers on river_x.river_job find jobs_x's tables from any session.
+	parked := jobtest.InsertParked(t, pool, "demo.sleep", `{"ms": 1}`)
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "UPDATE river_x.river_job SET state = 'available' WHERE id = $1", parked)
+	require.NoError(t, err)
+	require.Zero(t, countRows(t, pool, "SELECT count(*) FROM jobs_x.concurrency_parked_jobs"))
+
+	steps, err := migrations.Up(ctx, pool, stock)
+	require.NoError(t, err)
+	require.Empty(t, steps)
+}
+
+func TestInvalidSchemaNames(t *testing.T) {
+	t.Parallel()
+
+	for _, name := range []string{"Bad-Name", "pg_x", "pg_catalog", "1abc", "jobs x", `a"b`, "", "averyveryveryveryveryveryveryveryveryveryveryveryveryverylongname"} {
+		require.Error(t, db.ValidateSchema(name), "%q", name)
+	}
+	for _, name := range []string{"sluice", "jobs_x", "_private", "s1"} {
+		require.NoError(t, db.ValidateSchema(name), "%q", name)
+	}
+	for _, name := range []string{"bad-name", "1abc", "a b", ""} {
+		require.Error(t, db.ValidateRiverSchema(name), "%q", name)
+	}
+
+	ctx := context.Background()
+	url := testdb.NewEmpty(t)
+	for _, s := range []db.Schemas{{Sluice: "Bad-Name"}, {Sluice: "pg_x"}, {Sluice: "jobs_x", River: "river-x"}} {
+		pool, err := db.OpenSchemas(ctx, url, s, 10*time.Second)
+		require.Error(t, err, "%+v", s)
+		require.Nil(t, pool)
+	}
+	require.Empty(t, queryStrings(t, plainPool(t, url), `
+		SELECT nspname::text FROM pg_namespace WHERE nspname NOT LIKE 'pg\_%' AND nspname NOT IN ('public', 'information_schema')`))
+}
