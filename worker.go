@@ -35,9 +35,9 @@ type Worker struct {
 
 // New connects to cfg.DatabaseURL, checks that the database is migrated
 // (every migration of River, sluice's core, cfg.Modules and
-// cfg.Migrations applied: by `migrate up` of a program whose Main has the
-// same Migrations and Modules; package sluice has no Go API that migrates),
-// and builds the worker. Nothing runs until Start.
+// cfg.Migrations applied: by Migrate, or by `migrate up` of a program whose
+// Main has the same Migrations and Modules), and builds the worker. Nothing
+// runs until Start.
 func New(ctx context.Context, cfg Config) (*Worker, error) {
 	w, err := app.NewWorker(ctx, cfg.appConfig())
 	if err != nil {

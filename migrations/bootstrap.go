@@ -34,6 +34,7 @@ func render(name string, schemas db.Schemas) (string, error) {
 	return strings.NewReplacer(
 		"/* TEMPLATE: schema */", schema,
 		"/* TEMPLATE: legacy */", river,
+		"/* TEMPLATE: river */", river,
 		"/* TEMPLATE: search_path */", schema+", "+river,
 	).Replace(string(raw)), nil
 }
@@ -63,6 +64,18 @@ func bootstrap(ctx context.Context, pool *pgxpool.Pool, schemas db.Schemas, logg
 		return err
 	}); err != nil {
 		return fmt.Errorf("bootstrap sluice's schema %s (%s): %w", schemas.Sluice, name, err)
+	}
+	return nil
+}
+
+// createRiverSchema creates River's schema if it is missing.
+func createRiverSchema(ctx context.Context, pool *pgxpool.Pool, schemas db.Schemas) error {
+	sql, err := render("river_schema.sql", schemas)
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("create River's schema %s: %w", schemas.River, err)
 	}
 	return nil
 }

@@ -129,6 +129,9 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Step, error) {
 	schemas := db.SchemasOf(pool)
 	var steps []Step
 	err := withLock(ctx, pool, func() error {
+		if err := createRiverSchema(ctx, pool, schemas); err != nil {
+			return err
+		}
 		riverSteps, err := riverMigrate(ctx, pool, opts.Logger, rivermigrate.DirectionUp, nil)
 		if err != nil {
 			return err

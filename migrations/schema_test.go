@@ -23,10 +23,8 @@ func TestUpOtherSchemas(t *testing.T) {
 	url := testdb.NewEmpty(t)
 	plain := plainPool(t, url)
 	publicBefore := relations(t, plain, "public")
-	// River's migrations expect River's schema to exist.
-	_, err := plain.Exec(ctx, "CREATE SCHEMA river_x")
-	require.NoError(t, err)
 
+	// River's schema does not exist yet: migrate up creates it.
 	pool, err := db.OpenSchemas(ctx, url, db.Schemas{Sluice: "jobs_x", River: "river_x"}, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
