@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,6 +63,27 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 type Middleware struct {
 	river.MiddlewareDefaults
 	metrics *Metrics
+	// byKind caches each kind's duration observer and completed counter
+	// (*kindSeries): the series of almost every job, found without hashing
+	// label values.
+	byKind sync.Map
+}
+
+// kindSeries are the series of one kind that almost every job records.
+type kindSeries struct {
+	duration  prometheus.Observer
+	completed prometheus.Counter
+}
+
+func (m *Middleware) series(kind string) *kindSeries {
+	if s, ok := m.byKind.Load(kind); ok {
+		return s.(*kindSeries)
+	}
+	s, _ := m.byKind.LoadOrStore(kind, &kindSeries{
+		duration:  m.metrics.JobDuration.WithLabelValues(kind),
+		completed: m.metrics.JobsWorked.WithLabelValues(kind, OutcomeCompleted),
+	})
+	return s.(*kindSeries)
 }
 
 // NewMiddleware returns the middleware recording into m.
@@ -76,8 +98,13 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 		if !panicked {
 			outcome = classify(ctx, err)
 		}
-		m.metrics.JobDuration.WithLabelValues(job.Kind).Observe(time.Since(start).Seconds())
-		m.metrics.JobsWorked.WithLabelValues(job.Kind, outcome).Inc()
+		series := m.series(job.Kind)
+		series.duration.Observe(time.Since(start).Seconds())
+		if outcome == OutcomeCompleted {
+			series.completed.Inc()
+		} else {
+			m.metrics.JobsWorked.WithLabelValues(job.Kind, outcome).Inc()
+		}
 	}()
 	err = doInner(ctx)
 	panicked = false
