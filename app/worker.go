@@ -190,19 +190,18 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		}
 		return err
 	}
-	stopReaper, stopHeartbeat := w.live.Start(ctx)
+	w.live.Start(ctx)
 	// The client runs on a context of its own: cancelling ctx must start a
 	// graceful stop, not River's hard stop.
 	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
-		stopReaper()
-		stopHeartbeat()
+		w.live.Stop()
 		w.live.Remove()
 		if w.listener != nil {
 			_ = w.listener.Close()
 		}
 		return fmt.Errorf("start River client: %w", err)
 	}
-	stopDispatcher := w.startScheduler(ctx)
+	_ = w.dispatcher.Start(ctx) // a dispatcher of its own, never started before
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
@@ -223,15 +222,15 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	case <-w.live.Reaped():
 	}
 
-	stopReaper()
-	stopDispatcher()
+	w.live.StopReaper()
+	w.dispatcher.Stop()
 	if w.live.IsReaped() {
 		w.stopReaped()
-		stopHeartbeat()
+		w.live.Stop()
 		runErr = ErrReaped
 	} else {
 		clean := w.stopClient()
-		stopHeartbeat()
+		w.live.Stop()
 		switch {
 		case w.live.IsReaped():
 			runErr = ErrReaped

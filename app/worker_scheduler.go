@@ -1,8 +1,6 @@
 package app
 
 import (
-	"context"
-
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/scheduler"
 )
@@ -36,21 +34,6 @@ func (w *Worker) initLiveness() error {
 		PollInterval: w.dispatcher.PollInterval(),
 		LastTick:     w.dispatcher.LastTick,
 	})
-}
-
-// startScheduler starts the dispatcher. stopDispatcher ends it (it finishes
-// its batch in flight) and waits for it. The worker's row and heartbeat are
-// started before (liveness.Service.Start).
-func (w *Worker) startScheduler(ctx context.Context) (stopDispatcher func()) {
-	dispCtx, cancelDisp := context.WithCancel(context.WithoutCancel(ctx))
-	dispDone := make(chan struct{})
-	go func() {
-		defer close(dispDone)
-		if err := w.dispatcher.Run(dispCtx); err != nil {
-			w.cfg.Logger.Error("schedule dispatcher stopped", "error", err)
-		}
-	}()
-	return func() { cancelDisp(); <-dispDone }
 }
 
 // Dispatcher is the worker's schedule dispatcher.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,14 +22,17 @@ import (
 //
 // Its life: New, ConfigurePool on the configuration of the worker's pool,
 // Init once the pool is open, Register before the worker takes a job, Start
-// (heartbeat and reaper), and at the end the stop functions Start returned
-// and Remove on a clean stop.
+// (heartbeat and reaper), and at the end StopReaper, Stop and, on a clean
+// stop, Remove.
 type Service struct {
 	live      *liveness
 	logger    *slog.Logger
 	pool      *pgxpool.Pool
 	heartbeat *heartbeat
 	reaper    *reaper
+
+	stopMu                    sync.Mutex
+	stopReaper, stopHeartbeat func()
 }
 
 // New returns the liveness of the worker cfg describes.
@@ -177,9 +181,9 @@ func (s *Service) takeOver(ctx context.Context, row *db.GetWorkerLivenessRow) er
 	return nil
 }
 
-// Start starts the heartbeat and the reaper; the returned functions stop
-// them and wait for them.
-func (s *Service) Start(ctx context.Context) (stopReaper, stopHeartbeat func()) {
+// Start starts the heartbeat and the reaper in the background, until
+// StopReaper and Stop.
+func (s *Service) Start(ctx context.Context) {
 	background := context.WithoutCancel(ctx)
 	hbCtx, cancelHB := context.WithCancel(background)
 	hbDone := make(chan struct{})
@@ -193,7 +197,34 @@ func (s *Service) Start(ctx context.Context) (stopReaper, stopHeartbeat func()) 
 		defer close(reapDone)
 		s.reaper.run(reapCtx)
 	}()
-	return func() { cancelReap(); <-reapDone }, func() { cancelHB(); <-hbDone }
+	s.stopMu.Lock()
+	s.stopReaper = func() { cancelReap(); <-reapDone }
+	s.stopHeartbeat = func() { cancelHB(); <-hbDone }
+	s.stopMu.Unlock()
+}
+
+// StopReaper stops the reaper and waits for it; the heartbeat goes on (a
+// stopping worker keeps its row alive while its jobs finish).
+func (s *Service) StopReaper() {
+	s.stopMu.Lock()
+	stop := s.stopReaper
+	s.stopReaper = nil
+	s.stopMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// Stop stops the reaper and the heartbeat and waits for them.
+func (s *Service) Stop() {
+	s.StopReaper()
+	s.stopMu.Lock()
+	stop := s.stopHeartbeat
+	s.stopHeartbeat = nil
+	s.stopMu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // Remove deletes the worker's row on a clean shutdown; a failure is logged

@@ -80,6 +80,10 @@ type Dispatcher struct {
 
 	cacheMu   sync.Mutex
 	cronCache map[string]cronEntry
+
+	// runMu guards stop, set while started with Start.
+	runMu sync.Mutex
+	stop  func()
 }
 
 type cronEntry struct {
@@ -211,6 +215,39 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		case <-d.wake:
 			timer.Stop()
 		}
+	}
+}
+
+// Start runs the dispatcher in the background (Run) until Stop, which it
+// returns at once for. Starting a started dispatcher is an error.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.runMu.Lock()
+	defer d.runMu.Unlock()
+	if d.stop != nil {
+		return errors.New("scheduler: dispatcher already started")
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	d.stop = func() { cancel(); <-done }
+	go func() {
+		defer close(done)
+		if err := d.Run(runCtx); err != nil {
+			d.logger.Error("schedule dispatcher stopped", "error", err)
+		}
+	}()
+	return nil
+}
+
+// Stop stops a dispatcher started with Start and waits for it: the batch in
+// flight finishes (at most 10s). Stopping one that is not started does
+// nothing.
+func (d *Dispatcher) Stop() {
+	d.runMu.Lock()
+	stop := d.stop
+	d.stop = nil
+	d.runMu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 

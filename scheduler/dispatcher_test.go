@@ -422,3 +422,26 @@ func TestSchedulesTableTriggers(t *testing.T) {
 	exec(`UPDATE schedules SET cron = '0 * * * *', next_run_at = '2030-01-01Z'`)
 	require.Equal(t, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC), getRow(t, pool, "s").NextRunAt.UTC(), "set in the same UPDATE: kept")
 }
+
+// TestDispatcherStartStop: Start runs the dispatcher in the background until
+// Stop; a second Start is an error; Stop of a stopped dispatcher does
+// nothing; a started dispatcher dispatches.
+func TestDispatcherStartStop(t *testing.T) {
+	t.Parallel()
+
+	url := newDB(t)
+	pool := openPool(t, url)
+	// A poll interval long enough that the test's ticks stay few: a test
+	// signal nobody waits for fills its channel.
+	d := newDispatcher(t, url, scheduler.Config{PollInterval: time.Hour})
+	d.TestSignals.Init(t)
+	d.Stop() // not started: nothing to do
+	require.NoError(t, d.Start(context.Background()))
+	require.ErrorContains(t, d.Start(context.Background()), "already started")
+	d.TestSignals.Ticked.WaitOrTimeout()
+	insertRow(t, pool, row{name: "started", cron: "@every 1s"})
+	require.Eventually(t, func() bool { return len(jobsOf(t, pool, "started")) > 0 }, 30*time.Second, 20*time.Millisecond)
+	d.Stop()
+	d.Stop()
+	require.False(t, d.Listening(), "the listener stopped with the dispatcher")
+}
