@@ -486,13 +486,17 @@ func (q *Queries) MarkJobsParking(ctx context.Context, arg MarkJobsParkingParams
 }
 
 const notifyRiverInsert = `-- name: NotifyRiverInsert :exec
-SELECT pg_notify(current_schema() || '.river_insert', json_build_object('queue', q)::text)
+SELECT pg_notify(
+    COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
+    json_build_object('queue', q)::text)
 FROM unnest($1::text[]) AS q
 `
 
 // Wakes the River producers of queues the way River's own insert
-// notification does (topic <schema>.river_insert, payload {"queue": Q}),
-// without River's per-client rate limit: a resumed job must start promptly.
+// notification does (topic <River's schema>.river_insert, payload {"queue":
+// Q}), without River's per-client rate limit: a resumed job must start
+// promptly. River's schema is the connection's sluice.river_schema setting
+// (every sluice pool carries it); else, as River does, current_schema().
 func (q *Queries) NotifyRiverInsert(ctx context.Context, queues []string) error {
 	_, err := q.db.Exec(ctx, notifyRiverInsert, queues)
 	return err

@@ -548,3 +548,29 @@ func TestConcurrencyLimitResumeUnknownKind(t *testing.T) {
 	job := client.InsertAndWait(t, limiter.ResumeArgs{JobKind: "no.such.kind"}, nil)
 	require.Equal(t, rivertype.JobStateCompleted, job.State)
 }
+
+// TestResumeNotifiesRiver: the notification that wakes River's producers
+// when parked jobs are resumed goes to River's channel
+// (<River's schema>.river_insert), not to sluice's schema, which comes
+// first on sluice's search_path.
+func TestResumeNotifiesRiver(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	river := db.SchemasOf(pool).River
+	require.Equal(t, "public", river)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `LISTEN "public.river_insert"`)
+	require.NoError(t, err)
+
+	require.NoError(t, db.New(pool).NotifyRiverInsert(ctx, []string{"default"}))
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(waitCtx)
+	require.NoError(t, err)
+	require.Equal(t, "public.river_insert", n.Channel)
+	require.JSONEq(t, `{"queue": "default"}`, n.Payload)
+}

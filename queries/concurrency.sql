@@ -156,9 +156,13 @@ ORDER BY kind;
 
 -- name: NotifyRiverInsert :exec
 -- Wakes the River producers of queues the way River's own insert
--- notification does (topic <schema>.river_insert, payload {"queue": Q}),
--- without River's per-client rate limit: a resumed job must start promptly.
-SELECT pg_notify(current_schema() || '.river_insert', json_build_object('queue', q)::text)
+-- notification does (topic <River's schema>.river_insert, payload {"queue":
+-- Q}), without River's per-client rate limit: a resumed job must start
+-- promptly. River's schema is the connection's sluice.river_schema setting
+-- (every sluice pool carries it); else, as River does, current_schema().
+SELECT pg_notify(
+    COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
+    json_build_object('queue', q)::text)
 FROM unnest(sqlc.arg(queues)::text[]) AS q;
 
 -- name: AdmitJobs :many
