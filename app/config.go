@@ -39,6 +39,14 @@ const (
 	// DefaultHeartbeatInterval is how often a worker refreshes its
 	// sluice_workers row.
 	DefaultHeartbeatInterval = liveness.DefaultHeartbeatInterval
+	// PoolOverhead is how many connections a worker's pool has beyond one
+	// per job it may run at once, unless the connection string sets
+	// pool_max_conns: River's fetches and completions, the dispatcher,
+	// maintenance locks, the limiter's batches.
+	PoolOverhead = 10
+	// LivenessPoolSize is the size of the pool the heartbeat and the
+	// reaper have to themselves.
+	LivenessPoolSize = 2
 	// DefaultJobTimeout is River's own default job timeout.
 	DefaultJobTimeout = time.Minute
 	// DefaultDeadAfter is how long after its last heartbeat a worker counts

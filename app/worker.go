@@ -24,8 +24,10 @@ import (
 // Worker is one `sluice worker` process: River client, HTTP server and the
 // pool they share.
 type Worker struct {
-	cfg      Config
-	pool     *pgxpool.Pool
+	cfg  Config
+	pool *pgxpool.Pool
+	// livePool is the heartbeat's and the reaper's own pool.
+	livePool *pgxpool.Pool
 	client   *Client
 	jobs     *Jobs
 	registry *prometheus.Registry
@@ -59,13 +61,30 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	live.ConfigurePool(config)
+	if !db.PoolSizeSet(cfg.DatabaseURL) {
+		// Every job may hold a connection (a transaction of its own): the
+		// pool covers the queues' workers plus sluice's own needs. It grows
+		// only as jobs use it.
+		config.MaxConns = int32(max(db.DefaultMaxConns, cfg.DefaultWorkers+cfg.MaintenanceWorkers+PoolOverhead))
+	}
+	// The heartbeat and the reaper work on a tiny pool of their own, so
+	// that jobs holding every connection of the main pool cannot make a
+	// live worker's heartbeat go stale (and another worker reap it).
+	liveConfig := config.Copy()
+	liveConfig.MaxConns = LivenessPoolSize
+	liveConfig.MinConns = 0
 	pool, err := db.OpenConfig(ctx, config, cfg.DatabaseURL, 10*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, pool: pool, registry: prometheus.NewRegistry(), live: live}
-	if err := w.init(ctx); err != nil {
+	livePool, err := db.OpenConfig(ctx, liveConfig, cfg.DatabaseURL, 10*time.Second)
+	if err != nil {
 		pool.Close()
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, pool: pool, livePool: livePool, registry: prometheus.NewRegistry(), live: live}
+	if err := w.init(ctx); err != nil {
+		w.Close()
 		return nil, err
 	}
 	return w, nil
@@ -157,6 +176,7 @@ func (w *Worker) Close() {
 		_ = w.listener.Close()
 	}
 	w.pool.Close()
+	w.livePool.Close()
 }
 
 // stopReaped ends a worker that found itself reaped: its jobs were rescued
@@ -180,6 +200,7 @@ func (w *Worker) Run(ctx context.Context) error { return w.RunNotify(ctx, nil) }
 // RunNotify is Run, calling started (if set) once the worker works jobs.
 func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	defer w.pool.Close()
+	defer w.livePool.Close()
 	logger := w.cfg.Logger
 
 	// The row comes first: every job this worker takes is attempted under

@@ -207,3 +207,50 @@ func TestDeadAfterDefaultMatchesMigration(t *testing.T) {
 	require.Equal(t, app.DefaultDeadAfter.Seconds(), seconds)
 	require.GreaterOrEqual(t, app.DefaultDeadAfter, app.MinDeadAfterBeats*app.DefaultHeartbeatInterval)
 }
+
+// TestStarvedPoolIsNotReaped: jobs that hold every connection of a worker's
+// pool for longer than its dead-after (long transactions) do not make its
+// heartbeat go stale: the heartbeat and the reaper have a pool of their
+// own, so another worker never reaps a worker that is alive.
+func TestStarvedPoolIsNotReaped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	starved := runWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: testdb.WithParam(url, "pool_max_conns", "4"), ID: "starved",
+		HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
+	waitRegistered(t, pool, starved)
+	other := runWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "other",
+		HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
+	waitRegistered(t, pool, other)
+
+	// Take every connection of the starved worker's main pool, as jobs in
+	// long transactions would.
+	var held []*pgxpool.Conn
+	for range 4 {
+		conn, err := starved.Pool().Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, conn)
+	}
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	beat := func() time.Time {
+		var at time.Time
+		require.NoError(t, pool.QueryRow(ctx, `SELECT heartbeat_at FROM sluice_workers WHERE id = 'starved'`).Scan(&at))
+		return at
+	}
+	first := beat()
+	// Five dead-afters: long enough for the other worker's reaper (every
+	// heartbeat interval) to reap a worker whose heartbeat stalled.
+	deadline := time.Now().Add(5 * testDeadAfter)
+	for time.Now().Before(deadline) {
+		require.Equal(t, 1, countRows(t, pool, `SELECT count(*) FROM sluice_workers WHERE id = 'starved'`), "the starved worker was reaped")
+		require.False(t, starved.ended(), "the starved worker stopped: %v", starved.err)
+		time.Sleep(testBeat)
+	}
+	require.True(t, beat().After(first), "the starved worker kept heartbeating")
+	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM sluice_workers WHERE heartbeat_at < now() - dead_after`))
+}

@@ -27,7 +27,8 @@ func (w *Worker) initScheduler() error {
 // initLiveness builds the worker's heartbeat, which reports the
 // dispatcher's ticks, and its reaper.
 func (w *Worker) initLiveness() error {
-	return w.live.Init(w.pool, liveness.InitConfig{
+	return w.live.Init(w.livePool, liveness.InitConfig{
+		WorkPool:     w.pool,
 		Limiter:      w.jobs.Limiter,
 		Registry:     w.jobs.Registry,
 		Registerer:   w.registry,

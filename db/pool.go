@@ -34,11 +34,15 @@ func ParseConfig(connString string) (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, &URLError{msg: "invalid database URL: " + Redact(err.Error(), connString)}
 	}
-	if !strings.Contains(connString, "pool_max_conns") {
+	if !PoolSizeSet(connString) {
 		config.MaxConns = DefaultMaxConns
 	}
 	return config, nil
 }
+
+// PoolSizeSet reports whether connString sets the pool's size
+// (pool_max_conns).
+func PoolSizeSet(connString string) bool { return strings.Contains(connString, "pool_max_conns") }
 
 // Open connects a pool to connString, with sluice's schema and River's
 // default one on its search_path (UseSchemas), and checks that the server

@@ -45,11 +45,11 @@ var errReaperBusy = errors.New("another reaper is at work")
 //   - one reaper at a time (the transaction-level advisory lock
 //     sluice.reaper), one dead worker per transaction.
 //
-// Reaping a worker: terminate its remaining backends (frees the session
-// advisory locks and row locks a stopped process still holds, and cuts a
-// paused process off), then in one transaction: lock its row (still dead),
-// terminate again whatever it reconnected meanwhile, lock the limit rows of
-// its kinds, rescue its running jobs as River's rescuer would
+// Reaping a worker, in one transaction: lock its row and check there that
+// it is still dead (a worker that heartbeated since is left alone); only
+// then terminate its backends (frees the session advisory locks, row locks
+// and reaper lock a stopped process still holds, and cuts a paused process
+// off); take the reaper lock; lock the limit rows of its kinds, rescue its running jobs as River's rescuer would
 // (RescueWorkerJobs), free their concurrency slots and every slot
 // recorded for it, resume parked jobs into the freed slots, mark its running
 // maintenance runs failed, and delete its row.
@@ -135,16 +135,6 @@ func (r *reaper) pass(ctx context.Context) (int, error) {
 // came back, or another reaper took it).
 func (r *reaper) reap(ctx context.Context, d deadWorker) (bool, error) {
 	logger := r.logger.With("dead_worker_id", d.ID, "dead_worker_host", d.Host, "dead_worker_pid", d.Pid)
-	var terminated int
-	if d.BackendName != nil {
-		// Before the transaction: the locks a stopped worker holds would
-		// otherwise block it (and a dead reaper holds the reaper lock).
-		n, err := db.New(r.pool).TerminateBackends(ctx, db.TerminateBackendsParams{AppName: *d.BackendName, WaitMs: terminateWaitMs})
-		if err != nil {
-			logger.Warn("reaper: terminating the dead worker's backends failed", "error", err)
-		}
-		terminated += int(n)
-	}
 	var res *reapResult
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		var err error
@@ -157,7 +147,6 @@ func (r *reaper) reap(ctx context.Context, d deadWorker) (bool, error) {
 	if res == nil {
 		return false, nil
 	}
-	res.Terminated += terminated
 	r.record(logger, d, res)
 	return true, nil
 }
@@ -173,13 +162,9 @@ func (r *reaper) reapTx(ctx context.Context, tx pgx.Tx, d deadWorker, unfenced b
 			return nil, fmt.Errorf("clear worker setting: %w", err)
 		}
 	}
-	acquired, err := q.TryReaperLock(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reaper lock: %w", err)
-	}
-	if !acquired {
-		return nil, errReaperBusy
-	}
+	// First the dead worker's row, locked and checked dead inside this
+	// transaction: a worker that heartbeated since is not touched. Its
+	// heartbeat now waits for this transaction and finds its row gone.
 	row, err := q.LockDeadWorker(ctx, db.LockDeadWorkerParams{ID: d.ID, Incarnation: d.Incarnation})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -189,13 +174,24 @@ func (r *reaper) reapTx(ctx context.Context, tx pgx.Tx, d deadWorker, unfenced b
 	}
 	res := &reapResult{}
 	if row.BackendName != nil {
-		// Whatever it reconnected since: its new connections now wait for
-		// this transaction (afterConnect) and are refused after it.
+		// Only now, the worker known dead: its backends go, with the locks
+		// a stopped process still holds (session advisory locks of
+		// maintenance runs, row locks of an open transaction, the reaper
+		// lock of a reaper that stopped mid-reap). What it reconnects
+		// meanwhile waits for this transaction (afterConnect) and is
+		// refused after it.
 		n, err := q.TerminateBackends(ctx, db.TerminateBackendsParams{AppName: *row.BackendName, WaitMs: terminateWaitMs})
 		if err != nil {
 			return nil, fmt.Errorf("terminate backends of %s: %w", d.ID, err)
 		}
 		res.Terminated = int(n)
+	}
+	acquired, err := q.TryReaperLock(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reaper lock: %w", err)
+	}
+	if !acquired {
+		return nil, errReaperBusy
 	}
 	jobKinds, err := q.WorkerJobKinds(ctx, d.ID)
 	if err != nil {

@@ -522,3 +522,37 @@ func TestAfterConnectWaitsForReap(t *testing.T) {
 	}
 	require.True(t, z.live.isReaped())
 }
+
+// TestReapChecksInsideItsTransaction: a reaper that found a worker dead, but
+// whose reap begins after that worker heartbeated again (its pool was
+// starved for a while, say), leaves it alone: the row is checked dead in
+// the reap's own transaction before any of its backends is terminated.
+func TestReapChecksInsideItsTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	admin, err := db.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+
+	me := newMember(t, url, "me", 100*time.Millisecond, time.Second)
+	me.seasoned(time.Minute)
+	alive := newMember(t, url, "alive", 100*time.Millisecond, time.Second)
+	conn, err := alive.pool.Acquire(ctx)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	conn.Release()
+	job := insertJob(t, admin, "running", "alive")
+
+	// What DeadWorkers returned a moment ago; the worker has heartbeated
+	// since (its row is fresh).
+	require.NoError(t, alive.hb.beat(ctx))
+	reaped, err := me.rp.reap(ctx, deadWorker{ID: "alive", Incarnation: alive.live.incarnation, BackendName: alive.live.backendName})
+	require.NoError(t, err)
+	require.False(t, reaped)
+	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid), "its backend was not terminated")
+	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM sluice_workers WHERE id = 'alive'`))
+	require.Equal(t, "running", jobStateOf(t, admin, job))
+	require.NoError(t, alive.hb.beat(ctx), "the worker goes on")
+}

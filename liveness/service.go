@@ -28,6 +28,7 @@ type Service struct {
 	live      *liveness
 	logger    *slog.Logger
 	pool      *pgxpool.Pool
+	workPool  *pgxpool.Pool
 	heartbeat *heartbeat
 	reaper    *reaper
 
@@ -49,6 +50,10 @@ func (s *Service) ConfigurePool(config *pgxpool.Config) { s.live.configurePool(c
 
 // InitConfig is what Init needs besides the pool.
 type InitConfig struct {
+	// WorkPool is the worker's main pool, set up by ConfigurePool too: a
+	// take-over of the worker's own id drops its connections, which the
+	// reap of the predecessor (same application_name) may have terminated.
+	WorkPool *pgxpool.Pool
 	// Limiter releases the concurrency slots of reaped workers.
 	Limiter *limiter.Limiter
 	// Registry is the program's kinds: a rescued job of an unknown kind is
@@ -63,13 +68,15 @@ type InitConfig struct {
 	LastTick func() time.Time
 }
 
-// Init builds the heartbeat and reaper on pool, which ConfigurePool set up.
+// Init builds the heartbeat and reaper on pool, which ConfigurePool set up:
+// a small pool of their own, which jobs cannot starve.
 func (s *Service) Init(pool *pgxpool.Pool, cfg InitConfig) error {
 	metrics, err := newReaperMetrics(cfg.Registerer)
 	if err != nil {
 		return err
 	}
 	s.pool = pool
+	s.workPool = cfg.WorkPool
 	s.heartbeat = newHeartbeat(db.New(pool), s.live, s.live.interval, cfg.PollInterval, cfg.LastTick, s.logger)
 	s.reaper = &reaper{
 		pool:     pool,
@@ -170,6 +177,9 @@ func (s *Service) takeOver(ctx context.Context, row *db.GetWorkerLivenessRow) er
 		return err
 	})
 	s.pool.Reset()
+	if s.workPool != nil {
+		s.workPool.Reset()
+	}
 	switch {
 	case errors.Is(err, errReaperBusy):
 		return nil // another reaper is at it: try again

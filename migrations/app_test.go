@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"io/fs"
-	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -206,13 +205,7 @@ func TestAppMigrationsOwnSearchPath(t *testing.T) {
 	url := testdb.NewEmpty(t)
 	_, err := plainPool(t, url).Exec(ctx, "CREATE SCHEMA shop")
 	require.NoError(t, err)
-	withPath := url + "?search_path=shop"
-	if strings.Contains(url, "?") {
-		withPath = url + "&search_path=shop"
-	} else if !strings.Contains(url, "://") {
-		withPath = url + " search_path=shop"
-	}
-	pool, err := db.Open(ctx, withPath, 10*time.Second)
+	pool, err := db.Open(ctx, testdb.WithParam(url, "search_path", "shop"), 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	require.Equal(t, db.Schemas{Sluice: "sluice", River: "shop"}, db.SchemasOf(pool))

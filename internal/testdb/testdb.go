@@ -311,3 +311,15 @@ func PoolConfig(url string) (*pgxpool.Config, error) {
 	}
 	return config, nil
 }
+
+// WithParam returns connString with the parameter key set to value, in
+// either form of connection string.
+func WithParam(connString, key, value string) string {
+	if u, err := url.Parse(connString); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set(key, value)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return connString + " " + key + "=" + value
+}
