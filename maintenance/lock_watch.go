@@ -12,6 +12,11 @@ import (
 // watchLock returns a context cancelled (cause ErrLockLost) when lock's
 // connection stops answering, checked every interval, and a stop function
 // that ends the watch; it must be called before the lock is released.
+//
+// Each check is a ping bounded by half the interval: a connection that does
+// not answer in time (half-open, or its server side gone) counts as lost,
+// since the server may have released the lock already, and the run is
+// stopped before another run of the kind could overlap it.
 func watchLock(ctx context.Context, lock *db.SessionLock, interval time.Duration, logger *slog.Logger) (context.Context, func()) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
@@ -24,7 +29,10 @@ func watchLock(ctx context.Context, lock *db.SessionLock, interval time.Duration
 			case <-runCtx.Done():
 				return
 			case <-ticker.C:
-				if err := lock.Ping(runCtx); err != nil && runCtx.Err() == nil {
+				pingCtx, cancelPing := context.WithTimeout(runCtx, interval/2)
+				err := lock.Ping(pingCtx)
+				cancelPing()
+				if err != nil && runCtx.Err() == nil {
 					logger.Error("maintenance run stopped: its advisory lock is lost", "error", err)
 					cancel(fmt.Errorf("%w: %v", ErrLockLost, err))
 					return

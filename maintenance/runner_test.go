@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,4 +236,41 @@ func TestRunMaintenanceLockLost(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, lock)
 	require.NoError(t, lock.Release(ctx))
+}
+
+// TestRunMaintenanceLockPingHangs: the connection holding a run's lock stops
+// answering (its backend is stopped, as a half-open connection would leave
+// it): the check's ping times out within the check interval and the run is
+// stopped and recorded as failed, "advisory lock lost". Needs the right to
+// signal the database's backends (a local server, run as root or postgres).
+func TestRunMaintenanceLockPingHangs(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{LockCheckInterval: 100 * time.Millisecond})
+	kind := "test.maint.ping_hangs"
+
+	err := deps.Maintenance.Run(ctx, &rivertype.JobRow{ID: 1, Kind: kind}, func(ctx context.Context) (maintenance.Result, error) {
+		holders, err := db.New(pool).AdvisoryLockHolders(context.Background(), kind)
+		require.NoError(t, err)
+		require.Len(t, holders, 1)
+		pid := int(*holders[0].Pid)
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Skipf("cannot stop the lock's backend %d (%v): needs a local server and the right to signal it", pid, err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+		select {
+		case <-ctx.Done():
+			return maintenance.Result{}, ctx.Err()
+		case <-time.After(30 * time.Second):
+			return maintenance.Result{}, errors.New("the run was not stopped")
+		}
+	})
+	require.ErrorIs(t, err, maintenance.ErrLockLost)
+	runs, err := db.New(pool).ListMaintenanceRuns(ctx, db.ListMaintenanceRunsParams{Kind: kind, MaxRows: 10})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, maintenance.RunFailed, runs[0].Status)
+	require.Contains(t, string(runs[0].Details), "advisory lock lost")
 }
