@@ -80,12 +80,14 @@ slots AS (
     WHERE d.decision = 'admit'
     ON CONFLICT (job_id) DO UPDATE
     SET worker_id = EXCLUDED.worker_id, reserved = false, admitted_at = now()
-    RETURNING concurrency_executions.kind
+    RETURNING concurrency_executions.kind, (concurrency_executions.xmax::text = '0') AS inserted
 ),
 counted AS (
+    -- Only rows inserted raise the count: a stale row of the job's earlier
+    -- attempt, taken over, was counted when it was inserted.
     UPDATE concurrency_limits l
     SET admitted = l.admitted + c.n
-    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s GROUP BY s.kind) AS c
+    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s WHERE s.inserted GROUP BY s.kind) AS c
     WHERE l.kind = c.kind
     RETURNING l.kind
 )
@@ -256,11 +258,12 @@ func (q *Queries) HasParkedJobs(ctx context.Context, kind string) (bool, error) 
 	return exists, err
 }
 
-const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :exec
+const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :many
 INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
 SELECT unnest($1::bigint[]), unnest($2::text[]), $3, $4::boolean
 ON CONFLICT (job_id) DO UPDATE
 SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now()
+RETURNING kind, (xmax::text = '0')::boolean AS inserted
 `
 
 type InsertConcurrencyExecutionsParams struct {
@@ -270,16 +273,39 @@ type InsertConcurrencyExecutionsParams struct {
 	Reserved bool     `json:"reserved"`
 }
 
+type InsertConcurrencyExecutionsRow struct {
+	Kind     string `json:"kind"`
+	Inserted bool   `json:"inserted"`
+}
+
 // Admits jobs: one slot each. A job admitted again (a retry while a stale row
-// of its earlier attempt remains) keeps its one row.
-func (q *Queries) InsertConcurrencyExecutions(ctx context.Context, arg InsertConcurrencyExecutionsParams) error {
-	_, err := q.db.Exec(ctx, insertConcurrencyExecutions,
+// of its earlier attempt remains) keeps its one row. Returns the kinds of
+// the rows it inserted (not those it updated), so that the caller raises
+// the counts by exactly the rows added (xmax is 0 on a row this statement
+// inserted).
+func (q *Queries) InsertConcurrencyExecutions(ctx context.Context, arg InsertConcurrencyExecutionsParams) ([]*InsertConcurrencyExecutionsRow, error) {
+	rows, err := q.db.Query(ctx, insertConcurrencyExecutions,
 		arg.JobIds,
 		arg.Kinds,
 		arg.WorkerID,
 		arg.Reserved,
 	)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*InsertConcurrencyExecutionsRow
+	for rows.Next() {
+		var i InsertConcurrencyExecutionsRow
+		if err := rows.Scan(&i.Kind, &i.Inserted); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const insertParkedJobs = `-- name: InsertParkedJobs :exec
@@ -528,6 +554,8 @@ freed AS (
     -- is locked (an InitPlan runs first).
     DELETE FROM concurrency_executions e
     WHERE e.job_id = ANY($2::bigint[])
+      AND (e.worker_id = $3::text
+           OR ($4::boolean AND e.worker_id IS NULL))
       AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.kind
 ),
@@ -543,8 +571,10 @@ RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked
 `
 
 type ReleaseJobsParams struct {
-	Kinds  []string `json:"kinds"`
-	JobIds []int64  `json:"job_ids"`
+	Kinds            []string `json:"kinds"`
+	JobIds           []int64  `json:"job_ids"`
+	WorkerID         string   `json:"worker_id"`
+	IncludeUnclaimed bool     `json:"include_unclaimed"`
 }
 
 type ReleaseJobsRow struct {
@@ -557,9 +587,17 @@ type ReleaseJobsRow struct {
 // The release fast path: frees the slots of jobs that ended, lowers the
 // kinds' admitted counts (limit rows
 // locked in kind order first), and returns the state of the kinds released,
-// so the caller can resume parked jobs into the free slots.
+// so the caller can resume parked jobs into the free slots. Only the
+// caller's slots go (worker_id), and with include_unclaimed a reservation
+// not claimed yet: a job rescued and running on another worker keeps the
+// slot of its new attempt when the old attempt's worker releases late.
 func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*ReleaseJobsRow, error) {
-	rows, err := q.db.Query(ctx, releaseJobs, arg.Kinds, arg.JobIds)
+	rows, err := q.db.Query(ctx, releaseJobs,
+		arg.Kinds,
+		arg.JobIds,
+		arg.WorkerID,
+		arg.IncludeUnclaimed,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -306,11 +306,13 @@ func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
 	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind})
 }
 
-// Forget frees any slot held or reserved for job jobID of kind, at once (a
-// job that will not run, or has run: sluice run cleans up with it).
+// Forget frees the slot this limiter holds, or an unclaimed reservation, for
+// job jobID of kind, at once (a job that will not run, or has run: sluice
+// run cleans up with it).
 func (l *Limiter) Forget(ctx context.Context, kind string, jobID int64) error {
 	if _, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) {
-		return l.q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{kind}, JobIds: []int64{jobID}})
+		return l.q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{kind}, JobIds: []int64{jobID},
+			WorkerID: l.workerID, IncludeUnclaimed: true})
 	}); err != nil {
 		return fmt.Errorf("free the slot of job %d: %w", jobID, err)
 	}
@@ -396,6 +398,22 @@ func lockKinds(ctx context.Context, q *db.Queries, kinds []string) (map[string]*
 }
 
 // saveCounts writes the changes of a batch to the locked limit rows.
+// insertSlots writes slot rows (p) and counts in counts the rows it added:
+// a job that already had one (a stale row of an earlier attempt) keeps it,
+// counted when it was added, so the kind's count stays equal to its rows.
+func insertSlots(ctx context.Context, q *db.Queries, counts map[string]*kindCounts, p db.InsertConcurrencyExecutionsParams) error {
+	rows, err := q.InsertConcurrencyExecutions(ctx, p)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if c, ok := counts[r.Kind]; ok && r.Inserted {
+			c.dAdmit++
+		}
+	}
+	return nil
+}
+
 func saveCounts(ctx context.Context, q *db.Queries, counts map[string]*kindCounts) error {
 	var p db.AddConcurrencyCountsParams
 	for kind, c := range counts {
@@ -491,13 +509,12 @@ func (l *Limiter) parkBatch(batch []*admitRequest) {
 			default:
 				r.decision = admitSlot
 				c.taken++
-				c.dAdmit++
 				admitIDs = append(admitIDs, r.job.ID)
 				admitKinds = append(admitKinds, r.job.Kind)
 			}
 		}
 		if len(admitIDs) > 0 {
-			if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
+			if err := insertSlots(ctx, q, counts, db.InsertConcurrencyExecutionsParams{
 				JobIds: admitIDs, Kinds: admitKinds, WorkerID: &l.workerID, Reserved: false,
 			}); err != nil {
 				return fmt.Errorf("admit: %w", err)
@@ -587,8 +604,9 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
 	defer cancel()
 	p := db.ReleaseJobsParams{
-		Kinds:  distinctKinds(len(batch), func(i int) string { return batch[i].kind }),
-		JobIds: make([]int64, 0, len(batch)),
+		Kinds:    distinctKinds(len(batch), func(i int) string { return batch[i].kind }),
+		JobIds:   make([]int64, 0, len(batch)),
+		WorkerID: l.workerID,
 	}
 	for _, r := range batch {
 		if r.job != nil {
@@ -656,13 +674,12 @@ func (l *Limiter) resumeInto(ctx context.Context, q *db.Queries, kind string, c 
 	if free <= 0 {
 		return 0, nil
 	}
-	n, err := l.resume(ctx, q, kind, free, c.limit > 0)
+	n, err := l.resume(ctx, q, kind, free, c.limit > 0, c)
 	if err != nil {
 		return 0, err
 	}
 	if c.limit > 0 {
 		c.taken += int32(n)
-		c.dAdmit += int32(n)
 	}
 	// The flag says whether records remain (jobs still waiting, completing
 	// their parking, or held by another transaction).
@@ -678,9 +695,10 @@ func (l *Limiter) resumeInto(ctx context.Context, q *db.Queries, kind string, c 
 
 // resume makes the n oldest parked jobs of kind available again, in the
 // transaction of q (the kind's limit row locked), reserves a slot for each
-// when reserve is set (the kind has a positive limit), and wakes the River
-// producers of their queues. It returns how many jobs it resumed.
-func (l *Limiter) resume(ctx context.Context, q *db.Queries, kind string, n int32, reserve bool) (int, error) {
+// when reserve is set (the kind has a positive limit; the slot rows added
+// are counted in c), and wakes the River producers of their queues. It
+// returns how many jobs it resumed.
+func (l *Limiter) resume(ctx context.Context, q *db.Queries, kind string, n int32, reserve bool, c *kindCounts) (int, error) {
 	resumed, err := q.ResumeParkedJobs(ctx, db.ResumeParkedJobsParams{Kind: kind, MaxRows: n})
 	if err != nil {
 		return 0, fmt.Errorf("resume parked %s jobs: %w", kind, err)
@@ -698,7 +716,7 @@ func (l *Limiter) resume(ctx context.Context, q *db.Queries, kind string, n int3
 		}
 	}
 	if reserve {
-		if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
+		if err := insertSlots(ctx, q, map[string]*kindCounts{kind: c}, db.InsertConcurrencyExecutionsParams{
 			JobIds: ids, Kinds: kinds, WorkerID: nil, Reserved: true,
 		}); err != nil {
 			return 0, fmt.Errorf("reserve slots for resumed %s jobs: %w", kind, err)

@@ -574,3 +574,71 @@ func TestResumeNotifiesRiver(t *testing.T) {
 	require.Equal(t, "public.river_insert", n.Channel)
 	require.JSONEq(t, `{"queue": "default"}`, n.Payload)
 }
+
+// TestSlotCountsEqualRows: a job admitted again while a stale slot row of
+// its earlier attempt remains keeps one row, and the kind's count stays
+// equal to its rows (it used to count the row twice); a worker's release
+// frees its own slots only, never another worker's slot of the same job (a
+// job rescued and running elsewhere), unless the slot is an unclaimed
+// reservation and the caller says so (sluice run's clean-up).
+func TestSlotCountsEqualRows(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	q := db.New(pool)
+	jobtest.SetLimit(t, pool, "demo.sleep", 5)
+	counted := func() (admitted, rows int) {
+		return count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"),
+			count(t, pool, "SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep'")
+	}
+
+	// A stale slot row of the job's earlier attempt on worker a.
+	rows, err := q.AdmitJobs(ctx, db.AdmitJobsParams{JobIds: []int64{7}, Kinds: []string{"demo.sleep"}, WorkerID: ptrTo("a")})
+	require.NoError(t, err)
+	require.Equal(t, "admit", rows[0].Decision)
+	admitted, n := counted()
+	require.Equal(t, 1, admitted)
+	require.Equal(t, 1, n)
+
+	// Admitted again on worker b (rescued and fetched there).
+	rows, err = q.AdmitJobs(ctx, db.AdmitJobsParams{JobIds: []int64{7}, Kinds: []string{"demo.sleep"}, WorkerID: ptrTo("b")})
+	require.NoError(t, err)
+	require.Equal(t, "admit", rows[0].Decision)
+	admitted, n = counted()
+	require.Equal(t, n, admitted, "the count equals the rows")
+	require.Equal(t, 1, n)
+
+	// a releases late: b's slot stays.
+	_, err = q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{7}, WorkerID: "a"})
+	require.NoError(t, err)
+	admitted, n = counted()
+	require.Equal(t, 1, n, "another worker's slot is not released")
+	require.Equal(t, 1, admitted)
+	_, err = q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{7}, WorkerID: "b"})
+	require.NoError(t, err)
+	admitted, n = counted()
+	require.Zero(t, n)
+	require.Zero(t, admitted)
+
+	// An unclaimed reservation goes only when the caller says so.
+	lim, err := limiter.New(limiter.Config{Pool: pool, WorkerID: "run"})
+	require.NoError(t, err)
+	res, err := lim.ReserveSlot(ctx, "demo.sleep", 8)
+	require.NoError(t, err)
+	require.True(t, res.Reserved)
+	res, err = lim.ReserveSlot(ctx, "demo.sleep", 8)
+	require.NoError(t, err)
+	admitted, n = counted()
+	require.Equal(t, n, admitted, "reserving twice counts one row")
+	_, err = q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{8}, WorkerID: "other"})
+	require.NoError(t, err)
+	_, n = counted()
+	require.Equal(t, 1, n)
+	require.NoError(t, lim.Forget(ctx, "demo.sleep", 8))
+	admitted, n = counted()
+	require.Zero(t, n)
+	require.Zero(t, admitted)
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -66,13 +66,12 @@ func (l *Limiter) ReserveSlot(ctx context.Context, kind string, jobID int64) (Sl
 		if c.limit < 0 || c.hasParked || c.taken >= c.limit {
 			return nil
 		}
-		if err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
+		if err := insertSlots(ctx, q, counts, db.InsertConcurrencyExecutionsParams{
 			JobIds: []int64{jobID}, Kinds: []string{kind}, Reserved: true,
 		}); err != nil {
 			return fmt.Errorf("reserve a slot: %w", err)
 		}
 		c.taken++
-		c.dAdmit++
 		res.Reserved, res.Taken = true, c.taken
 		return saveCounts(ctx, q, counts)
 	})

@@ -52,13 +52,17 @@ SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sql
     has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind))
 WHERE kind = sqlc.arg(kind);
 
--- name: InsertConcurrencyExecutions :exec
+-- name: InsertConcurrencyExecutions :many
 -- Admits jobs: one slot each. A job admitted again (a retry while a stale row
--- of its earlier attempt remains) keeps its one row.
+-- of its earlier attempt remains) keeps its one row. Returns the kinds of
+-- the rows it inserted (not those it updated), so that the caller raises
+-- the counts by exactly the rows added (xmax is 0 on a row this statement
+-- inserted).
 INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
 SELECT unnest(sqlc.arg(job_ids)::bigint[]), unnest(sqlc.arg(kinds)::text[]), sqlc.narg(worker_id), sqlc.arg(reserved)::boolean
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now();
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now()
+RETURNING kind, (xmax::text = '0')::boolean AS inserted;
 
 -- name: MarkJobsParking :many
 -- Marks running jobs for parking in place (metadata key sluice_park): River's
@@ -218,12 +222,14 @@ slots AS (
     WHERE d.decision = 'admit'
     ON CONFLICT (job_id) DO UPDATE
     SET worker_id = EXCLUDED.worker_id, reserved = false, admitted_at = now()
-    RETURNING concurrency_executions.kind
+    RETURNING concurrency_executions.kind, (concurrency_executions.xmax::text = '0') AS inserted
 ),
 counted AS (
+    -- Only rows inserted raise the count: a stale row of the job's earlier
+    -- attempt, taken over, was counted when it was inserted.
     UPDATE concurrency_limits l
     SET admitted = l.admitted + c.n
-    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s GROUP BY s.kind) AS c
+    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s WHERE s.inserted GROUP BY s.kind) AS c
     WHERE l.kind = c.kind
     RETURNING l.kind
 )
@@ -243,7 +249,10 @@ ORDER BY d.ord;
 -- The release fast path: frees the slots of jobs that ended, lowers the
 -- kinds' admitted counts (limit rows
 -- locked in kind order first), and returns the state of the kinds released,
--- so the caller can resume parked jobs into the free slots.
+-- so the caller can resume parked jobs into the free slots. Only the
+-- caller's slots go (worker_id), and with include_unclaimed a reservation
+-- not claimed yet: a job rescued and running on another worker keeps the
+-- slot of its new attempt when the old attempt's worker releases late.
 WITH lk AS (
     SELECT l.kind FROM concurrency_limits l
     WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
@@ -255,6 +264,8 @@ freed AS (
     -- is locked (an InitPlan runs first).
     DELETE FROM concurrency_executions e
     WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[])
+      AND (e.worker_id = sqlc.arg(worker_id)::text
+           OR (sqlc.arg(include_unclaimed)::boolean AND e.worker_id IS NULL))
       AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.kind
 ),

@@ -403,3 +403,61 @@ func TestWorkerBadDeadAfter(t *testing.T) {
 	pool := livePool(t, url)
 	require.Zero(t, qInt(t, pool, `SELECT count(*) FROM sluice_workers`), "no worker started")
 }
+
+// TestSlotCountsHoldThroughKill9: while two workers admit and release jobs
+// of a limited kind (leases, per-job admission, parking and resumes), and
+// one of them is killed with kill -9 in the middle, every snapshot of the
+// database shows each kind's count of slots taken equal to its slot rows
+// and leased slots; once all is done, nothing is left taken.
+func TestSlotCountsHoldThroughKill9(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	pool := livePool(t, url)
+	res := proc.Run(t, url, nil, "limits", "set", "demo.sleep", "3")
+	require.Equal(t, 0, res.Code, res.Stderr)
+	a := proc.StartWorker(t, url, "a", append(livenessArgs, "--park-after", "20ms")...)
+	proc.StartWorker(t, url, "b", append(livenessArgs, "--park-after", "20ms")...)
+	const n = 200
+	insertTagged(t, pool, "counts", n, 20)
+
+	// Sample the invariant (one statement: one snapshot) until the end.
+	stop := make(chan struct{})
+	samples := make(chan int, 1)
+	go func() {
+		taken := 0
+		for {
+			select {
+			case <-stop:
+				samples <- taken
+				return
+			default:
+			}
+			var off int
+			if err := pool.QueryRow(context.Background(), `
+				SELECT count(*) FROM concurrency_limits l
+				WHERE l.admitted <> (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
+				                   + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind)`).Scan(&off); err == nil {
+				taken++
+				if off > 0 {
+					t.Errorf("slot count differs from the slots in a snapshot (sample %d)", taken)
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	require.Eventually(t, func() bool {
+		return qInt(t, pool, `SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'`) >= n/4
+	}, time.Minute, 10*time.Millisecond)
+	a.Kill(t)
+	require.Eventually(t, func() bool {
+		return qInt(t, pool, `SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'`) == n
+	}, 2*time.Minute, 20*time.Millisecond, "every job completed after the kill")
+	close(stop)
+	require.Positive(t, <-samples)
+	requireSlotCountsConsistent(t, pool)
+	require.Eventually(t, func() bool {
+		return qInt(t, pool, `SELECT count(*) FROM concurrency_executions`) == 0 &&
+			qInt(t, pool, `SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'`) ==
+				qInt(t, pool, `SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases WHERE kind = 'demo.sleep'`)
+	}, time.Minute, 20*time.Millisecond, "nothing left taken but the live worker's leases")
+}
