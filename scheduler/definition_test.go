@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,29 @@ func TestBackoff(t *testing.T) {
 	s := time.Second
 	for failures, want := range map[int]time.Duration{1: 5 * s, 2: 10 * s, 3: 20 * s, 4: 40 * s, 5: 60 * s, 50: 60 * s} {
 		require.Equal(t, want, scheduler.Backoff(5*s, 60*s, failures), "failures=%d", failures)
+	}
+}
+
+// TestBackoffAtTheCap: the doubling never overflows, whatever the number of
+// failures and however large the cap (a retry_backoff_cap of centuries).
+func TestBackoffAtTheCap(t *testing.T) {
+	t.Parallel()
+	const huge = time.Duration(math.MaxInt64)
+	for _, tc := range []struct {
+		base, cap time.Duration
+		failures  int
+		want      time.Duration
+	}{
+		{time.Hour, huge, 1, time.Hour},
+		{time.Hour, huge, 40, huge},
+		{time.Hour, huge, math.MaxInt32, huge},
+		{5 * time.Second, 5 * time.Minute, math.MaxInt32, 5 * time.Minute},
+		{time.Nanosecond, huge, 62, time.Duration(1) << 61},
+		{time.Nanosecond, huge, 64, huge},
+		{time.Minute, time.Second, 3, time.Second},
+	} {
+		got := scheduler.Backoff(tc.base, tc.cap, tc.failures)
+		require.Equal(t, tc.want, got, "base %s cap %s failures %d", tc.base, tc.cap, tc.failures)
+		require.Positive(t, got)
 	}
 }

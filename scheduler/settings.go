@@ -101,10 +101,15 @@ func (s *dispatchSettings) runAllLimit() int {
 	return n
 }
 
-// Backoff returns base * 2^(failures-1), capped at maxDelay.
+// Backoff returns base * 2^(failures-1), capped at maxDelay, for any
+// number of failures and any cap (the doubling stops before it could
+// overflow).
 func Backoff(base, maxDelay time.Duration, failures int) time.Duration {
 	d := base
-	for i := 1; i < failures && d < maxDelay; i++ {
+	for i := 1; i < failures; i++ {
+		if d >= maxDelay/2 {
+			return maxDelay
+		}
 		d *= 2
 	}
 	return min(d, maxDelay)
