@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -76,7 +79,7 @@ func OpenConfig(ctx context.Context, config *pgxpool.Config, connString string, 
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect to database %s: %s", Describe(config), oneLine(Redact(err.Error(), connString)))
+		return nil, errors.New(Redact(fmt.Sprintf("connect to database %s: %s", Describe(config), oneLine(err.Error())), connString))
 	}
 	return pool, nil
 }
@@ -89,26 +92,60 @@ func Describe(config *pgxpool.Config) string {
 }
 
 var (
-	urlPasswordRE = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+	// urlPasswordRE matches the password of a URL's user info, up to the
+	// last '@' before the path (an unencoded '@' may be part of it).
+	urlPasswordRE = regexp.MustCompile(`(://[^:/@\s]*:)[^/\s]*@`)
 	kvPasswordRE  = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-	rawPasswordRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:([^@]*)@`)
-	kvRawRE       = regexp.MustCompile(`(?i)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)`)
 )
 
-// Redact removes passwords from s: any URL user-info password, any
-// password=… pair, and the literal password of connString wherever it occurs.
+// Redact removes passwords from s: the password of connString as pgx
+// itself reads it (URL or key=value, decoded, and as written), wherever it
+// occurs, then any URL user-info password and any password=… pair.
 func Redact(s, connString string) string {
-	for _, re := range []*regexp.Regexp{rawPasswordRE, kvRawRE} {
-		if m := re.FindStringSubmatch(connString); m != nil {
-			pw := strings.Trim(m[1], "'")
-			if len(pw) >= 3 {
-				s = strings.ReplaceAll(s, pw, "xxxxx")
-			}
-		}
+	for _, pw := range passwordsOf(connString) {
+		s = strings.ReplaceAll(s, pw, "xxxxx")
 	}
 	s = urlPasswordRE.ReplaceAllString(s, "${1}xxxxx@")
 	s = kvPasswordRE.ReplaceAllString(s, "${1}xxxxx")
 	return s
+}
+
+// passwordsOf returns the password of connString in every form it may
+// appear in a message: as pgx parses it (decoded) and as written in the
+// string (percent-encoded, quoted), longest first.
+func passwordsOf(connString string) []string {
+	var out []string
+	add := func(pw string) {
+		// A password of one or two characters would blank every occurrence
+		// of them; the patterns above still catch it in place.
+		if len(pw) >= 3 && !slices.Contains(out, pw) {
+			out = append(out, pw)
+		}
+	}
+	if cfg, err := pgconn.ParseConfig(connString); err == nil {
+		add(cfg.Password)
+	}
+	if m := urlPasswordRE.FindStringSubmatchIndex(connString); m != nil {
+		raw := connString[m[3] : m[1]-1] // between "user:" and the last '@'
+		add(raw)
+		if dec, err := url.PathUnescape(raw); err == nil {
+			add(dec)
+		}
+		// A parser that ends the user info at the first '@' (pgx does) takes
+		// the rest of the password for the host, and names it in errors.
+		for i := strings.Index(raw, "@"); i >= 0; i = strings.Index(raw, "@") {
+			raw = raw[i+1:]
+			add(raw)
+		}
+	}
+	for _, m := range kvPasswordRE.FindAllStringSubmatch(connString, -1) {
+		add(m[2])
+		if unq := strings.Trim(m[2], "'"); unq != m[2] {
+			add(strings.ReplaceAll(unq, `\'`, "'"))
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
 }
 
 // IsURLError reports whether err is (or wraps) a connection string error.

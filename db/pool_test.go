@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,6 +27,61 @@ func TestRedact(t *testing.T) {
 			got := Redact(tc.msg, tc.conn)
 			require.NotContains(t, got, "s3cret")
 			require.NotContains(t, got, "s3 cret")
+		})
+	}
+}
+
+// TestRedactAwkwardPasswords: passwords with '@', ':', '/', quotes, spaces
+// and percent-encoding, in both forms of connection string, never appear in
+// a message, in any form pgx or the string holds them, nor a fragment of
+// them after an unencoded '@'.
+func TestRedactAwkwardPasswords(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name, conn string
+		secrets    []string
+	}{
+		{"url unencoded @", "postgres://bob:p@ss@w0rd@h:5432/db", []string{"p@ss@w0rd", "ss@w0rd", "w0rd"}},
+		{"url unencoded : and @", "postgres://bob:se:cr@et@h/db?sslmode=disable", []string{"se:cr@et", "cr@et"}},
+		{"url percent-encoded", "postgres://bob:p%40ss%2Fw%3Ard@h/db", []string{"p@ss/w:rd", "p%40ss%2Fw%3Ard"}},
+		{"key value plain", "host=h user=bob password=hunter@2@x dbname=d", []string{"hunter@2@x"}},
+		{"key value quoted", `host=h password='pa ss@w\'d' dbname=d`, []string{"pa ss@w'd", `pa ss@w\'d`, "ss@w"}},
+		{"key value equals", "host=h password=a=b=c@d dbname=d", []string{"a=b=c@d"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := pgconn.ParseConfig(tc.conn)
+			require.NoError(t, err)
+			secrets := tc.secrets
+			if len(cfg.Password) >= 3 { // as pgx reads it (it may cut an unencoded '@' differently)
+				secrets = append(secrets, cfg.Password)
+			}
+			msgs := []string{
+				"cannot connect to " + tc.conn,
+				"failed: password " + cfg.Password + " rejected",
+				"dial " + tc.conn + ": refused",
+			}
+			for _, msg := range msgs {
+				got := Redact(msg, tc.conn)
+				for _, secret := range secrets {
+					require.NotContains(t, got, secret, "in %q", got)
+				}
+			}
+			// And an error of a failed connection (port 1 refuses) says
+			// nothing of it either.
+			failing := tc.conn + " port=1 connect_timeout=1"
+			if strings.HasPrefix(tc.conn, "postgres://") {
+				failing = strings.Replace(tc.conn, ":5432", "", 1)
+				failing = strings.Replace(failing, "@h/", "@h:1/", 1)
+				failing = strings.Replace(failing, "@h:5432/", "@h:1/", 1)
+			}
+			_, err = Open(context.Background(), failing, time.Second)
+			if err != nil {
+				for _, secret := range secrets {
+					require.NotContains(t, err.Error(), secret)
+				}
+			}
 		})
 	}
 }

@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 
@@ -75,7 +76,7 @@ func UseSchemas(ctx context.Context, config *pgxpool.Config, connString string, 
 	if s.River == "" {
 		river, err := currentSchema(ctx, config)
 		if err != nil {
-			return Schemas{}, fmt.Errorf("connect to database %s: %s", Describe(config), oneLine(Redact(err.Error(), connString)))
+			return Schemas{}, errors.New(Redact(fmt.Sprintf("connect to database %s: %s", Describe(config), oneLine(err.Error())), connString))
 		}
 		s.River = river
 	}
