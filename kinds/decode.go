@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 )
 
-// decodeStrict decodes a JSON object into dst, rejecting anything else.
+// decodeStrict decodes a JSON object into dst, rejecting anything else:
+// unknown fields, field names that match only case-insensitively, null for
+// a field that cannot hold it, trailing data.
 func decodeStrict(raw []byte, dst any) error {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -22,6 +25,9 @@ func decodeStrict(raw []byte, dst any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return describeJSONError(err)
+	}
+	if err := checkExact(raw, reflect.TypeOf(dst), ""); err != nil {
+		return err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return errors.New("malformed JSON: unexpected data after the args object")

@@ -42,6 +42,9 @@ func TestRegistryDecode(t *testing.T) {
 		{"negative", "demo.sleep", `{"ms": -1}`, `field "ms": must be between 0`},
 		{"too large", "demo.sleep", `{"ms": 86400001}`, `field "ms": must be between 0`},
 		{"overflow", "demo.sleep", `{"ms": 99999999999999999999}`, `field "ms"`},
+		{"case-insensitive name", "demo.sleep", `{"MS": 5}`, `unknown field "MS" (field names are case-sensitive: "ms")`},
+		{"null for a number", "demo.sleep", `{"ms": null}`, `field "ms": null is not a int64`},
+		{"null for a bool", "demo.sleep", `{"ms": 1, "fail": null}`, `field "fail": null is not a bool`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -253,4 +256,43 @@ func TestRegistryValidateIn(t *testing.T) {
 	require.NoError(t, limiter.ResumeArgs{JobKind: "demo.sleep"}.ValidateIn(with))
 	require.NoError(t, limiter.ResumeArgs{}.ValidateIn(without), "no kind: every kind")
 	require.ErrorContains(t, limiter.ResumeArgs{JobKind: "demo.sleep"}.ValidateIn(without), `field "kind": unknown job kind "demo.sleep"`)
+}
+
+// nestedArgs have a nested object and fields that may be null.
+type nestedArgs struct {
+	Target struct {
+		Host string `json:"host"`
+		Port int    `json:"port"`
+	} `json:"target"`
+	Note  *string           `json:"note"`
+	Extra map[string]string `json:"extra"`
+	Tags  []string          `json:"tags"`
+	Skip  string            `json:"-"`
+	Plain int
+}
+
+func (nestedArgs) Kind() string { return "test.nested" }
+
+// TestDecodeExactNested: exact names and no null apply inside nested
+// objects too; null is fine where the field can hold it; a field without a
+// tag is named as Go names it, exactly.
+func TestDecodeExactNested(t *testing.T) {
+	t.Parallel()
+	registry, err := kinds.New(kinds.Of[nestedArgs]())
+	require.NoError(t, err)
+
+	_, err = registry.Decode("test.nested", []byte(`{"target": {"host": "h", "port": 1}, "note": null, "extra": null, "tags": null, "Plain": 3}`))
+	require.NoError(t, err)
+	for raw, want := range map[string]string{
+		`{"target": {"Host": "h"}}`:  `unknown field "target.Host" (field names are case-sensitive: "target.host")`,
+		`{"target": {"port": null}}`: `field "target.port": null is not a int`,
+		`{"target": null}`:           `field "target": null is not a struct`,
+		`{"plain": 3}`:               `unknown field "plain" (field names are case-sensitive: "Plain")`,
+		`{"Skip": "x"}`:              `unknown field "Skip"`,
+	} {
+		_, err := registry.Decode("test.nested", []byte(raw))
+		require.ErrorContains(t, err, want, raw)
+		var argsErr *kinds.ArgsError
+		require.ErrorAs(t, err, &argsErr)
+	}
 }
