@@ -278,6 +278,12 @@ func TestWorkerStopBeforeStart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.Stop(ctx))
 	require.NoError(t, w.Stop(ctx), "a second Stop is harmless")
+	select {
+	case <-w.Stopped():
+	default:
+		t.Fatal("Stopped not closed by a Stop before Start")
+	}
+	require.NoError(t, w.Err())
 	require.Zero(t, w.Pool().Stat().TotalConns(), "the pool is closed")
 	require.ErrorContains(t, w.Start(ctx), "stopped before it was started")
 }

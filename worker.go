@@ -97,6 +97,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	if !started && !w.closed {
 		w.closed = true
 		w.w.Close()
+		close(w.done)
 	}
 	w.mu.Unlock()
 	if !started {

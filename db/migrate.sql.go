@@ -11,23 +11,25 @@ import (
 
 const legacyLayout = `-- name: LegacyLayout :one
 SELECT
-    to_regclass(format('%I.goose_db_version', $1::text)) IS NULL
-    AND to_regclass(format('%I.sluice_workers', $2::text)) IS NOT NULL
-    AND to_regclass(format('%I.goose_db_version', $2::text)) IS NOT NULL
+    to_regclass(format('%I.sluice_queue_overview', $1::text)) IS NOT NULL
+    AND to_regclass(format('%I.goose_db_version', $1::text)) IS NOT NULL
+    AND to_regclass(format('%I.settings', $2::text)) IS NULL
     AS legacy
 `
 
 type LegacyLayoutParams struct {
-	Schema       string `json:"schema"`
 	LegacySchema string `json:"legacy_schema"`
+	Schema       string `json:"schema"`
 }
 
 // Whether the database holds sluice's layout from before it had a schema of
-// its own: sluice's tables and goose_db_version in legacy_schema (where the
-// connection's search_path put them, River's schema), and no version table
-// in schema yet. `migrate up` then moves them (migrations/bootstrap/legacy.sql).
+// its own, not moved yet: sluice's objects and goose_db_version in
+// legacy_schema (where the connection's search_path put them, River's
+// schema) — sluice_queue_overview, a name only sluice uses, exists from its
+// first migration on — and no settings table in schema yet. `migrate up`
+// then moves them (migrations/bootstrap/legacy.sql).
 func (q *Queries) LegacyLayout(ctx context.Context, arg LegacyLayoutParams) (*bool, error) {
-	row := q.db.QueryRow(ctx, legacyLayout, arg.Schema, arg.LegacySchema)
+	row := q.db.QueryRow(ctx, legacyLayout, arg.LegacySchema, arg.Schema)
 	var legacy *bool
 	err := row.Scan(&legacy)
 	return legacy, err
@@ -40,6 +42,19 @@ SELECT (to_regnamespace($1::text) IS NOT NULL)::boolean AS exists
 // Whether the schema exists (sluice's, before `migrate up` created it).
 func (q *Queries) SchemaExists(ctx context.Context, schema string) (bool, error) {
 	row := q.db.QueryRow(ctx, schemaExists, schema)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
+const tableExists = `-- name: TableExists :one
+SELECT (to_regclass($1::text) IS NOT NULL)::boolean AS exists
+`
+
+// Whether the (schema-qualified) table exists: a goose version table is
+// read only where it exists, so that status and checks write nothing.
+func (q *Queries) TableExists(ctx context.Context, name string) (bool, error) {
+	row := q.db.QueryRow(ctx, tableExists, name)
 	var exists bool
 	err := row.Scan(&exists)
 	return exists, err

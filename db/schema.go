@@ -58,10 +58,10 @@ func ValidateRiverSchema(name string) error {
 // UseSchemas sets up config so that every connection of its pool finds
 // sluice's objects first and River's tables second: search_path is
 // "<sluice>", "<river>". A River schema left empty is resolved here, once,
-// as River would: the current_schema() of a connection with the
-// configuration's own search_path (this connects to the server). It returns
-// the schemas with River's resolved. connString is only used to scrub the
-// password from errors.
+// as River would find its tables with the configuration's own search_path
+// (this connects to the server; LocateRiverSchema), never as sluice's own
+// schema. The two schemas must differ. It returns the schemas with River's
+// resolved. connString is only used to scrub the password from errors.
 func UseSchemas(ctx context.Context, config *pgxpool.Config, connString string, s Schemas) (Schemas, error) {
 	if s.Sluice == "" {
 		s.Sluice = DefaultSchema
@@ -74,7 +74,7 @@ func UseSchemas(ctx context.Context, config *pgxpool.Config, connString string, 
 		params[settingAppSearchPath] = params["search_path"]
 	}
 	if s.River == "" {
-		river, err := currentSchema(ctx, config)
+		river, err := locateRiver(ctx, config, s.Sluice)
 		if err != nil {
 			return Schemas{}, errors.New(Redact(fmt.Sprintf("connect to database %s: %s", Describe(config), oneLine(err.Error())), connString))
 		}
@@ -83,15 +83,18 @@ func UseSchemas(ctx context.Context, config *pgxpool.Config, connString string, 
 	if err := ValidateRiverSchema(s.River); err != nil {
 		return Schemas{}, err
 	}
+	if s.River == s.Sluice {
+		return Schemas{}, fmt.Errorf("sluice's schema and River's are both %q: sluice's objects need a schema of their own (--schema)", s.Sluice)
+	}
 	params["search_path"] = pgx.Identifier{s.Sluice}.Sanitize() + ", " + pgx.Identifier{s.River}.Sanitize()
 	params[settingSchema] = s.Sluice
 	params[settingRiverSchema] = s.River
 	return s, nil
 }
 
-// currentSchema is the current_schema() of a connection with config's own
-// search_path ("public" when that names no existing schema).
-func currentSchema(ctx context.Context, config *pgxpool.Config) (string, error) {
+// locateRiver finds River's schema for a connection with config's own
+// search_path (LocateRiverSchema), skipping sluice's.
+func locateRiver(ctx context.Context, config *pgxpool.Config, sluice string) (string, error) {
 	cc := config.ConnConfig.Copy()
 	cc.RuntimeParams = map[string]string{}
 	for k, v := range config.ConnConfig.RuntimeParams {
@@ -109,14 +112,11 @@ func currentSchema(ctx context.Context, config *pgxpool.Config) (string, error) 
 		return "", err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var schema *string
-	if err := conn.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
-		return "", fmt.Errorf("read the current schema: %w", err)
+	schema, err := New(conn).LocateRiverSchema(ctx, sluice)
+	if err != nil {
+		return "", fmt.Errorf("locate River's schema: %w", err)
 	}
-	if schema == nil || *schema == "" {
-		return "public", nil
-	}
-	return *schema, nil
+	return schema, nil
 }
 
 // SchemasOf returns the schemas UseSchemas set up on pool's configuration

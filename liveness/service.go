@@ -192,7 +192,8 @@ func (s *Service) takeOver(ctx context.Context, row *db.GetWorkerLivenessRow) er
 }
 
 // Start starts the heartbeat and the reaper in the background, until
-// StopReaper and Stop.
+// StopReaper and Stop; the cancellation of ctx does not stop them (a
+// stopping worker keeps heartbeating while its jobs finish).
 func (s *Service) Start(ctx context.Context) {
 	background := context.WithoutCancel(ctx)
 	hbCtx, cancelHB := context.WithCancel(background)

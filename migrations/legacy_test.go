@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -57,7 +58,7 @@ func installLegacy(t *testing.T, url string, version int64) *pgxpool.Pool {
 	require.NoError(t, err)
 	require.Len(t, results, int(version))
 	require.True(t, exists(t, plain, "public.goose_db_version"))
-	require.True(t, exists(t, plain, "public.sluice_workers"))
+	require.True(t, exists(t, plain, "public.sluice_queue_overview"))
 	return plain
 }
 
@@ -132,15 +133,18 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	require.Equal(t, 1, jobtest.Count(t, pool, "SELECT count(*) FROM sluice.sluice_parked_jobs WHERE job_id = $1", parked))
 	require.Equal(t, 1, jobtest.Count(t, pool, "SELECT count(*) FROM sluice.sluice_concurrency_overview WHERE kind = 'legacy.kind' AND parked = 1"))
 
-	// public holds River's objects only, as in a fresh install.
+	// public holds River's objects only, as in a fresh install, and the
+	// old version table, kept with its rows: an old binary that runs
+	// `migrate up` during a rolling deploy finds nothing to apply.
 	fresh, err := db.Open(ctx, testdb.New(t), 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(fresh.Close)
-	require.False(t, exists(t, pool, "public.goose_db_version"))
+	require.True(t, exists(t, pool, "public.goose_db_version"))
+	require.Equal(t, 9, jobtest.Count(t, pool, "SELECT count(*) FROM public.goose_db_version WHERE version_id BETWEEN 0 AND 8"))
 	for _, table := range legacyTables {
 		require.False(t, exists(t, pool, "public."+table), table)
 	}
-	require.Equal(t, relations(t, fresh, "public"), relations(t, pool, "public"))
+	require.Equal(t, withOldVersionTable(relations(t, fresh, "public")), relations(t, pool, "public"))
 	require.Equal(t, functions(t, fresh, "public"), functions(t, pool, "public"))
 	require.Equal(t, types(t, fresh, "public"), types(t, pool, "public"))
 	require.NotContains(t, relations(t, pool, "public"), "v sluice_queue_overview")
@@ -201,7 +205,7 @@ func TestUpgradeLegacyLayoutOlderVersions(t *testing.T) {
 	t.Parallel()
 
 	fresh := testdb.NewPool(t)
-	for _, version := range []int64{2, 3, 5, 6, 7} {
+	for _, version := range []int64{1, 2, 3, 5, 6, 7} {
 		t.Run(fmt.Sprint(version), func(t *testing.T) {
 			t.Parallel()
 
@@ -215,8 +219,50 @@ func TestUpgradeLegacyLayoutOlderVersions(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, migrations.Check(ctx, pool, stock))
 			require.Equal(t, catalog(t, fresh, "sluice"), catalog(t, pool, "sluice"))
-			require.Equal(t, relations(t, fresh, "public"), relations(t, pool, "public"))
+			require.Equal(t, withOldVersionTable(relations(t, fresh, "public")), relations(t, pool, "public"))
 			require.Equal(t, functions(t, fresh, "public"), functions(t, pool, "public"))
 		})
 	}
+}
+
+// withOldVersionTable adds to a fresh install's relations of public those of
+// the old goose_db_version, which an upgrade keeps.
+func withOldVersionTable(rels []string) []string {
+	out := append(slices.Clone(rels), "S goose_db_version_id_seq", "i goose_db_version_pkey", "r goose_db_version")
+	slices.Sort(out)
+	return out
+}
+
+// TestStatusWritesNothing: migrate status and the workers' check only read.
+// On an install of the old layout whose sluice schema a DBA created ahead
+// (for grants), they create no version table, so the upgrade still finds
+// the old layout and moves it.
+func TestStatusWritesNothing(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.NewEmpty(t)
+	plain := installLegacy(t, url, 8)
+	_, err := plain.Exec(ctx, "CREATE SCHEMA sluice")
+	require.NoError(t, err)
+	_, err = plain.Exec(ctx, "INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ('kept', 3)")
+	require.NoError(t, err)
+	pool, err := db.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	statuses, err := migrations.Status(ctx, pool, stock)
+	require.NoError(t, err)
+	require.NotEmpty(t, statuses)
+	require.ErrorIs(t, migrations.Check(ctx, pool, stock), migrations.ErrNotMigrated)
+	one := int64(1)
+	_, err = migrations.Down(ctx, pool, stock, migrations.DownOpts{Component: "cibuilds", To: &one})
+	require.NoError(t, err)
+	require.Zero(t, jobtest.Count(t, pool, "SELECT count(*) FROM pg_class WHERE relnamespace = 'sluice'::regnamespace"),
+		"nothing was created in sluice's schema")
+
+	_, err = migrations.Up(ctx, pool, stock)
+	require.NoError(t, err)
+	require.Equal(t, 3, jobtest.Count(t, pool, "SELECT max_concurrency FROM sluice.concurrency_limits WHERE kind = 'kept'"))
+	require.False(t, exists(t, pool, "public.concurrency_limits"))
 }

@@ -187,6 +187,11 @@ func Down(ctx context.Context, pool *pgxpool.Pool, opts Options, d DownOpts) ([]
 			return nil // nothing of sluice's to roll back
 		}
 		down := func(s set, to *int64) error {
+			if exists, err := db.New(pool).TableExists(ctx, s.table); err != nil {
+				return fmt.Errorf("look up %s: %w", s.table, err)
+			} else if !exists {
+				return nil // never migrated: nothing to roll back
+			}
 			provider, closeFn, err := newProvider(pool, s, opts.Logger)
 			if err != nil {
 				return err
@@ -254,11 +259,14 @@ func Status(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]VersionSta
 	for _, m := range migrator.AllVersions() {
 		out = append(out, VersionStatus{Component: ComponentRiver, Name: m.Name, Version: int64(m.Version), Applied: applied[m.Version]})
 	}
-	exists, err := db.New(pool).SchemaExists(ctx, schemas.Sluice)
-	if err != nil {
-		return nil, fmt.Errorf("look up sluice's schema: %w", err)
-	}
 	for _, s := range sets(schemas, opts) {
+		// Only where the version table exists: goose would create it, and
+		// a status or a check must write nothing (a read-only role, or an
+		// install of the old layout not moved yet).
+		exists, err := db.New(pool).TableExists(ctx, s.table)
+		if err != nil {
+			return nil, fmt.Errorf("look up %s: %w", s.table, err)
+		}
 		var statuses []*goose.MigrationStatus
 		if exists {
 			provider, closeFn, err := newProvider(pool, s, opts.Logger)

@@ -84,3 +84,28 @@ func TestInvalidSchemaNames(t *testing.T) {
 	require.Empty(t, queryStrings(t, plainPool(t, url), `
 		SELECT nspname::text FROM pg_namespace WHERE nspname NOT LIKE 'pg\_%' AND nspname NOT IN ('public', 'information_schema')`))
 }
+
+// TestRiverSchemaNeverSluices: with no River schema given, River's is
+// where its tables are for the connection's own search_path, never
+// sluice's schema, even when that search_path names sluice's schema first
+// (as SET search_path TO sluice, public does for old queries) or a role is
+// named like it; and sluice's schema may not be River's.
+func TestRiverSchemaNeverSluices(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool, err := db.Open(ctx, testdb.WithParam(url, "search_path", "sluice,public"), 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.Equal(t, db.Schemas{Sluice: "sluice", River: "public"}, db.SchemasOf(pool))
+	steps, err := migrations.Up(ctx, pool, stock)
+	require.NoError(t, err)
+	require.Empty(t, steps, "River is found where it is: nothing installed again")
+	require.Zero(t, jobtest.Count(t, pool, `SELECT count(*) FROM pg_tables WHERE schemaname = 'sluice' AND tablename LIKE 'river%'`))
+
+	_, err = db.OpenSchemas(ctx, url, db.Schemas{Sluice: "public"}, 10*time.Second)
+	require.ErrorContains(t, err, `sluice's schema and River's are both "public"`)
+	_, err = db.OpenSchemas(ctx, url, db.Schemas{Sluice: "jobs", River: "jobs"}, 10*time.Second)
+	require.ErrorContains(t, err, "need a schema of their own")
+}

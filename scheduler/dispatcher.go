@@ -218,8 +218,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 }
 
-// Start runs the dispatcher in the background (Run) until Stop, which it
-// returns at once for. Starting a started dispatcher is an error.
+// Start runs the dispatcher in the background (Run) and returns at once.
+// Unlike River's services, only Stop stops it, not the cancellation of
+// ctx: a sluice worker stops its dispatcher at a moment of its choosing in
+// its graceful stop. Starting a started dispatcher is an error.
 func (d *Dispatcher) Start(ctx context.Context) error {
 	d.runMu.Lock()
 	defer d.runMu.Unlock()

@@ -14,9 +14,11 @@
 -- The versions move to the version tables of the new layout: 3 (ci_builds)
 -- becomes version 1 of the cibuilds module, 4 (project exports) version 1
 -- of exports, 6 (task cancellation) version 1 of taskcancel; 1, 2, 5, 7 and
--- 8 stay sluice's. Rows of other versions in the old table (an
--- application's own goose migrations that shared it) stay where they are;
--- the old table is dropped when nothing else is left in it.
+-- 8 stay sluice's. The old goose_db_version stays as it is, every row
+-- kept: an old sluice binary started during a rolling deploy finds nothing
+-- to apply there (rather than creating the old layout again) and fails on
+-- the moved tables; an application's own goose migrations that shared it
+-- keep their rows. Drop it once no old binary runs and nothing else uses it.
 
 CREATE SCHEMA IF NOT EXISTS /* TEMPLATE: schema */;
 
@@ -96,12 +98,3 @@ CREATE TABLE /* TEMPLATE: schema */.goose_db_version_taskcancel (LIKE /* TEMPLAT
 INSERT INTO /* TEMPLATE: schema */.goose_db_version_taskcancel (version_id, is_applied, tstamp)
 SELECT CASE version_id WHEN 6 THEN 1 ELSE 0 END, is_applied, tstamp FROM /* TEMPLATE: legacy */.goose_db_version
 WHERE version_id IN (0, 6) ORDER BY id;
-
-DELETE FROM /* TEMPLATE: legacy */.goose_db_version WHERE version_id BETWEEN 1 AND 8;
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM /* TEMPLATE: legacy */.goose_db_version WHERE version_id <> 0) THEN
-        DROP TABLE /* TEMPLATE: legacy */.goose_db_version;
-    END IF;
-END
-$$;
