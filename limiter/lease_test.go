@@ -171,9 +171,13 @@ func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
 	const fullKind = "test.probe." + kind
 	url, pool, tracker := probeKind(t, kind, 3)
 	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
-	insertProbes(t, a, kind, 0, 6, 0)
-	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)
-	require.Positive(t, count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases"), "leases linger a moment")
+	insertProbes(t, a, kind, 0, 5, 0)
+	insertProbes(t, a, kind, 5, 1, 1500) // holds a leased slot while the limit is cleared
+	require.Eventually(t, func() bool {
+		_, worked := tracker.snapshot()
+		return len(worked) == 6 && tracker.running.Load() == 1 // the five short ones ended, the long one runs
+	}, time.Minute, 5*time.Millisecond)
+	require.Positive(t, count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases"), "a leased slot is in use")
 
 	cleared, err := limiter.ClearLimit(ctx, pool, fullKind)
 	require.NoError(t, err)
@@ -181,6 +185,8 @@ func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"))
 	jobtest.SetLimit(t, pool, fullKind, 3)
 	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind), "no ghost slots")
+	waitAllDone(t, pool, tracker, fullKind, 6, time.Minute)
+	tracker.max.Store(0)
 	insertProbes(t, a, kind, 100, 6, 0)
 	waitAllDone(t, pool, tracker, fullKind, 12, time.Minute)
 	require.LessOrEqual(t, tracker.max.Load(), int32(3))
