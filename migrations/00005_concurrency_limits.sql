@@ -91,6 +91,12 @@ INSERT INTO schedules (name, cron, kind) VALUES
     ('concurrency_limit.resume', '* * * * *', 'concurrency_limit.resume');
 
 -- +goose Down
+-- Jobs still parked go back to River as new available jobs, in the order
+-- they parked (their limits go with this table): waiting work is never lost.
+INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, state, scheduled_at, tags)
+SELECT args, kind, max_attempts, metadata - 'sluice_parked', priority, queue, 'available', now(), tags
+FROM concurrency_parked_jobs
+ORDER BY id;
 DELETE FROM schedules WHERE name = 'concurrency_limit.resume';
 DROP VIEW sluice_concurrency_overview;
 DROP TABLE concurrency_limits;
