@@ -35,6 +35,18 @@ func (q *Queries) LegacyLayout(ctx context.Context, arg LegacyLayoutParams) (*bo
 	return legacy, err
 }
 
+const riverSchemaVersion = `-- name: RiverSchemaVersion :one
+SELECT COALESCE(max(version), 0)::bigint AS version FROM river_migration WHERE line = 'main'
+`
+
+// The newest version of River's main migration line applied (0: none).
+func (q *Queries) RiverSchemaVersion(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, riverSchemaVersion)
+	var version int64
+	err := row.Scan(&version)
+	return version, err
+}
+
 const schemaExists = `-- name: SchemaExists :one
 SELECT (to_regnamespace($1::text) IS NOT NULL)::boolean AS exists
 `

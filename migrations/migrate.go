@@ -297,14 +297,23 @@ func Status(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]VersionSta
 var ErrNotMigrated = errors.New("database schema is not up to date: run `sluice migrate up`")
 
 // Check returns ErrNotMigrated (wrapped, naming what is missing) unless every
-// migration of River, sluice, the modules and the application is applied.
+// migration of River, sluice, the modules and the application is applied,
+// and ErrRiverUnsupported (wrapped, naming the versions sluice supports)
+// when River's schema is newer than this sluice's River knows.
 func Check(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
+	if err := checkRiverVersion(ctx, pool, opts); err != nil {
+		return err
+	}
 	statuses, err := Status(ctx, pool, opts)
 	if err != nil {
 		return err
 	}
 	for _, s := range statuses {
 		if !s.Applied {
+			if s.Component == ComponentRiver && s.Version <= MinRiverVersion {
+				return fmt.Errorf("%w (River's schema is older than version %d, the oldest sluice supports: river migration %s is pending)",
+					ErrNotMigrated, MinRiverVersion, s.Name)
+			}
 			return fmt.Errorf("%w (%s migration %s is pending)", ErrNotMigrated, s.Component, s.Name)
 		}
 	}

@@ -19,3 +19,7 @@ SELECT (to_regclass(sqlc.arg(name)::text) IS NOT NULL)::boolean AS exists;
 -- name: SchemaExists :one
 -- Whether the schema exists (sluice's, before `migrate up` created it).
 SELECT (to_regnamespace(sqlc.arg(schema)::text) IS NOT NULL)::boolean AS exists;
+
+-- name: RiverSchemaVersion :one
+-- The newest version of River's main migration line applied (0: none).
+SELECT COALESCE(max(version), 0)::bigint AS version FROM river_migration WHERE line = 'main';
