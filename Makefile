@@ -21,7 +21,7 @@ help: ## list the targets
 build: ## build bin/sluice
 	$(GO) build -o $(BIN) ./cmd/sluice
 
-run: build ## migrate the database and start a worker (DATABASE_URL, else 127.0.0.1:5432/sluice, else .dev/)
+run: build ## migrate the database and start a worker (DATABASE_URL, its database created if missing; else 127.0.0.1:5432/sluice, else .dev/)
 	@$(PG) with-database sluice bash -c './$(BIN) migrate up && exec ./$(BIN) worker'
 
 test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/)

@@ -111,15 +111,44 @@ server_url() {
   url=$private_url
 }
 
-# database_url DB sets $url to a connection string for DB, creating DB.
+# ensure_db ADMIN_URL DB: create database DB through ADMIN_URL unless it
+# exists (names passed as psql variables, quoted by psql).
+ensure_db() {
+  local admin=$1 db=$2 exists
+  exists=$(printf '%s\n' "SELECT 1 FROM pg_database WHERE datname = :'db'" | psql "$admin" -v db="$db" -tAq) || return 1
+  if [ "$exists" != 1 ]; then
+    echo "pg.sh: creating database $db" >&2
+    printf '%s\n' 'CREATE DATABASE :"db"' | psql "$admin" -v db="$db" -q >/dev/null || return 1
+  fi
+}
+
+# db_of URL: the database a connection string names ("" if none).
+db_of() {
+  case "$1" in
+    postgres://*|postgresql://*)
+      local rest=${1%%\?*}; rest=${rest#*://}
+      case "$rest" in */*) echo "${rest#*/}" ;; *) echo "" ;; esac ;;
+    *) printf '%s\n' "$1" | sed -n "s/.*dbname=\([^ ]*\).*/\1/p" ;;
+  esac
+}
+
+# database_url DB sets $url to a connection string for DB, creating DB. With
+# $DATABASE_URL set, it is that URL, and the database it names is created
+# when the server answers but the database does not exist yet.
 database_url() {
   local db=$1
-  if [ -n "${DATABASE_URL:-}" ]; then url=$DATABASE_URL; return; fi
+  if [ -n "${DATABASE_URL:-}" ]; then
+    url=$DATABASE_URL
+    local named; named=$(db_of "$url")
+    if [ -n "$named" ] && [ "$named" != postgres ] && command -v psql >/dev/null 2>&1; then
+      ensure_db "$(with_db "$url" postgres)" "$named" 2>/dev/null \
+        || echo "pg.sh: could not check or create database $named (the command will say why if it is missing)" >&2
+    fi
+    return
+  fi
   TEST_DATABASE_URL="" server_url
   command -v psql >/dev/null 2>&1 || die "psql not found: install the PostgreSQL client so that make can create database $db"
-  local exists
-  exists=$(psql "$url" -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'") || die "cannot query the server at 127.0.0.1"
-  [ "$exists" = 1 ] || psql "$url" -qc "CREATE DATABASE \"$db\"" >/dev/null
+  ensure_db "$url" "$db" || die "cannot query or create database $db on the server at 127.0.0.1"
   url=$(with_db "$url" "$db")
 }
 
