@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -47,7 +48,7 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 		Schema:                 db.SchemasOf(pool).River,
 		JobTimeout:             opts.jobTimeout,
 		LeaderElectionDisabled: opts.leaderElectionOff,
-		Logger:                 logger,
+		Logger:                 riverLogger(logger),
 		Queues:                 opts.queues,
 		SoftStopTimeout:        opts.softStopTimeout,
 		WorkerMiddleware:       j.Middleware(),
@@ -58,4 +59,36 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 	}
 	j.SetClient(client)
 	return client, nil
+}
+
+// riverLogger is the logger River's client logs to: sluice's, but from WARN
+// up, unless sluice's logs debug lines (--log-level debug). River logs a
+// line at INFO for each of its producers and services starting and
+// stopping, which would drown a worker's own lines.
+func riverLogger(logger *slog.Logger) *slog.Logger {
+	if logger.Enabled(context.Background(), slog.LevelDebug) {
+		return logger
+	}
+	return slog.New(&minLevelHandler{Handler: logger.Handler(), min: slog.LevelWarn})
+}
+
+// minLevelHandler drops the records below min.
+type minLevelHandler struct {
+	slog.Handler
+	min slog.Level
+}
+
+// Enabled reports whether the level is at least min and enabled below.
+func (h *minLevelHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return level >= h.min && h.Handler.Enabled(ctx, level)
+}
+
+// WithAttrs keeps the minimum on the derived handler.
+func (h *minLevelHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &minLevelHandler{Handler: h.Handler.WithAttrs(attrs), min: h.min}
+}
+
+// WithGroup keeps the minimum on the derived handler.
+func (h *minLevelHandler) WithGroup(name string) slog.Handler {
+	return &minLevelHandler{Handler: h.Handler.WithGroup(name), min: h.min}
 }

@@ -1,11 +1,14 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,4 +227,43 @@ func urlDatabase(t *testing.T, url string) string {
 	cfg, err := testdb.PoolConfig(url)
 	require.NoError(t, err)
 	return cfg.ConnConfig.Database
+}
+
+// syncBuffer is a buffer a logger and a test share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRiverLogsQuietUnlessDebug: River's own INFO lines (its client and
+// producers starting and stopping) stay out of a worker's log at the INFO
+// level, and come back at DEBUG; the worker's own lines are there either
+// way.
+func TestRiverLogsQuietUnlessDebug(t *testing.T) {
+	t.Parallel()
+	for level, wantRiver := range map[slog.Level]bool{slog.LevelInfo: false, slog.LevelDebug: true} {
+		t.Run(level.String(), func(t *testing.T) {
+			t.Parallel()
+			logs := &syncBuffer{}
+			logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))
+			_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: testdb.New(t), Logger: logger})
+			err, _ := stop()
+			require.NoError(t, err)
+			out := logs.String()
+			require.Contains(t, out, `msg="worker started"`)
+			require.Equal(t, wantRiver, strings.Contains(out, `msg="River client started"`), out)
+		})
+	}
 }
