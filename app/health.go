@@ -219,12 +219,27 @@ func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 		r.DispatcherLastTickAgeSeconds = &secs
 		age = fmt.Sprintf("%.1fs ago", secs)
 	}
+	var stale []string
+	if workers.DispatchersStale > 0 {
+		rows, err := q.StaleDispatchers(ctx, healthNamesShown)
+		if err == nil {
+			for _, d := range rows {
+				since := fmt.Sprintf("never ticked, worker up %.0fs", d.StartedAgeSeconds)
+				if d.TickAgeSeconds >= 0 {
+					since = fmt.Sprintf("last tick %.0fs ago", d.TickAgeSeconds)
+				}
+				stale = append(stale, fmt.Sprintf("%s on %s (%s)", d.ID, d.Host, since))
+			}
+		}
+	}
 	switch {
+	case workers.DispatchersFresh == 0 && len(stale) > 0:
+		r.add("dispatcher", HealthCritical, "no live dispatcher has ticked recently: %s", listNames(stale, workers.DispatchersStale))
 	case workers.DispatchersFresh == 0:
 		r.add("dispatcher", HealthCritical, "no live dispatcher has ticked recently (last tick %s)", age)
 	case workers.DispatchersStale > 0:
-		r.add("dispatcher", HealthWarning, "last tick %s; %d of %d live dispatchers have not ticked recently",
-			age, workers.DispatchersStale, workers.DispatchersFresh+workers.DispatchersStale)
+		r.add("dispatcher", HealthWarning, "last tick %s; %d of %d live dispatchers have not ticked recently: %s",
+			age, workers.DispatchersStale, workers.DispatchersFresh+workers.DispatchersStale, listNames(stale, workers.DispatchersStale))
 	default:
 		r.add("dispatcher", HealthOK, "last tick %s (%d live dispatchers)", age, workers.DispatchersFresh)
 	}

@@ -192,11 +192,19 @@ func TestHealth(t *testing.T) {
 		// A second live worker whose dispatcher stopped ticking: WARNING.
 		exec(`INSERT INTO sluice_workers (id, host, pid, started_at, heartbeat_interval, dispatcher_tick_at, poll_interval)
 		      VALUES ('w2', 'h', 3, now() - interval '1 hour', '5s', now() - interval '10 minutes', '1s')`)
-		check(app.HealthWarning)
+		r = check(app.HealthWarning)
+		require.Regexp(t, `dispatchers have not ticked recently: w2 on h \(last tick 6\d\ds ago\)`, r.Summary())
 		// ... and the first one too: CRITICAL.
 		exec(`UPDATE sluice_workers SET dispatcher_tick_at = now() - interval '10 minutes', started_at = now() - interval '1 hour' WHERE id = 'w1'`)
 		r = check(app.HealthCritical)
-		require.Contains(t, r.Summary(), "dispatcher: no live dispatcher has ticked recently")
+		require.Contains(t, r.Summary(), "dispatcher: no live dispatcher has ticked recently: ")
+		require.Contains(t, r.Summary(), "w1 on ")
+		require.Contains(t, r.Summary(), "w2 on h (last tick")
+		// A dispatcher that never ticked names its worker and how long it
+		// has been up.
+		exec(`UPDATE sluice_workers SET dispatcher_tick_at = NULL WHERE id = 'w2'`)
+		r = check(app.HealthCritical)
+		require.Regexp(t, `w2 on h \(never ticked, worker up 36\d\ds\)`, r.Summary())
 		require.True(t, strings.HasPrefix(r.Summary(), "CRITICAL: "))
 	})
 }

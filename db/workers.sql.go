@@ -142,6 +142,51 @@ func (q *Queries) RegisterWorker(ctx context.Context, arg RegisterWorkerParams) 
 	return result.RowsAffected(), nil
 }
 
+const staleDispatchers = `-- name: StaleDispatchers :many
+SELECT id, host,
+       extract(epoch FROM now() - started_at)::float8 AS started_age_seconds,
+       COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS tick_age_seconds
+FROM sluice_worker_status
+WHERE live AND poll_interval IS NOT NULL AND NOT dispatcher_fresh
+ORDER BY dispatcher_tick_at NULLS FIRST, id
+LIMIT $1
+`
+
+type StaleDispatchersRow struct {
+	ID                string  `json:"id"`
+	Host              string  `json:"host"`
+	StartedAgeSeconds float64 `json:"started_age_seconds"`
+	TickAgeSeconds    float64 `json:"tick_age_seconds"`
+}
+
+// Live workers whose dispatcher has not ticked recently, with how long ago
+// it last ticked (-1: never) and how long the worker has run, oldest tick
+// first.
+func (q *Queries) StaleDispatchers(ctx context.Context, maxRows int32) ([]*StaleDispatchersRow, error) {
+	rows, err := q.db.Query(ctx, staleDispatchers, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*StaleDispatchersRow
+	for rows.Next() {
+		var i StaleDispatchersRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Host,
+			&i.StartedAgeSeconds,
+			&i.TickAgeSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workerHealth = `-- name: WorkerHealth :one
 SELECT
     c.live,

@@ -79,3 +79,15 @@ SELECT id, host, pid, status, heartbeat_at,
 FROM sluice_worker_status
 ORDER BY dead DESC, heartbeat_at, id
 LIMIT sqlc.arg(max_rows);
+
+-- name: StaleDispatchers :many
+-- Live workers whose dispatcher has not ticked recently, with how long ago
+-- it last ticked (-1: never) and how long the worker has run, oldest tick
+-- first.
+SELECT id, host,
+       extract(epoch FROM now() - started_at)::float8 AS started_age_seconds,
+       COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS tick_age_seconds
+FROM sluice_worker_status
+WHERE live AND poll_interval IS NOT NULL AND NOT dispatcher_fresh
+ORDER BY dispatcher_tick_at NULLS FIRST, id
+LIMIT sqlc.arg(max_rows);
