@@ -97,17 +97,25 @@ type scheduleFlags struct {
 	disabled                                   bool
 }
 
+// register adds the flags to fs. add (withName) shows and applies the
+// defaults of a new schedule; update shows none: a flag not given leaves its
+// field as it is.
 func (f *scheduleFlags) register(fs *pflag.FlagSet, withName bool) {
+	def := func(v string) string { return map[bool]string{true: v}[withName] }
 	if withName {
 		fs.StringVar(&f.name, "name", "", "schedule name: letters, digits, _ . : -, at most 128 (required)")
 	}
 	fs.StringVar(&f.cron, "cron", "", "cron expression: 5 fields, 6 with seconds, @hourly-style descriptor or @every DURATION")
 	fs.StringVar(&f.kind, "kind", "", "River job kind to insert")
-	fs.StringVar(&f.args, "args", "{}", "job args as a JSON object, checked against the kind")
-	fs.StringVar(&f.tz, "tz", scheduler.DefaultTimezone, "IANA time zone the cron expression is read in")
+	fs.StringVar(&f.args, "args", def("{}"), "job args as a JSON object, checked against the kind")
+	fs.StringVar(&f.tz, "tz", def(scheduler.DefaultTimezone), "IANA time zone the cron expression is read in")
 	fs.StringVar(&f.queue, "queue", "", "queue to insert into (default: the kind's queue)")
-	fs.StringVar(&f.misfire, "misfire", scheduler.DefaultMisfire, "after missed due times: run_once (one run), skip (none), run_all (each, capped)")
-	fs.IntVar(&f.maxRetries, "max-retries", scheduler.DefaultMaxRetries, "failed dispatches retried (with backoff) before the schedule is marked failed")
+	fs.StringVar(&f.misfire, "misfire", def(scheduler.DefaultMisfire), "after missed due times: run_once (one run), skip (none), run_all (each, capped)")
+	maxRetries := 0
+	if withName {
+		maxRetries = scheduler.DefaultMaxRetries
+	}
+	fs.IntVar(&f.maxRetries, "max-retries", maxRetries, "failed dispatches retried (with backoff) before the schedule is marked failed")
 	fs.BoolVar(&f.disabled, "disabled", false, "create (or set) the schedule disabled; --disabled=false enables")
 }
 

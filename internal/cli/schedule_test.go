@@ -297,3 +297,22 @@ func TestScheduleDatabaseErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleUpdateHelpShowsNoDefaults: update changes only the flags
+// given, so its help shows no defaults (add's does, and applies them).
+func TestScheduleUpdateHelpShowsNoDefaults(t *testing.T) {
+	t.Parallel()
+	code, out, _ := runCLI(t, "schedule", "update", "--help")
+	require.Equal(t, 0, code)
+	local, _, _ := strings.Cut(out, "Global Flags:")
+	require.Contains(t, local, "--tz")
+	for _, line := range strings.Split(local, "\n") {
+		if strings.Contains(line, "--") && regexp.MustCompile(`\(default ("|\d)`).MatchString(line) {
+			t.Errorf("update --help shows a default: %q", line)
+		}
+	}
+	code, out, _ = runCLI(t, "schedule", "add", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `(default "UTC")`)
+	require.Contains(t, out, `(default "run_once")`)
+}
