@@ -13,7 +13,7 @@ PG       := scripts/pg.sh
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
 TESTFLAGS ?=
 
-.PHONY: help build run test e2e generate check bench clean dev-db-start dev-db-stop
+.PHONY: help build run test e2e promtool generate check bench clean dev-db-start dev-db-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +29,12 @@ test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else
 
 e2e: ## the fault and load suite (e2e/) alone, with the full 100,000-job load
 	@$(PG) with-server env SLUICE_E2E_LOAD_JOBS=full $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./e2e/
+
+promtool: ## install promtool if missing (Debian's prometheus package) and check the alerting rules and a live /metrics with it
+	@if ! command -v promtool >/dev/null; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends prometheus; fi
+	@$(PG) with-server $(GO) test -count=1 -v -run 'TestAlertRules|TestLiveScrapePassesPromtool' ./app/
 
 generate: ## regenerate db/ from queries/ and migrations/ with sqlc (and River's schema for sqlc)
 	$(GO) run ./internal/cmd/riverschema db/schema/river.sql

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -109,6 +110,10 @@ type Config struct {
 	// dead to the other workers' reapers; at least MinDeadAfterBeats
 	// heartbeat intervals.
 	DeadAfter time.Duration
+	// MetricsInterval is how often the worker, while it exports them (as
+	// River's leader), reads the cluster-wide gauges from the database
+	// (metrics.DefaultClusterInterval when 0).
+	MetricsInterval time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -158,6 +163,9 @@ func (c *Config) withDefaults() Config {
 	if out.DeadAfter == 0 {
 		out.DeadAfter = max(DefaultDeadAfter, MinDeadAfterBeats*out.HeartbeatInterval)
 	}
+	if out.MetricsInterval == 0 {
+		out.MetricsInterval = metrics.DefaultClusterInterval
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -200,6 +208,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("schedule batch size must be between 1 and %d, got %d", scheduler.MaxBatchSize, c.ScheduleBatchSize)
 	case c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond):
 		return fmt.Errorf("heartbeat interval must be at least 100ms, got %s", c.HeartbeatInterval)
+	case c.MetricsInterval < 0 || (c.MetricsInterval > 0 && c.MetricsInterval < time.Second):
+		return fmt.Errorf("metrics interval must be at least 1s, got %s", c.MetricsInterval)
 	case c.DeadAfter < 0:
 		return fmt.Errorf("dead-after must be positive, got %s", c.DeadAfter)
 	case c.DeadAfter > 0 && c.DeadAfter < MinDeadAfterBeats*cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval):

@@ -58,6 +58,8 @@ type Jobs struct {
 	Metrics *metrics.Metrics
 	// Env is what the modules' workers were built with.
 	Env *module.Env
+	// ClusterSources are the modules' cluster-wide gauges.
+	ClusterSources []metrics.ClusterSource
 
 	resume *limiter.ResumeWorker
 }
@@ -80,9 +82,13 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 	if err != nil {
 		return nil, err
 	}
-	limitMetrics, err := limiter.NewMetrics(reg, pool, logger)
+	limitMetrics, err := limiter.NewMetrics(reg)
 	if err != nil {
 		return nil, err
+	}
+	for _, k := range registry.Kinds() {
+		jobMetrics.Init(k.Name, k.DefaultQueue())
+		limitMetrics.Init(k.Name)
 	}
 	lim, err := limiter.New(limiter.Config{
 		Pool: pool, Logger: logger, Metrics: limitMetrics, WorkerID: cfg.WorkerID,
@@ -94,6 +100,11 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 	maintMetrics, err := maintenance.NewMetrics(reg)
 	if err != nil {
 		return nil, err
+	}
+	for _, k := range registry.Kinds() {
+		if k.DefaultQueue() == maintenance.Queue {
+			maintMetrics.Init(k.Name)
+		}
 	}
 	runner, err := maintenance.NewRunner(maintenance.Config{
 		Pool: pool, Logger: logger, Metrics: maintMetrics, WorkerID: cfg.WorkerID,
@@ -128,12 +139,8 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 		if err := m.AddWorkers(workers, j.Env); err != nil {
 			return nil, fmt.Errorf("sluice: module %s: add workers: %w", m.Name, err)
 		}
-		if m.Collectors != nil {
-			for _, c := range m.Collectors(j.Env) {
-				if err := reg.Register(c); err != nil {
-					return nil, fmt.Errorf("sluice: module %s: register metrics: %w", m.Name, err)
-				}
-			}
+		if m.ClusterSources != nil {
+			j.ClusterSources = append(j.ClusterSources, m.ClusterSources(j.Env)...)
 		}
 	}
 	if err := j.checkWorkers(); err != nil {

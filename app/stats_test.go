@@ -31,7 +31,7 @@ func TestWorkerStats(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	// The job that ignores its cancellation must not hold up the stop.
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond})
+	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond, MetricsInterval: time.Second})
 	base := "http://" + w.HTTPAddr()
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + path)
@@ -71,18 +71,26 @@ func TestWorkerStats(t *testing.T) {
 	require.EqualValues(t, 1, doc.Queues["demo.sleep"].Jobs["running"])
 	require.GreaterOrEqual(t, doc.Queues["task_cancellation.monitor"].Jobs["completed"], int64(1))
 
-	_, body = get("/metrics")
-	require.Contains(t, body, `sluice_task_cancellation_current_count_post_cancel{kind="demo.sleep"} 1`)
-	require.Contains(t, body, `sluice_task_cancellation_count_post_cancel_total{kind="demo.sleep"} 1`)
-	require.Contains(t, body, "sluice_task_cancellation_stats_up 1")
+	// The cluster-wide gauges: this worker is the only one, so River elects
+	// it and it exports them after its next refresh.
+	require.Eventually(t, func() bool {
+		_, body = get("/metrics")
+		return strings.Contains(body, `sluice_cancelled_still_running{kind="demo.sleep"} 1`) &&
+			strings.Contains(body, `sluice_task_cancellation_count_post_cancel_total{kind="demo.sleep"} 1`)
+	}, 10*time.Second, 50*time.Millisecond)
+	require.Contains(t, body, "sluice_cluster_exporter 1")
 
-	// A broken setting: /stats says so, with a 503, and /metrics still works.
+	// A broken setting: /stats says so, with a 503, and /metrics still works
+	// (a failed refresh is counted; the other figures stay).
 	_, err = pool.Exec(ctx, `UPDATE settings SET value = '"10s"' WHERE key = 'task_cancellation.duration_millis'`)
 	require.NoError(t, err)
 	code, body = get("/stats")
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "setting task_cancellation.duration_millis: want")
-	code, body = get("/metrics")
-	require.Equal(t, http.StatusOK, code)
-	require.True(t, strings.Contains(body, "sluice_task_cancellation_stats_up 0"), body)
+	require.Eventually(t, func() bool {
+		code, body = get("/metrics")
+		return code == http.StatusOK && strings.Contains(body, "sluice_cluster_refresh_errors_total ") &&
+			!strings.Contains(body, "sluice_cluster_refresh_errors_total 0")
+	}, 10*time.Second, 50*time.Millisecond)
+	require.Contains(t, body, `sluice_queue_jobs{queue="default",state="running"}`)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/scheduler"
 )
@@ -36,6 +37,8 @@ type Worker struct {
 	server   *http.Server
 	// dispatcher is the schedule dispatcher.
 	dispatcher *scheduler.Dispatcher
+	// cluster exports the cluster-wide gauges while this worker leads.
+	cluster *metrics.Cluster
 	// live is the worker's heartbeat row and its reaper of dead workers.
 	live *liveness.Service
 }
@@ -98,6 +101,9 @@ func (w *Worker) init(ctx context.Context) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if err := metrics.RegisterBuildInfo(w.registry); err != nil {
+		return err
+	}
 	j, err := NewJobs(w.pool, JobsConfig{
 		Program:            w.cfg.Program,
 		Logger:             w.cfg.Logger,
@@ -111,6 +117,12 @@ func (w *Worker) init(ctx context.Context) error {
 		return err
 	}
 	w.jobs = j
+	w.cluster, err = metrics.NewCluster(metrics.ClusterConfig{
+		Pool: w.pool, Logger: w.cfg.Logger, ClientID: w.cfg.ID, Interval: w.cfg.MetricsInterval, Sources: j.ClusterSources,
+	}, w.registry)
+	if err != nil {
+		return err
+	}
 	w.client, err = newWorkClient(w.pool, j, w.cfg.Logger, clientOpts{
 		fetchCooldown:        w.cfg.FetchCooldown,
 		fetchPollInterval:    w.cfg.FetchPollInterval,
@@ -223,6 +235,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		return fmt.Errorf("start River client: %w", err)
 	}
 	_ = w.dispatcher.Start(ctx) // a dispatcher of its own, never started before
+	w.cluster.Start(ctx)
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
@@ -245,6 +258,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 
 	w.live.StopReaper()
 	w.dispatcher.Stop()
+	w.cluster.Stop()
 	if w.live.IsReaped() {
 		w.stopReaped()
 		w.live.Stop()

@@ -87,7 +87,7 @@ func TestWorkerRunsScheduler(t *testing.T) {
 	resp.Body.Close()
 	require.NoError(t, err)
 	for _, want := range []string{
-		`sluice_schedule_dispatched_total{schedule="canary"}`,
+		`sluice_schedule_dispatched_total `,
 		`sluice_schedule_dispatch_lag_seconds_bucket`,
 		`sluice_schedule_tick_duration_seconds_bucket`,
 	} {

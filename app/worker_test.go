@@ -133,9 +133,9 @@ func TestWorkerHTTP(t *testing.T) {
 	waitState(t, url, id, rivertype.JobStateCompleted)
 	require.Eventually(t, func() bool {
 		_, body = get("/metrics")
-		return strings.Contains(body, `sluice_jobs_worked_total{kind="demo.sleep",outcome="completed"} 1`)
+		return strings.Contains(body, `sluice_jobs_total{kind="demo.sleep",outcome="completed",queue="default"} 1`)
 	}, 5*time.Second, 20*time.Millisecond)
-	require.Contains(t, body, `sluice_job_duration_seconds_bucket{kind="demo.sleep"`)
+	require.Contains(t, body, `sluice_job_duration_seconds_bucket{kind="demo.sleep",queue="default"`)
 	require.Contains(t, body, "go_goroutines")
 	require.Contains(t, body, "process_cpu_seconds_total")
 }

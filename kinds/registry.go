@@ -172,3 +172,14 @@ func (r *Registry) Kinds() []Kind {
 	}
 	return out
 }
+
+// DefaultQueue is the queue a job of the kind goes to unless its insert
+// says otherwise: its args' InsertOpts().Queue, else River's default queue.
+func (k Kind) DefaultQueue() string {
+	if withOpts, ok := reflect.Zero(k.ArgsType).Interface().(river.JobArgsWithInsertOpts); ok {
+		if q := withOpts.InsertOpts().Queue; q != "" {
+			return q
+		}
+	}
+	return river.QueueDefault
+}

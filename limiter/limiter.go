@@ -168,7 +168,7 @@ func New(cfg Config) (*Limiter, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Metrics == nil {
-		m, err := NewMetrics(nil, nil, nil)
+		m, err := NewMetrics(nil)
 		if err != nil {
 			return nil, err
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -28,6 +29,8 @@ type heartbeat struct {
 	poll     time.Duration
 	lastTick func() time.Time
 	logger   *slog.Logger
+	// beatAt, if set, is set to the time of every successful beat.
+	beatAt prometheus.Gauge
 }
 
 func newHeartbeat(q *db.Queries, live *liveness, interval, poll time.Duration, lastTick func() time.Time, logger *slog.Logger) *heartbeat {
@@ -68,7 +71,7 @@ func (h *heartbeat) register(ctx context.Context) (bool, error) {
 	}
 	if n == 1 {
 		h.live.registered.Store(true)
-		h.live.beatSucceeded(time.Now())
+		h.succeeded(time.Now())
 	}
 	return n == 1, nil
 }
@@ -105,8 +108,16 @@ func (h *heartbeat) beat(ctx context.Context) error {
 		h.live.markReaped("its heartbeat found the worker's row gone")
 		return ErrReaped
 	}
-	h.live.beatSucceeded(time.Now())
+	h.succeeded(time.Now())
 	return nil
+}
+
+// succeeded records a successful beat at now.
+func (h *heartbeat) succeeded(now time.Time) {
+	h.live.beatSucceeded(now)
+	if h.beatAt != nil {
+		h.beatAt.Set(float64(now.UnixNano()) / 1e9)
+	}
 }
 
 // run beats every interval until ctx is done, and once more as soon as the

@@ -258,17 +258,32 @@ func (r *reaper) record(logger *slog.Logger, d deadWorker, res *reapResult) {
 		"backends_terminated", res.Terminated)
 }
 
-// reaperMetrics are the reaper's Prometheus metrics.
+// reaperMetrics are the Prometheus metrics of a worker's liveness: its
+// heartbeat and its reaper.
 type reaperMetrics struct {
-	workers  prometheus.Counter
-	jobs     *prometheus.CounterVec
-	slots    *prometheus.CounterVec
-	backends prometheus.Counter
-	errors   prometheus.Counter
+	heartbeat prometheus.Gauge
+	workers   prometheus.Counter
+	jobs      *prometheus.CounterVec
+	slots     *prometheus.CounterVec
+	backends  prometheus.Counter
+	errors    prometheus.Counter
+}
+
+// init creates a kind's series at 0: its rescues in every new state and its
+// released slots.
+func (m *reaperMetrics) init(kind string) {
+	for _, state := range []rivertype.JobState{rivertype.JobStateRetryable, rivertype.JobStateDiscarded, rivertype.JobStateCancelled} {
+		m.jobs.WithLabelValues(kind, string(state))
+	}
+	m.slots.WithLabelValues(kind)
 }
 
 func newReaperMetrics(reg prometheus.Registerer) (*reaperMetrics, error) {
 	m := &reaperMetrics{
+		heartbeat: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_worker_heartbeat_timestamp_seconds",
+			Help: "When this worker's last successful heartbeat was written (Unix time).",
+		}),
 		workers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_reaper_workers_reaped_total",
 			Help: "Dead workers this worker's reaper reaped.",
@@ -293,7 +308,7 @@ func newReaperMetrics(reg prometheus.Registerer) (*reaperMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.workers, m.jobs, m.slots, m.backends, m.errors} {
+	for _, c := range []prometheus.Collector{m.heartbeat, m.workers, m.jobs, m.slots, m.backends, m.errors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register reaper metrics: %w", err)
 		}

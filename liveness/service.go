@@ -75,9 +75,15 @@ func (s *Service) Init(pool *pgxpool.Pool, cfg InitConfig) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Registry != nil {
+		for _, name := range cfg.Registry.Names() {
+			metrics.init(name)
+		}
+	}
 	s.pool = pool
 	s.workPool = cfg.WorkPool
 	s.heartbeat = newHeartbeat(db.New(pool), s.live, s.live.interval, cfg.PollInterval, cfg.LastTick, s.logger)
+	s.heartbeat.beatAt = metrics.heartbeat
 	s.reaper = &reaper{
 		pool:     pool,
 		limiter:  cfg.Limiter,

@@ -37,3 +37,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	return m, nil
 }
+
+// Init creates a maintenance kind's series at 0 (every run status), so that
+// rate() and increase() see its first run.
+func (m *Metrics) Init(kind string) {
+	for _, status := range []string{RunSucceeded, RunSkippedLocked, RunFailed} {
+		m.Runs.WithLabelValues(kind, status)
+	}
+	m.Affected.WithLabelValues(kind)
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/metrics"
 )
 
 // Module is one module.
@@ -49,10 +50,11 @@ type Module struct {
 	// Stats are the module's sections of the stats document (/stats and
 	// `sluice stats`).
 	Stats []StatsReader
-	// Collectors, if set, returns Prometheus collectors the worker
-	// registers besides those AddWorkers registers (gauges read at scrape
-	// time).
-	Collectors func(env *Env) []prometheus.Collector
+	// ClusterSources, if set, returns the module's cluster-wide gauges:
+	// figures read from the database, exported by one worker at a time
+	// (metrics.Cluster). Per-process metrics are registered by AddWorkers
+	// with Env.Registerer.
+	ClusterSources func(env *Env) []metrics.ClusterSource
 }
 
 // Env is what a module's workers share with the rest of the program.

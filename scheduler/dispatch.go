@@ -169,13 +169,13 @@ func (d *Dispatcher) dispatchBatch(ctx context.Context, set *dispatchSettings, r
 		res.Jobs += len(p.dues)
 		name := p.row.Name
 		if len(p.dues) > 0 {
-			d.metrics.Dispatched.WithLabelValues(name).Add(float64(len(p.dues)))
+			d.metrics.Dispatched.Add(float64(len(p.dues)))
 		}
 		for _, due := range p.dues {
 			d.metrics.Lag.Observe(committed.Sub(due).Seconds())
 		}
 		if p.missed > 0 {
-			d.metrics.Skipped.WithLabelValues(name).Add(float64(p.missed))
+			d.metrics.Skipped.Add(float64(p.missed))
 			more := ""
 			if !p.exact {
 				more = "+"
@@ -384,7 +384,7 @@ func (f *failures) record(ctx context.Context, q *db.Queries) ([]*db.RecordSched
 // reportFailures logs and counts committed failures.
 func (d *Dispatcher) reportFailures(rows []*db.RecordScheduleFailuresRow, f failures) {
 	for _, r := range rows {
-		d.metrics.Failures.WithLabelValues(r.Name).Inc()
+		d.metrics.Failures.Inc()
 		if r.Status == StatusFailed {
 			d.logger.Error("schedule failed: no longer dispatched until `sluice schedule enable`",
 				"schedule", r.Name, "failures", r.FailureCount, "max_retries", r.MaxRetries, "error", f.errs[r.ID])

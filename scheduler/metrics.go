@@ -8,13 +8,13 @@ import (
 
 // Metrics are the Prometheus collectors of the dispatcher.
 type Metrics struct {
-	// Dispatched counts jobs inserted per schedule.
-	Dispatched *prometheus.CounterVec
-	// Failures counts failed dispatches per schedule.
-	Failures *prometheus.CounterVec
-	// Skipped counts due times not run because of the misfire policy, per
-	// schedule.
-	Skipped *prometheus.CounterVec
+	// Dispatched counts jobs inserted. No per-schedule label: per-schedule
+	// detail is in the sluice_schedule_status view.
+	Dispatched prometheus.Counter
+	// Failures counts failed dispatches.
+	Failures prometheus.Counter
+	// Skipped counts due times not run because of the misfire policy.
+	Skipped prometheus.Counter
 	// Lag observes insert time - due time of every inserted job.
 	Lag prometheus.Histogram
 	// TickDuration observes how long a dispatcher tick took.
@@ -28,18 +28,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		reg = prometheus.NewRegistry()
 	}
 	m := &Metrics{
-		Dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Dispatched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_schedule_dispatched_total",
-			Help: "Jobs inserted by this process's schedule dispatcher, per schedule.",
-		}, []string{"schedule"}),
-		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Help: "Jobs inserted by this process's schedule dispatcher (per schedule: the sluice_schedule_status view).",
+		}),
+		Failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_schedule_dispatch_failures_total",
-			Help: "Failed schedule dispatches (invalid row or failed insert), per schedule.",
-		}, []string{"schedule"}),
-		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Help: "Failed schedule dispatches (invalid row or failed insert) by this process.",
+		}),
+		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_schedule_runs_skipped_total",
-			Help: "Due times not run because of the schedule's misfire policy, per schedule.",
-		}, []string{"schedule"}),
+			Help: "Due times this process did not run because of the schedule's misfire policy.",
+		}),
 		Lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sluice_schedule_dispatch_lag_seconds",
 			Help:    "Time from a run's due time to the commit of its job's insert.",

@@ -67,6 +67,8 @@ func TestBadInput(t *testing.T) {
 		{"worker not a number", []string{"worker", "--maintenance-workers", "many"}, 2, "invalid argument"},
 		{"worker negative timeout", []string{"worker", "--shutdown-timeout", "-1s"}, 2, "must not be negative"},
 		{"worker bad duration", []string{"worker", "--job-timeout", "forever"}, 2, "invalid argument"},
+		{"worker metrics interval too short", []string{"worker", "--metrics-interval", "10ms"}, 2, "metrics interval must be at least 1s, got 10ms"},
+		{"worker metrics interval negative", []string{"worker", "--metrics-interval", "-1s"}, 2, "metrics interval must be at least 1s"},
 		{"bad log level", []string{"--log-level", "loud", "run", "demo.sleep"}, 2, `invalid --log-level (or $SLUICE_LOG_LEVEL) "loud"`},
 		{"bad log format", []string{"--log-format", "xml", "run", "demo.sleep"}, 2, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
 	} {

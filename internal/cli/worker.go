@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -116,5 +117,7 @@ cancels them and exits 0.`,
 	bindEnv(f, "schedule-batch-size", "SLUICE_SCHEDULE_BATCH_SIZE")
 	bindEnv(f, "heartbeat-interval", "SLUICE_HEARTBEAT_INTERVAL")
 	bindEnv(f, "dead-after", "SLUICE_DEAD_AFTER")
+	f.DurationVar(&cfg.MetricsInterval, "metrics-interval", metrics.DefaultClusterInterval, "how often the worker exporting the cluster-wide gauges (River's leader) reads them from the database (at least 1s)")
+	bindEnv(f, "metrics-interval", "SLUICE_METRICS_INTERVAL")
 	return cmd
 }

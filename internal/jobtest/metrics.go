@@ -6,8 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// MetricValue is the value of the counter or gauge name with exactly labels
-// in what g gathers (0 when there is no such series).
+// MetricValue is the value of the counter or gauge (a histogram: its count
+// of observations) name with exactly labels in what g gathers (0 when there
+// is no such series).
 func MetricValue(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	tb.Helper()
 	families, err := g.Gather()
@@ -33,6 +34,8 @@ func MetricValue(tb testing.TB, g prometheus.Gatherer, name string, labels map[s
 				return m.GetCounter().GetValue()
 			case m.GetGauge() != nil:
 				return m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}

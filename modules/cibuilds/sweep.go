@@ -96,6 +96,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, fmt.Errorf("register ci builds metrics: %w", err)
 		}
 	}
+	// Every sweep's series exist at 0 from the start.
+	for _, s := range Sweeps() {
+		m.Dropped.WithLabelValues(s.Kind, s.FailureReason)
+		m.Doomed.WithLabelValues(s.Kind)
+	}
 	return m, nil
 }
 

@@ -5,14 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/modules/demo"
 )
 
@@ -59,27 +56,4 @@ func TestDemoSleep(t *testing.T) {
 		require.Contains(t, string(job.Metadata), "cancel_attempted_at")
 		client.WaitFinished(t, 10*time.Second, res.Job.ID)
 	})
-}
-
-func TestMetricsMiddleware(t *testing.T) {
-	t.Parallel()
-
-	ctx := context.Background()
-	pool := testdb.NewPool(t)
-	deps, _ := jobtest.NewJobs(t, pool)
-	client := jobtest.Start(t, pool, deps, jobtest.Config{})
-
-	client.InsertAndWait(t, demo.SleepArgs{MS: 1}, nil)
-	client.InsertAndWait(t, demo.SleepArgs{MS: 1}, nil)
-
-	res, err := client.Insert(ctx, demo.SleepArgs{MS: 60_000}, &river.InsertOpts{MaxAttempts: 1})
-	require.NoError(t, err)
-	jobtest.WaitRunning(t, client, res.Job.ID)
-	_, err = client.JobCancel(ctx, res.Job.ID)
-	require.NoError(t, err)
-	client.WaitFinished(t, 10*time.Second, res.Job.ID)
-
-	require.EqualValues(t, 2, testutil.ToFloat64(deps.Metrics.JobsWorked.WithLabelValues("demo.sleep", metrics.OutcomeCompleted)))
-	require.EqualValues(t, 1, testutil.ToFloat64(deps.Metrics.JobsWorked.WithLabelValues("demo.sleep", metrics.OutcomeCancelled)))
-	require.Equal(t, 1, testutil.CollectAndCount(deps.Metrics.JobDuration))
 }

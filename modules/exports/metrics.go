@@ -37,5 +37,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, fmt.Errorf("register export metrics: %w", err)
 		}
 	}
+	// Every status's series exists at 0 from the start.
+	for _, status := range []string{ExportFinished, ExportFailed} {
+		m.Exports.WithLabelValues(status)
+	}
 	return m, nil
 }

@@ -9,10 +9,10 @@
 package taskcancel
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/module"
 )
 
@@ -28,8 +28,8 @@ func Module() module.Module {
 			})
 		},
 		Stats: []module.StatsReader{{Name: "task_cancellation", Read: readStatsSection}},
-		Collectors: func(env *module.Env) []prometheus.Collector {
-			return []prometheus.Collector{NewTaskCancellationCollector(env.Pool, env.Logger)}
+		ClusterSources: func(*module.Env) []metrics.ClusterSource {
+			return []metrics.ClusterSource{clusterSource}
 		},
 	}
 }

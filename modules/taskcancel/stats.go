@@ -3,8 +3,6 @@ package taskcancel
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -44,66 +42,28 @@ func ReadTaskCancellationStats(ctx context.Context, q *db.Queries) (TaskCancella
 	return out, nil
 }
 
-// taskCancellationScrapeTimeout bounds the database read of one scrape.
-const taskCancellationScrapeTimeout = 5 * time.Second
+// The module's cluster-wide gauges (public names).
+var (
+	stillRunningDesc = prometheus.NewDesc("sluice_cancelled_still_running",
+		"Jobs of the kind running now at least task_cancellation.duration_millis after their cancellation, whole cluster.",
+		[]string{"kind"}, nil)
+	countedDesc = prometheus.NewDesc("sluice_task_cancellation_count_post_cancel_total",
+		"Jobs of the kind counted by task_cancellation.monitor for running too long after their cancellation (cumulative, whole cluster).",
+		[]string{"kind"}, nil)
+)
 
-// TaskCancellationCollector exposes the cancellation stats as Prometheus
-// metrics, read from the database at scrape time, so every worker reports
-// the same cluster-wide numbers:
-//
-//   - sluice_task_cancellation_current_count_post_cancel{kind} (gauge)
-//   - sluice_task_cancellation_count_post_cancel_total{kind} (counter)
-//   - sluice_task_cancellation_stats_up (1 if the read succeeded, else 0; a
-//     failed read does not fail the whole scrape)
-type TaskCancellationCollector struct {
-	q       *db.Queries
-	logger  *slog.Logger
-	current *prometheus.Desc
-	total   *prometheus.Desc
-	up      *prometheus.Desc
-}
-
-// NewTaskCancellationCollector returns a collector reading through dbtx (a
-// pool); a nil logger discards the log lines of failed reads.
-func NewTaskCancellationCollector(dbtx db.DBTX, logger *slog.Logger) *TaskCancellationCollector {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	return &TaskCancellationCollector{
-		q:      db.New(dbtx),
-		logger: logger,
-		current: prometheus.NewDesc("sluice_task_cancellation_current_count_post_cancel",
-			"Jobs running now at least task_cancellation.duration_millis after their cancellation, per kind.",
-			[]string{"kind"}, nil),
-		total: prometheus.NewDesc("sluice_task_cancellation_count_post_cancel_total",
-			"Jobs counted by task_cancellation.monitor for running too long after their cancellation, per kind (cumulative, cluster-wide).",
-			[]string{"kind"}, nil),
-		up: prometheus.NewDesc("sluice_task_cancellation_stats_up",
-			"1 if the task cancellation stats were read from the database at this scrape, else 0.",
-			nil, nil),
-	}
-}
-
-// Describe sends the metric descriptions.
-func (c *TaskCancellationCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.current
-	ch <- c.total
-	ch <- c.up
-}
-
-// Collect reads the stats view and sends one gauge and one counter per kind.
-func (c *TaskCancellationCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), taskCancellationScrapeTimeout)
-	defer cancel()
-	stats, err := ReadTaskCancellationStats(ctx, c.q)
+// clusterSource reads the cancellation stats for the cluster-wide gauges
+// (metrics.Cluster: one worker exports them).
+func clusterSource(ctx context.Context, q *db.Queries) ([]prometheus.Metric, error) {
+	stats, err := ReadTaskCancellationStats(ctx, q)
 	if err != nil {
-		c.logger.Warn("task cancellation metrics not read", "error", err)
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-		return
+		return nil, err
 	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	out := make([]prometheus.Metric, 0, 2*len(stats))
 	for kind, s := range stats {
-		ch <- prometheus.MustNewConstMetric(c.current, prometheus.GaugeValue, float64(s.CurrentCountPostCancel), kind)
-		ch <- prometheus.MustNewConstMetric(c.total, prometheus.CounterValue, float64(s.TotalCountPostCancel), kind)
+		out = append(out,
+			prometheus.MustNewConstMetric(stillRunningDesc, prometheus.GaugeValue, float64(s.CurrentCountPostCancel), kind),
+			prometheus.MustNewConstMetric(countedDesc, prometheus.CounterValue, float64(s.TotalCountPostCancel), kind))
 	}
+	return out, nil
 }
