@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -90,33 +91,33 @@ func (f cronField) parse(text string) (fieldSet, error) {
 func (f cronField) parseItem(item string, set *fieldSet) error {
 	switch {
 	case item == "":
-		return fmt.Errorf("empty list item (two commas in a row, or a comma at an end)")
+		return errors.New("empty list item (two commas in a row, or a comma at an end)")
 	case item == "?":
 		if !f.dom && !f.dow {
-			return fmt.Errorf("? (any day) is allowed only in the day-of-month and day-of-week fields")
+			return errors.New("? (any day) is allowed only in the day-of-month and day-of-week fields")
 		}
 		set.bits |= bitRange(f.min, f.last, 1)
 		set.star = true
 		return nil
 	case strings.EqualFold(item, "L"):
 		if !f.dom {
-			return fmt.Errorf("L (the last day of the month) is allowed only in the day-of-month field")
+			return errors.New("L (the last day of the month) is allowed only in the day-of-month field")
 		}
 		set.last = true
 		return nil
 	case strings.Contains(item, "#"):
 		if !f.dow {
-			return fmt.Errorf("N#k (the k-th weekday N of the month) is allowed only in the day-of-week field")
+			return errors.New("N#k (the k-th weekday N of the month) is allowed only in the day-of-week field")
 		}
 		return f.parseNth(item, set)
 	case strings.HasPrefix(item, "?"):
-		return fmt.Errorf("? takes no range or step: write ? alone")
+		return errors.New("? takes no range or step: write ? alone")
 	case f.dom && (strings.HasPrefix(item, "L") || strings.HasPrefix(item, "l")):
-		return fmt.Errorf("L takes no offset, range or step: write L alone (the last day of the month)")
+		return errors.New("L takes no offset, range or step: write L alone (the last day of the month)")
 	case f.dom && (strings.HasSuffix(item, "W") || strings.HasSuffix(item, "w")):
-		return fmt.Errorf("W (the nearest weekday) is not supported")
+		return errors.New("W (the nearest weekday) is not supported")
 	case f.dow && (strings.HasSuffix(item, "L") || strings.HasSuffix(item, "l")):
-		return fmt.Errorf("NL (the last weekday N of the month) is not supported: N#5 is the fifth, in the months that have one")
+		return errors.New("NL (the last weekday N of the month) is not supported: N#5 is the fifth, in the months that have one")
 	}
 
 	rng, stepText, hasStep := strings.Cut(item, "/")
@@ -194,7 +195,7 @@ func (f cronField) value(s string) (int, error) {
 	if err != nil || !isDigits(s) {
 		switch {
 		case s == "":
-			return 0, fmt.Errorf("missing value (a range needs both ends: A-B)")
+			return 0, errors.New("missing value (a range needs both ends: A-B)")
 		case f.dow:
 			return 0, fmt.Errorf("%q is not a number or a day name (sun to sat)", s)
 		case f.names != nil:

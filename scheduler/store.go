@@ -265,10 +265,11 @@ type Listed struct {
 	*db.Schedule
 	// NextDueAt is the row's next due time after the database's now
 	// (NextDue, the dispatcher's computation); nil when the row is
-	// disabled or failed (it is not dispatched) or its cron or zone is
-	// invalid (then NextDueErr says why).
-	NextDueAt  *time.Time `json:"next_due_at"`
-	NextDueErr error      `json:"-"`
+	// disabled or failed (it is not dispatched) or invalid.
+	NextDueAt *time.Time `json:"next_due_at"`
+	// NextDueErr is why an enabled, active row has no NextDueAt: its cron
+	// or zone is invalid for this binary (a *FieldError).
+	NextDueErr error `json:"-"`
 }
 
 // List returns every schedule, by name, with its next due time.
