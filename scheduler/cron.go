@@ -6,38 +6,34 @@ import (
 	"strings"
 	"time"
 	_ "time/tzdata" // IANA zones even on hosts without /usr/share/zoneinfo
-
-	"github.com/robfig/cron/v3"
 )
 
-// cronParser accepts 5 fields (minute hour day-of-month month day-of-week),
-// 6 fields with a leading seconds field, and descriptors (@yearly,
-// @annually, @monthly, @weekly, @daily, @midnight, @hourly, @every D).
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
-// allHours is the bit set of a cron hour field that matches every hour.
-const allHours = 1<<24 - 1
-
-// Cron is a parsed cron expression in a time zone. Its times are computed as
-// follows, which matters on the days a zone changes between standard and
-// daylight-saving time:
+// Cron is a parsed cron expression in a time zone. Its due times are
+// computed as follows, which matters on the days a zone changes its UTC
+// offset (daylight-saving time, or a change of standard time):
 //
 //   - @every D: every D of elapsed time from the previous due time, whatever
 //     the clocks do.
 //   - Expressions that match every hour (`* * * * *`, `0 * * * *`,
 //     `*/15 * * * *`, `@hourly`, 6-field expressions with every hour): real
-//     time. An hour the clocks skip has no runs; an hour the clocks repeat
-//     runs twice (an hourly job runs 23 times on the spring-forward day and
-//     25 times on the fall-back day, one hour of real time apart).
-//   - Expressions that name their hours (`30 2 * * *`, `0 0 * * *`,
-//     `@daily`, `0 9-17 * * 1-5`): wall-clock time, each matching local time
-//     once. A local time the clocks skip runs at the same offset after the
-//     gap (02:30 on a day that jumps from 02:00 to 03:00 runs at 03:30); a
-//     local time the clocks repeat runs once, at its first occurrence.
+//     time. They run at each instant whose local time matches, so a local
+//     time the clocks skip has no run and one they repeat runs twice (an
+//     hourly job runs 23 times on the spring-forward day and 25 times on
+//     the fall-back day, one hour of real time apart).
+//   - Expressions that name their hours (`30 2 * * *`, `*/15 2 * * *`,
+//     `@daily`, `0 9-17 * * 1-5`): wall-clock time, each matching local
+//     time once. A local time the clocks skip runs the same distance after
+//     the jump (on a day that jumps from 02:00 to 03:00, 02:30 runs at 03:30
+//     and `*/15 2 * * *` at 03:00, 03:15, 03:30 and 03:45); a local time the
+//     clocks repeat runs once, at its first occurrence. Two local times
+//     that land on the same instant run once.
+//
+// Next searches as far ahead as it takes (29 February 2096 is followed by
+// 29 February 2104): an expression that parses always has a next time.
 type Cron struct {
 	expr  string
 	loc   *time.Location
-	spec  *cron.SpecSchedule // nil for @every
+	spec  *cronSpec // nil for @every
 	every time.Duration
 	// wall selects wall-clock semantics (the hour field names hours).
 	wall bool
@@ -56,16 +52,24 @@ func (e *CronError) Error() string {
 	return fmt.Sprintf("invalid %s %q: %s", e.Field, e.Value, e.Reason)
 }
 
-// cronFieldNames names the fields of a 5- and a 6-field expression.
-var cronFieldNames = map[int][]string{
-	5: {"minute", "hour", "day-of-month", "month", "day-of-week"},
-	6: {"second", "minute", "hour", "day-of-month", "month", "day-of-week"},
-}
+// calendarCycle is the period of the Gregorian calendar: every pattern of
+// dates, leap days and weekdays repeats after 400 years. An expression
+// that matches no date in one cycle never fires; one that does matches at
+// least once in every cycle.
+const calendarCycle = 400
 
-// ParseCron parses expr in the IANA time zone tz. Errors are *CronError
-// values naming the field (cron or timezone) and the reason; for a cron
-// expression the reason names the cron field at fault.
-func ParseCron(expr, tz string) (c *Cron, err error) {
+// ParseCron parses expr in the IANA time zone tz. It accepts 5 fields
+// (minute hour day-of-month month day-of-week), 6 with a leading seconds
+// field, and the descriptors @yearly (@annually), @monthly, @weekly, @daily
+// (@midnight), @hourly and @every DURATION. Fields hold lists of *, V, A-B,
+// each with an optional /STEP, and N/STEP (N to the end of the field); month
+// and weekday names (jan, mon); 7 for Sunday as well as 0; and in the day
+// fields ? (any day, as *), L (the last day of the month, day-of-month
+// only) and N#k (the k-th weekday N of the month, day-of-week only).
+//
+// Errors are *CronError values naming the field (cron or timezone) and the
+// reason; for a cron expression the reason names the cron field at fault.
+func ParseCron(expr, tz string) (*Cron, error) {
 	loc, err := LoadZone(tz)
 	if err != nil {
 		return nil, err
@@ -79,15 +83,7 @@ func ParseCron(expr, tz string) (c *Cron, err error) {
 		return nil, bad("empty expression: want 5 fields (minute hour day-of-month month day-of-week), 6 with a leading seconds field, or a descriptor such as @hourly or @every 5m")
 	case strings.HasPrefix(trimmed, "TZ=") || strings.HasPrefix(trimmed, "CRON_TZ="):
 		return nil, bad("time zone prefixes are not supported: set the timezone field (--tz) instead")
-	}
-	// robfig/cron panics on a few malformed inputs; report them as errors.
-	defer func() {
-		if p := recover(); p != nil {
-			c, err = nil, bad("malformed expression")
-		}
-	}()
-
-	if strings.HasPrefix(trimmed, "@every") {
+	case strings.HasPrefix(trimmed, "@every"):
 		rest := strings.TrimSpace(strings.TrimPrefix(trimmed, "@every"))
 		d, perr := time.ParseDuration(rest)
 		switch {
@@ -101,47 +97,50 @@ func ParseCron(expr, tz string) (c *Cron, err error) {
 			return nil, bad("@every: the interval must be a whole number of seconds, got %s", d)
 		}
 		return &Cron{expr: trimmed, loc: loc, every: d}, nil
+	case strings.HasPrefix(trimmed, "@"):
+		fields, ok := descriptorFields(trimmed)
+		if !ok {
+			return nil, bad("unknown descriptor: want @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly or @every DURATION")
+		}
+		spec, err := parseSpec(strings.Fields(fields))
+		if err != nil {
+			return nil, fmt.Errorf("scheduler: descriptor %s: %w", trimmed, err)
+		}
+		return &Cron{expr: trimmed, loc: loc, spec: spec, wall: !spec.everyHour()}, nil
 	}
 
-	sched, perr := cronParser.Parse(trimmed)
-	if perr != nil {
-		return nil, describeCronError(trimmed, perr, bad)
+	fields := strings.Fields(trimmed)
+	if len(fields) != 5 && len(fields) != 6 {
+		return nil, bad("want 5 fields (minute hour day-of-month month day-of-week) or 6 with a leading seconds field, got %d", len(fields))
 	}
-	spec, ok := sched.(*cron.SpecSchedule)
-	if !ok {
-		return nil, bad("unsupported expression")
+	spec, err := parseSpec(fields)
+	if err != nil {
+		return nil, bad("%v", err)
 	}
-	c = &Cron{expr: trimmed, loc: loc, spec: spec, wall: spec.Hour&allHours != allHours}
 	// An expression that matches no date (such as 0 0 30 2 *) never fires.
-	if c.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
+	epoch := time.Date(2000, time.January, 1, 0, 0, 0, 0, time.UTC)
+	if _, ok := spec.next(epoch, epoch.AddDate(calendarCycle, 0, 1)); !ok {
 		return nil, bad("never fires: no date matches its day-of-month, month and day-of-week fields")
 	}
-	return c, nil
+	return &Cron{expr: trimmed, loc: loc, spec: spec, wall: !spec.everyHour()}, nil
 }
 
-// describeCronError turns a robfig/cron parse error into one naming the cron
-// field at fault.
-func describeCronError(expr string, perr error, bad func(string, ...any) error) error {
-	if strings.HasPrefix(expr, "@") {
-		return bad("unknown descriptor: want @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly or @every DURATION")
+// descriptorFields returns the 6 fields a descriptor other than @every
+// stands for.
+func descriptorFields(name string) (string, bool) {
+	switch name {
+	case "@yearly", "@annually":
+		return "0 0 0 1 1 *", true
+	case "@monthly":
+		return "0 0 0 1 * *", true
+	case "@weekly":
+		return "0 0 0 * * 0", true
+	case "@daily", "@midnight":
+		return "0 0 0 * * *", true
+	case "@hourly":
+		return "0 0 * * * *", true
 	}
-	fields := strings.Fields(expr)
-	names, ok := cronFieldNames[len(fields)]
-	if !ok {
-		return bad("want 5 fields (minute hour day-of-month month day-of-week) or 6 with a leading seconds field, got %d", len(fields))
-	}
-	// Parse each field alone, the others wildcards, to find the culprit.
-	for i, f := range fields {
-		probe := make([]string, len(fields))
-		for j := range probe {
-			probe[j] = "*"
-		}
-		probe[i] = f
-		if _, err := cronParser.Parse(strings.Join(probe, " ")); err != nil {
-			return bad("%s field %q: %s", names[i], f, err)
-		}
-	}
-	return bad("%s", perr)
+	return "", false
 }
 
 // LoadZone loads an IANA time zone such as UTC or Europe/Berlin. The empty
@@ -168,88 +167,33 @@ func (c *Cron) String() string { return c.expr }
 // Location is the schedule's time zone.
 func (c *Cron) Location() *time.Location { return c.loc }
 
-// Next returns the first due time strictly after t, or the zero time if
-// there is none within five years.
+// Next returns the first due time strictly after t, in the schedule's zone.
+// It is the zero time only past the end of time.Time's range.
 func (c *Cron) Next(t time.Time) time.Time {
-	switch {
-	case c.spec == nil:
+	if c.spec == nil {
 		// Whole seconds from the previous due time.
 		return t.Truncate(time.Second).Add(c.every)
-	case !c.wall:
-		next := c.spec.Next(t.In(c.loc))
-		if next.IsZero() {
-			return next
+	}
+	// Walk the zone's stretches of constant offset from the one holding
+	// t. A validated expression matches within every calendar cycle.
+	horizon := t.AddDate(calendarCycle+1, 0, 0)
+	for seg := zoneSegmentAt(t.In(c.loc)); ; {
+		if at, ok := c.nextIn(seg, t, horizon); ok {
+			return at.In(c.loc)
 		}
-		return next.In(c.loc)
-	default:
-		return c.nextWall(t)
+		if seg.end.IsZero() || !seg.end.Before(horizon) {
+			return time.Time{}
+		}
+		seg = zoneSegmentAt(seg.end)
 	}
 }
-
-// nextWall computes Next with wall-clock semantics: it walks the local
-// times of the schedule on a clock without time changes and maps each to an
-// instant in the zone, returning the first after t.
-func (c *Cron) nextWall(t time.Time) time.Time {
-	local := t.In(c.loc)
-	wall := time.Date(local.Year(), local.Month(), local.Day(), local.Hour(), local.Minute(), local.Second(), local.Nanosecond(), time.UTC)
-	// A repeated local hour can map the next wall time before t; a few
-	// steps always get past it.
-	for range 100 {
-		wall = c.spec.Next(wall)
-		if wall.IsZero() {
-			return wall
-		}
-		if at := wallToInstant(wall, c.loc); at.After(t) {
-			return at
-		}
-	}
-	return time.Time{}
-}
-
-// wallToInstant maps the local time whose fields are w's (w is in UTC) to an
-// instant in loc. A repeated local time maps to its first occurrence; a
-// local time in a gap maps to the same offset after the gap (it is read with
-// the offset in force before the gap).
-func wallToInstant(w time.Time, loc *time.Location) time.Time {
-	t := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), 0, loc)
-	if sameWall(t, w) {
-		// time.Date picks the first occurrence of a repeated time when
-		// it can; make sure of it.
-		if earlier := t.Add(-time.Hour); sameWall(earlier, w) {
-			return earlier
-		}
-		for _, d := range []time.Duration{-30 * time.Minute, -2 * time.Hour} {
-			if earlier := t.Add(d); sameWall(earlier, w) {
-				return earlier
-			}
-		}
-		return t
-	}
-	// w does not exist in loc: find the offset in force before the gap.
-	var before int
-	if wallOf(t).Before(w) {
-		// t is before the gap, read with the old offset.
-		_, before = t.Zone()
-	} else {
-		start, _ := t.ZoneBounds()
-		_, before = start.Add(-time.Nanosecond).Zone()
-	}
-	return w.Add(-time.Duration(before) * time.Second).In(loc)
-}
-
-// wallOf returns t's local time fields as a UTC time.
-func wallOf(t time.Time) time.Time {
-	return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
-}
-
-func sameWall(t, w time.Time) bool { return wallOf(t).Equal(w) }
 
 // scanLimit bounds how many due times one dispatch walks through one by one
 // (a per-second schedule after a long downtime).
 const scanLimit = 10_000
 
 // errNoFutureTime reports an expression with no due time left.
-var errNoFutureTime = errors.New("no due time within five years")
+var errNoFutureTime = errors.New("no due time left before the end of time")
 
 // DueTimes returns the due times of c in [first, now]: first itself (the
 // row's due time, which need not be a cron time) and every cron time after

@@ -213,10 +213,7 @@ func (d *Dispatcher) plan(r *db.ClaimDueSchedulesRow, set *dispatchSettings) *pl
 		}
 	}
 	now := r.Now
-	first := *r.NextRunAt
-	if r.RetryDueAt != nil && r.RetryDueAt.Before(first) {
-		first = *r.RetryDueAt
-	}
+	first := firstDue(*r.NextRunAt, r.RetryDueAt)
 	if p.next, err = c.After(first, now); err != nil {
 		p.err = &FieldError{Field: "cron", Value: r.Cron, Reason: err.Error(), Err: err}
 		return p

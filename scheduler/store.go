@@ -260,13 +260,43 @@ func (s *Store) Trigger(ctx context.Context, client *river.Client[pgx.Tx], name 
 	return jobID, err
 }
 
-// List returns every schedule, by name.
-func (s *Store) List(ctx context.Context) ([]*db.Schedule, error) {
-	rows, err := db.New(s.pool).ListSchedules(ctx)
+// Listed is a schedule as List returns it: the row, and its next due time.
+type Listed struct {
+	*db.Schedule
+	// NextDueAt is the row's next due time after the database's now
+	// (NextDue, the dispatcher's computation); nil when the row is
+	// disabled or failed (it is not dispatched) or invalid.
+	NextDueAt *time.Time `json:"next_due_at"`
+	// NextDueErr is why an enabled, active row has no NextDueAt: its cron
+	// or zone is invalid for this binary (a *FieldError).
+	NextDueErr error `json:"-"`
+}
+
+// List returns every schedule, by name, with its next due time.
+func (s *Store) List(ctx context.Context) ([]*Listed, error) {
+	q := db.New(s.pool)
+	rows, err := q.ListSchedules(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list schedules: %w", err)
 	}
-	return rows, nil
+	now, err := q.DBNow(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read the database clock: %w", err)
+	}
+	out := make([]*Listed, len(rows))
+	for i, row := range rows {
+		out[i] = &Listed{Schedule: row}
+		if !row.Enabled || row.Status != StatusActive {
+			continue
+		}
+		next, err := NextDue(row, now)
+		if err != nil {
+			out[i].NextDueErr = err
+			continue
+		}
+		out[i].NextDueAt = &next
+	}
+	return out, nil
 }
 
 // withRow runs fn in a transaction holding the row of name (FOR UPDATE),

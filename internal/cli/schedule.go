@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,14 +23,15 @@ import (
 
 func newScheduleCmd(g *globals) *cobra.Command {
 	registry := g.registry
-	cmd := groupCmd("schedule", "Manage durable schedules (list, add, update, remove, enable, disable, trigger)")
+	cmd := groupCmd("schedule", "Manage durable schedules (list, add, update, remove, enable, disable, trigger, next)")
 	cmd.Long = `schedule manages the rows of the schedules table, from which the dispatcher
 of every running worker inserts one River job per due time.
 
 Every change is validated before anything is written: the cron expression
 (5 fields, 6 with a leading seconds field, or @hourly-style descriptors and
 @every DURATION), the IANA time zone, the kind (one this binary knows) and
-its args. An unknown NAME is an input error (exit 2).
+its args. An unknown NAME is an input error (exit 2). 'schedule next'
+previews the due times of any expression without a database.
 
 Kinds: ` + strings.Join(registry.Names(), ", ")
 	cmd.AddCommand(
@@ -83,6 +85,7 @@ Kinds: ` + strings.Join(registry.Names(), ", ")
 				return nil
 			}),
 		newScheduleListCmd(g, registry),
+		newScheduleNextCmd(),
 	)
 	for _, sub := range cmd.Commands() {
 		sub.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
@@ -269,10 +272,16 @@ func newScheduleListCmd(g *globals, registry *kinds.Registry) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list [--json]",
 		Short: "List the schedules",
-		Long: `list prints every schedule: name, cron, zone, kind, enabled, status, next and
-last run (UTC), run count and last error. --json prints every column of the
-schedules table as a JSON array. The view sluice_schedule_status shows the
-same in SQL, with each schedule's health and its last job's state.`,
+		Long: `list prints every schedule: name, cron, zone, kind, enabled, status, next run
+(next_run_at, UTC: when the dispatcher acts next, a retry's time included),
+next due time, last run (UTC), run count and last error. NEXT DUE is the
+schedule's next due time after the database's now, in the schedule's zone
+with its offset, computed by the dispatcher's code (as 'schedule next'
+does); it is - for a disabled or failed schedule, and "invalid" for a cron
+expression or zone this binary refuses. --json prints every column of the
+schedules table and next_due_at as a JSON array. The view
+sluice_schedule_status shows the same in SQL, with each schedule's health
+and its last job's state.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withStore(cmd, g, registry, "sluice schedule list", func(ctx context.Context, s *scheduler.Store, _ *pgxpool.Pool) error {
@@ -283,12 +292,16 @@ same in SQL, with each schedule's health and its last job's state.`,
 				out := cmd.OutOrStdout()
 				if asJSON {
 					for _, r := range rows {
-						toUTC(r)
+						toUTC(r.Schedule)
+						if r.NextDueAt != nil {
+							u := r.NextDueAt.UTC()
+							r.NextDueAt = &u
+						}
 					}
 					enc := json.NewEncoder(out)
 					enc.SetIndent("", "  ")
 					if rows == nil {
-						rows = []*db.Schedule{}
+						rows = []*scheduler.Listed{}
 					}
 					return enc.Encode(rows)
 				}
@@ -300,9 +313,9 @@ same in SQL, with each schedule's health and its last job's state.`,
 	return cmd
 }
 
-func printSchedules(out io.Writer, rows []*db.Schedule) error {
+func printSchedules(out io.Writer, rows []*scheduler.Listed) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCRON\tTIMEZONE\tKIND\tENABLED\tSTATUS\tNEXT RUN\tLAST RUN\tRUNS\tLAST ERROR")
+	fmt.Fprintln(tw, "NAME\tCRON\tTIMEZONE\tKIND\tENABLED\tSTATUS\tNEXT RUN\tNEXT DUE\tLAST RUN\tRUNS\tLAST ERROR")
 	for _, r := range rows {
 		lastErr := "-"
 		if r.LastError != nil {
@@ -311,10 +324,76 @@ func printSchedules(out io.Writer, rows []*db.Schedule) error {
 				lastErr = lastErr[:77] + "..."
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%d\t%s\n", r.Name, r.Cron, r.Timezone, r.Kind,
-			r.Enabled, r.Status, fmtTime(r.NextRunAt), fmtTime(r.LastRunAt), r.RunCount, lastErr)
+		nextDue := "-"
+		switch {
+		case r.NextDueErr != nil:
+			nextDue = "invalid"
+		case r.NextDueAt != nil:
+			nextDue = r.NextDueAt.Format(localLayout)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, r.Cron, r.Timezone, r.Kind,
+			r.Enabled, r.Status, fmtTime(r.NextRunAt), nextDue, fmtTime(r.LastRunAt), r.RunCount, lastErr)
 	}
 	return tw.Flush()
+}
+
+// localLayout is RFC 3339 with the offset always written as digits
+// (+00:00, not Z: the time is local, not UTC).
+const localLayout = "2006-01-02T15:04:05-07:00"
+
+// maxNextCount bounds schedule next --count.
+const maxNextCount = 10_000
+
+func newScheduleNextCmd() *cobra.Command {
+	var tz, from string
+	var count int
+	cmd := &cobra.Command{
+		Use:   "next EXPR [--tz ZONE] [--from RFC3339] [--count N]",
+		Short: "Print the next due times of a cron expression",
+		Long: `next prints the next N due times of the cron expression EXPR (quoted, as one
+argument) in the zone --tz, strictly after --from (default: now, by this
+machine's clock), one per line: the time in RFC 3339 UTC, then the local
+time with its offset. It runs the code the dispatcher runs, so it shows
+what a schedule would do on the days the clocks change; @every counts from
+--from. It needs no database and writes nothing. A bad expression, zone,
+time or count is an input error (exit 2) naming the field.
+
+  sluice schedule next '*/15 2 * * *' --tz America/New_York --from 2026-03-08T00:00:00-05:00 --count 4
+  2026-03-08T07:00:00Z  2026-03-08T03:00:00-04:00
+  2026-03-08T07:15:00Z  2026-03-08T03:15:00-04:00
+  2026-03-08T07:30:00Z  2026-03-08T03:30:00-04:00
+  2026-03-08T07:45:00Z  2026-03-08T03:45:00-04:00`,
+		Args: exactArgs(1, "one cron EXPR (quote it: '*/15 2 * * *')"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if count < 1 || count > maxNextCount {
+				return usagef("invalid --count %d: want 1 to %d", count, maxNextCount)
+			}
+			t := time.Now()
+			if cmd.Flags().Changed("from") {
+				var err error
+				if t, err = time.Parse(time.RFC3339Nano, from); err != nil {
+					return usagef("invalid --from %q: want an RFC 3339 time such as 2026-03-08T00:00:00Z or 2026-03-08T00:00:00-05:00", from)
+				}
+			}
+			c, err := scheduler.ParseCron(args[0], tz)
+			if err != nil {
+				return asUsage(err)
+			}
+			w := bufio.NewWriter(cmd.OutOrStdout())
+			for range count {
+				if t = c.Next(t); t.IsZero() {
+					break
+				}
+				fmt.Fprintf(w, "%s  %s\n", t.UTC().Format(time.RFC3339), t.In(c.Location()).Format(localLayout))
+			}
+			return w.Flush()
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&tz, "tz", scheduler.DefaultTimezone, "IANA time zone the expression is read in")
+	fs.StringVar(&from, "from", "", "print the due times after this RFC 3339 time (default: now)")
+	fs.IntVar(&count, "count", 10, fmt.Sprintf("how many due times to print (1 to %d)", maxNextCount))
+	return cmd
 }
 
 // withStore checks the global flags, opens a pool and runs fn with a Store;
