@@ -204,6 +204,19 @@ func (q *Queries) ConcurrencyOverview(ctx context.Context) ([]*ConcurrencyOvervi
 	return items, nil
 }
 
+const countSlotsOf = `-- name: CountSlotsOf :one
+SELECT count(*) FROM concurrency_executions WHERE job_id = ANY($1::bigint[])
+`
+
+// How many slot rows jobs job_ids hold (a Limiter retrying a failed release
+// goes on until its jobs' slots are gone).
+func (q *Queries) CountSlotsOf(ctx context.Context, jobIds []int64) (int64, error) {
+	row := q.db.QueryRow(ctx, countSlotsOf, jobIds)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const deleteStaleConcurrencyExecutions = `-- name: DeleteStaleConcurrencyExecutions :many
 DELETE FROM concurrency_executions e
 WHERE e.kind = $1

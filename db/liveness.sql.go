@@ -344,6 +344,47 @@ func (q *Queries) RescueWorkerJobs(ctx context.Context, arg RescueWorkerJobsPara
 	return items, nil
 }
 
+const resignWorkerLeadership = `-- name: ResignWorkerLeadership :many
+WITH resigned AS (
+    DELETE FROM river_leader WHERE leader_id = $1::text
+    RETURNING leader_id
+)
+SELECT r.leader_id
+FROM resigned r,
+     LATERAL (SELECT pg_notify(
+         COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_leadership',
+         json_build_object('leader_id', r.leader_id, 'action', 'resigned')::text)) AS n
+`
+
+// Ends the River leadership of a dead worker (River's leader_id is the
+// worker's id, its River client ID), as its client would on a clean stop:
+// the leader row goes and the resignation is announced on River's channel
+// <River's schema>.river_leadership (the connection's sluice.river_schema
+// setting, as NotifyRiverInsert), so that the electors of live workers bid
+// at once rather than wait for the dead leader's term to expire (River's
+// leader TTL, 15s). Until a live worker leads, nothing runs River's
+// leader-only maintenance, among which the scheduler that makes the jobs
+// the reap just made retryable available. Returns the resigned leader ids.
+func (q *Queries) ResignWorkerLeadership(ctx context.Context, workerID string) ([]string, error) {
+	rows, err := q.db.Query(ctx, resignWorkerLeadership, workerID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var leader_id string
+		if err := rows.Scan(&leader_id); err != nil {
+			return nil, err
+		}
+		items = append(items, leader_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const terminateBackends = `-- name: TerminateBackends :one
 SELECT sluice_terminate_backends($1::text, $2::bigint)::integer AS terminated
 `

@@ -117,6 +117,7 @@ type Limiter struct {
 	recheckMu sync.Mutex
 	rechecks  map[string]bool // kinds with a recheck chain running
 	stopped   bool
+	stopCh    chan struct{} // closed by Flush: retries of failed releases stop
 }
 
 type admitRequest struct {
@@ -185,7 +186,7 @@ func New(cfg Config) (*Limiter, error) {
 		workerID = "limiter-" + hex.EncodeToString(b[:])
 	}
 	l := &Limiter{pool: cfg.Pool, q: db.New(cfg.Pool), logger: cfg.Logger, metrics: cfg.Metrics, workerID: workerID,
-		ignoreLimits: cfg.IgnoreLimits, neverPark: cfg.NeverPark}
+		ignoreLimits: cfg.IgnoreLimits, neverPark: cfg.NeverPark, stopCh: make(chan struct{})}
 	l.leases = newLeaser(l, cfg.ParkAfter)
 	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
@@ -323,11 +324,15 @@ func (l *Limiter) Forget(ctx context.Context, kind string, jobID int64) error {
 func (l *Limiter) ParkedTotal() int64 { return l.parkedTotal.Load() }
 
 // Flush gives back the worker's leased slots, stops the rechecks after
-// parkings, and waits until the slot releases of jobs that ended have been
-// written. Call it once the worker's jobs have ended.
+// parkings and the retries of failed releases, and waits until the slot
+// releases of jobs that ended have been written. Call it once the worker's
+// jobs have ended.
 func (l *Limiter) Flush() {
 	l.leases.close()
 	l.recheckMu.Lock()
+	if !l.stopped && l.stopCh != nil {
+		close(l.stopCh)
+	}
 	l.stopped = true
 	l.recheckMu.Unlock()
 	l.releaser.flush()
@@ -599,7 +604,9 @@ func (l *Limiter) park(ctx context.Context, q *db.Queries, batch []*admitRequest
 // slot, resumes the oldest parked jobs into the free slots in a second
 // transaction. Admissions park rather than take a slot while jobs are
 // parked, so the freed slots wait for the resume. A request without a job
-// (a recheck after a parking) only looks for free slots.
+// (a recheck after a parking) only looks for free slots. When either step
+// fails (the database is unreachable), the kinds are cleaned up again in the
+// background (retryRelease).
 func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
 	defer cancel()
@@ -615,7 +622,8 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	}
 	rows, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) { return db.New(l.pool).ReleaseJobs(ctx, p) })
 	if err != nil {
-		l.logger.Error("concurrency slots not released; concurrency_limit.resume will clean them up", "error", err)
+		l.logger.Error("concurrency slots not released; retrying", "error", err)
+		l.retryRelease(p.Kinds, p.JobIds)
 		return
 	}
 	var resumeKinds []string
@@ -643,7 +651,8 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		return saveCounts(ctx, q, counts)
 	})
 	if err != nil {
-		l.logger.Error("parked jobs not resumed; concurrency_limit.resume will resume them", "error", err)
+		l.logger.Error("parked jobs not resumed; retrying", "error", err)
+		l.retryRelease(resumeKinds, nil)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/maintenance"
 )
@@ -148,67 +147,7 @@ func (w *ResumeWorker) resumeKind(ctx context.Context, kind string) error {
 		logger.Warn("concurrency_limit.resume: unknown job kind; skipped")
 		return nil
 	}
-	var resumed int
-	var remaining bool
-	err := pgx.BeginFunc(ctx, w.limiter.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
-		counts, err := lockKinds(ctx, q, []string{kind})
-		if err != nil {
-			return err
-		}
-		c, limited := counts[kind]
-		if limited && c.limit < 0 {
-			logger.Info("concurrency_limit.resume: circuit breaker is on; nothing resumed", "limit", c.limit)
-			return nil
-		}
-		stale, err := q.DeleteStaleConcurrencyExecutions(ctx, db.DeleteStaleConcurrencyExecutionsParams{
-			Kind: kind, ReservedTtlMs: ReservedSlotTTL.Milliseconds(),
-		})
-		if err != nil {
-			return fmt.Errorf("clean up stale slots: %w", err)
-		}
-		if len(stale) > 0 {
-			logger.Warn("concurrency_limit.resume: freed slots of jobs no longer running, or reserved and not started", "job_ids", stale)
-		}
-		expired, err := q.DeleteStaleLeases(ctx, db.DeleteStaleLeasesParams{Kind: kind, TtlMs: LeaseTTL.Milliseconds()})
-		if err != nil {
-			return fmt.Errorf("free expired leases: %w", err)
-		}
-		for _, e := range expired {
-			logger.Warn("concurrency_limit.resume: freed the lease of a worker that stopped renewing it", "worker_id", e.WorkerID, "slots", e.Slots)
-		}
-		if limited {
-			// The safety net also corrects the count and flag the hot path keeps.
-			if err := q.RecountConcurrency(ctx, kind); err != nil {
-				return fmt.Errorf("recount: %w", err)
-			}
-			if counts, err = lockKinds(ctx, q, []string{kind}); err != nil {
-				return err
-			}
-			c = counts[kind]
-		} else {
-			// Unlimited (no row): resume in batches of MaxResumeBatch.
-			has, err := q.HasParkedJobs(ctx, kind)
-			if err != nil {
-				return fmt.Errorf("look for parked jobs: %w", err)
-			}
-			c = &kindCounts{hasParked: has}
-		}
-		if !c.hasParked {
-			return nil
-		}
-		logger.Info("concurrency_limit.resume", "limit", c.limit, "current", c.taken)
-		if resumed, err = w.limiter.resumeInto(ctx, q, kind, c); err != nil {
-			return err
-		}
-		// Fresh either way: resumeInto looked again after resuming, and
-		// when it had no slot to fill, the recount just did.
-		remaining = c.hasParked
-		if limited {
-			return saveCounts(ctx, q, map[string]*kindCounts{kind: c})
-		}
-		return nil
-	})
+	resumed, remaining, err := w.limiter.cleanUpKind(ctx, kind, logger, ResumeKind)
 	if err != nil {
 		return fmt.Errorf("resume %s: %w", kind, err)
 	}

@@ -52,7 +52,10 @@ var errReaperBusy = errors.New("another reaper is at work")
 // off); take the reaper lock; lock the limit rows of its kinds, rescue its running jobs as River's rescuer would
 // (RescueWorkerJobs), free their concurrency slots and every slot
 // recorded for it, resume parked jobs into the freed slots, mark its running
-// maintenance runs failed, and delete its row.
+// maintenance runs failed, resign its River leadership (if it led: River's
+// leader-only maintenance, the scheduler that makes the rescued jobs
+// available among it, would otherwise wait for the dead leader's term to
+// expire), and delete its row.
 type reaper struct {
 	pool     *pgxpool.Pool
 	limiter  *limiter.Limiter
@@ -76,6 +79,8 @@ type reapResult struct {
 	Slots           limiter.SlotReleaseResult
 	MaintenanceRuns []int64
 	Terminated      int
+	// ResignedLeader: the dead worker was River's leader, and resigned.
+	ResignedLeader bool
 }
 
 // run reaps every heartbeat interval until ctx is done.
@@ -222,6 +227,11 @@ func (r *reaper) reapTx(ctx context.Context, tx pgx.Tx, d deadWorker, unfenced b
 	for _, run := range runs {
 		res.MaintenanceRuns = append(res.MaintenanceRuns, run.ID)
 	}
+	resigned, err := q.ResignWorkerLeadership(ctx, d.ID)
+	if err != nil {
+		return nil, fmt.Errorf("resign River leadership of %s: %w", d.ID, err)
+	}
+	res.ResignedLeader = len(resigned) > 0
 	if _, err := q.DeleteDeadWorker(ctx, db.DeleteDeadWorkerParams{ID: d.ID, Incarnation: d.Incarnation}); err != nil {
 		return nil, fmt.Errorf("delete worker row %s: %w", d.ID, err)
 	}
@@ -255,6 +265,7 @@ func (r *reaper) record(logger *slog.Logger, d deadWorker, res *reapResult) {
 		"slots_released", released,
 		"parked_resumed", resumed,
 		"maintenance_runs_failed", res.MaintenanceRuns,
+		"river_leader_resigned", res.ResignedLeader,
 		"backends_terminated", res.Terminated)
 }
 

@@ -556,3 +556,80 @@ func TestReapChecksInsideItsTransaction(t *testing.T) {
 	require.Equal(t, "running", jobStateOf(t, admin, job))
 	require.NoError(t, alive.hb.beat(ctx), "the worker goes on")
 }
+
+// TestReapResignsDeadLeader: a dead worker that was River's leader holds
+// the leader row until its term expires (River's leader TTL, 15s; here an
+// hour), and with it River's leader-only maintenance, among which the
+// scheduler that makes the jobs a reap rescued available. The reap resigns
+// its leadership as River's client would: the row goes and the resignation
+// is announced, so that a live worker's elector (a River client denied the
+// leadership until then) takes over at once. The leadership of a worker
+// that is not reaped is left alone.
+func TestReapResignsDeadLeader(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	admin, err := db.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+
+	me := newMember(t, url, "me", 100*time.Millisecond, time.Second)
+	newMember(t, url, "dead", 100*time.Millisecond, time.Second)
+	mustExec(t, admin, `INSERT INTO river_leader (elected_at, expires_at, leader_id) VALUES (now(), now() + interval '1 hour', 'dead')`)
+
+	// A live worker's River client, with leader election: denied while the
+	// dead worker's term lasts.
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &gateWorker{started: make(chan int, 1), release: make(chan struct{})})
+	client, err := river.NewClient(riverpgxv5.New(admin), &river.Config{
+		Schema:   db.SchemasOf(admin).River,
+		ID:       "follower",
+		Logger:   testlog.Logger(t),
+		Queues:   map[string]river.QueueConfig{"leadership_test": {MaxWorkers: 1}},
+		TestOnly: true,
+		Workers:  workers,
+	})
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = client.Stop(stopCtx)
+	})
+	time.Sleep(500 * time.Millisecond) // its first bid, denied
+	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM river_leader WHERE leader_id = 'dead'`))
+
+	channel := db.SchemasOf(admin).River + ".river_leadership"
+	listener, err := admin.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+
+	mustExec(t, admin, `UPDATE sluice_workers SET heartbeat_at = now() - interval '1 hour' WHERE id = 'dead'`)
+	require.NoError(t, me.hb.beat(ctx)) // the reaper's own row alive
+	me.seasoned(time.Hour)
+	n, err := me.rp.pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Zero(t, countOf(t, admin, `SELECT count(*) FROM river_leader WHERE leader_id = 'dead'`), "the dead leader's row is gone")
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	note, err := listener.Conn().WaitForNotification(waitCtx)
+	require.NoError(t, err, "the resignation is announced")
+	require.Equal(t, channel, note.Channel)
+	require.JSONEq(t, `{"leader_id": "dead", "action": "resigned"}`, note.Payload)
+	require.Eventually(t, func() bool {
+		return countOf(t, admin, `SELECT count(*) FROM river_leader WHERE leader_id = 'follower'`) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the live worker's elector takes the leadership on the resignation")
+
+	// Another dead worker's reap leaves the live leader alone.
+	newMember(t, url, "dead2", 100*time.Millisecond, time.Second)
+	mustExec(t, admin, `UPDATE sluice_workers SET heartbeat_at = now() - interval '1 hour' WHERE id = 'dead2'`)
+	require.NoError(t, me.hb.beat(ctx))
+	me.seasoned(time.Hour)
+	n, err = me.rp.pass(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM river_leader WHERE leader_id = 'follower'`))
+}

@@ -47,7 +47,9 @@ type RescuedJob struct {
 // be dead rather than guessed stuck after an hour: a retryable job is due at
 // once (scheduled_at now, not after the retry policy's backoff), and no job
 // is left alone for not having reached its timeout yet. River's scheduler
-// makes a retryable job available (within its 5s interval, on the leader).
+// makes a retryable job available (within its 5s interval, on the leader;
+// the reap resigns the dead worker's leadership, so that a live worker
+// leads at once if the dead one did).
 func RescueWorkerJobs(ctx context.Context, tx pgx.Tx, registry *kinds.Registry, workerID string, now time.Time) ([]RescuedJob, error) {
 	q := db.New(tx)
 	running, err := q.LockWorkerRunningJobs(ctx, workerID)

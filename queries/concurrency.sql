@@ -278,3 +278,8 @@ SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
 RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked;
+
+-- name: CountSlotsOf :one
+-- How many slot rows jobs job_ids hold (a Limiter retrying a failed release
+-- goes on until its jobs' slots are gone).
+SELECT count(*) FROM concurrency_executions WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);

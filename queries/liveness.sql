@@ -103,6 +103,26 @@ SET finished_at = now(),
 WHERE worker_id = sqlc.arg(worker_id)::text AND status = 'running'
 RETURNING id, kind;
 
+-- name: ResignWorkerLeadership :many
+-- Ends the River leadership of a dead worker (River's leader_id is the
+-- worker's id, its River client ID), as its client would on a clean stop:
+-- the leader row goes and the resignation is announced on River's channel
+-- <River's schema>.river_leadership (the connection's sluice.river_schema
+-- setting, as NotifyRiverInsert), so that the electors of live workers bid
+-- at once rather than wait for the dead leader's term to expire (River's
+-- leader TTL, 15s). Until a live worker leads, nothing runs River's
+-- leader-only maintenance, among which the scheduler that makes the jobs
+-- the reap just made retryable available. Returns the resigned leader ids.
+WITH resigned AS (
+    DELETE FROM river_leader WHERE leader_id = sqlc.arg(worker_id)::text
+    RETURNING leader_id
+)
+SELECT r.leader_id
+FROM resigned r,
+     LATERAL (SELECT pg_notify(
+         COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_leadership',
+         json_build_object('leader_id', r.leader_id, 'action', 'resigned')::text)) AS n;
+
 -- name: DeleteDeadWorker :execrows
 -- The last step of a reap.
 DELETE FROM sluice_workers WHERE id = sqlc.arg(id) AND incarnation = sqlc.arg(incarnation);

@@ -34,14 +34,15 @@ the reaper of a live worker (one at a time, every heartbeat interval)
 makes its running jobs retryable ("worker <id> lost"; discarded when out
 of attempts, cancelled when their cancellation was requested), frees their
 concurrency slots, resumes parked jobs into them, marks its maintenance runs
-failed and deletes its row. A reaper acts only after its own worker has
-heartbeated without a gap for the dead worker's dead-after, so a database
-outage does not make workers reap each other. A worker that finds itself
-reaped (it was paused or cut off for longer than --dead-after) cancels its
-jobs, writes nothing more (its sessions are fenced in the database) and
-exits with code 3, for its supervisor to start a new one. A worker started
-with an --id that a live worker uses exits 1; with the --id of a dead worker,
-it waits until that worker counts as dead, reaps it and takes the id over.
+failed, resigns its River leadership if it led, and deletes its row. A
+reaper acts only after its own worker has heartbeated without a gap for the
+dead worker's dead-after, so a database outage does not make workers reap
+each other. A worker that finds itself reaped (it was paused or cut off for
+longer than --dead-after) cancels its jobs, writes nothing more (its
+sessions are fenced in the database) and exits with code 3, for its
+supervisor to start a new one. A worker started with an --id that a live
+worker uses exits 1; with the --id of a dead worker, it waits until that
+worker counts as dead, reaps it and takes the id over.
 
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
