@@ -195,6 +195,12 @@ func reserveRunSlot(ctx context.Context, lim *limiter.Limiter, kind string, jobI
 			switch {
 			case res.Limit < 0:
 				why = fmt.Sprintf("its limit %d is a circuit breaker", res.Limit)
+			case res.Why == "key_limit":
+				why = "its key's slots are taken"
+			case res.Why == "key_fifo":
+				why = "parked jobs of its key go first"
+			case res.Why == "rate" || res.Why == "key_rate":
+				why = "its rate limit's window is full"
 			case res.Parked && res.Taken < res.Limit:
 				why = "parked jobs of the kind go first"
 			case res.Parked:

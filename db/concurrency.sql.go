@@ -43,7 +43,7 @@ WITH req AS (
     LEFT JOIN concurrency_executions e ON e.job_id = r.job_id AND e.reserved
 ),
 lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields, l.rate_max
     FROM concurrency_limits l
     WHERE l.kind = ANY($2::text[])
     ORDER BY l.kind
@@ -57,6 +57,7 @@ ranked AS (
 decided AS (
     SELECT ranked.job_id, ranked.kind, ranked.ord,
            CASE
+               WHEN lim.partition_fields IS NOT NULL OR lim.rate_max IS NOT NULL THEN 'keyed'
                WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
                WHEN lim.max_concurrency < 0 THEN 'park'
                WHEN ranked.has_reserved THEN 'reserved'
@@ -114,7 +115,9 @@ type AdmitJobsRow struct {
 
 // The admission fast path: one batch of jobs (in order) in one statement.
 // Locks the limit rows of their kinds in kind order, decides per job —
-// 'run' (no limit row, or 0: no slot needed), 'reserved' (a resumed job: its
+// 'keyed' (the kind has a per-key or rate limit: decided by the keyed
+// path, limiter/keyed.go), 'run' (no limit row, or 0: no slot needed),
+// 'reserved' (a resumed job: its
 // slot was reserved when it was resumed and is now its own), 'park' (circuit
 // breaker, jobs already parked, or no free slot) or 'admit' — writes the
 // admitted jobs' slot rows and raises the kinds' admitted counts. Parking
@@ -259,11 +262,29 @@ func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg Dele
 	return items, nil
 }
 
-const hasParkedJobs = `-- name: HasParkedJobs :one
+const hasAnyParkedJobs = `-- name: HasAnyParkedJobs :one
 SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
 `
 
-// Whether kind has parking records (pending, or completing their parking).
+// Whether kind has parking records for any reason.
+func (q *Queries) HasAnyParkedJobs(ctx context.Context, kind string) (bool, error) {
+	row := q.db.QueryRow(ctx, hasAnyParkedJobs, kind)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
+const hasParkedJobs = `-- name: HasParkedJobs :one
+SELECT EXISTS (
+    SELECT 1 FROM concurrency_parked_jobs p
+    WHERE p.kind = $1 AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
+)
+`
+
+// Whether jobs of kind wait for the kind (its limit, its rate, or older
+// jobs of the kind): parking records (pending, or completing their
+// parking) for any reason but their key's. New jobs of the kind park behind
+// them (the kind's has_parked flag).
 func (q *Queries) HasParkedJobs(ctx context.Context, kind string) (bool, error) {
 	row := q.db.QueryRow(ctx, hasParkedJobs, kind)
 	var exists bool
@@ -272,18 +293,21 @@ func (q *Queries) HasParkedJobs(ctx context.Context, kind string) (bool, error) 
 }
 
 const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :many
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
-SELECT unnest($1::bigint[]), unnest($2::text[]), $3, $4::boolean
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
+SELECT r.job_id, r.kind, $1, $2::boolean, NULLIF(r.key, '')
+FROM (SELECT unnest($3::bigint[]) AS job_id, unnest($4::text[]) AS kind,
+             unnest($5::text[]) AS key) AS r
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now()
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now(), key = EXCLUDED.key
 RETURNING kind, (xmax::text = '0')::boolean AS inserted
 `
 
 type InsertConcurrencyExecutionsParams struct {
-	JobIds   []int64  `json:"job_ids"`
-	Kinds    []string `json:"kinds"`
 	WorkerID *string  `json:"worker_id"`
 	Reserved bool     `json:"reserved"`
+	JobIds   []int64  `json:"job_ids"`
+	Kinds    []string `json:"kinds"`
+	Keys     []string `json:"keys"`
 }
 
 type InsertConcurrencyExecutionsRow struct {
@@ -291,17 +315,19 @@ type InsertConcurrencyExecutionsRow struct {
 	Inserted bool   `json:"inserted"`
 }
 
-// Admits jobs: one slot each. A job admitted again (a retry while a stale row
-// of its earlier attempt remains) keeps its one row. Returns the kinds of
-// the rows it inserted (not those it updated), so that the caller raises
-// the counts by exactly the rows added (xmax is 0 on a row this statement
-// inserted).
+// Admits jobs: one slot each, with its partition key (keys in step with
+// job_ids; ” or missing: none). A job admitted again (a retry while a
+// stale row of its earlier attempt remains) keeps its one row. Returns the
+// kinds of the rows it inserted (not those it updated), so that the caller
+// raises the counts by exactly the rows added (xmax is 0 on a row this
+// statement inserted).
 func (q *Queries) InsertConcurrencyExecutions(ctx context.Context, arg InsertConcurrencyExecutionsParams) ([]*InsertConcurrencyExecutionsRow, error) {
 	rows, err := q.db.Query(ctx, insertConcurrencyExecutions,
-		arg.JobIds,
-		arg.Kinds,
 		arg.WorkerID,
 		arg.Reserved,
+		arg.JobIds,
+		arg.Kinds,
+		arg.Keys,
 	)
 	if err != nil {
 		return nil, err
@@ -322,27 +348,31 @@ func (q *Queries) InsertConcurrencyExecutions(ctx context.Context, arg InsertCon
 }
 
 const insertParkedJobs = `-- name: InsertParkedJobs :exec
-INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id)
-SELECT unnest($1::bigint[]), unnest($2::text[]),
-       unnest($3::text[]), $4
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+SELECT r.job_id, r.kind, r.reason, $1, NULLIF(r.key, '')
+FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS kind,
+             unnest($4::text[]) AS reason, unnest($5::text[]) AS key) AS r
 ON CONFLICT (job_id) DO NOTHING
 `
 
 type InsertParkedJobsParams struct {
+	WorkerID *string  `json:"worker_id"`
 	JobIds   []int64  `json:"job_ids"`
 	Kinds    []string `json:"kinds"`
 	Reasons  []string `json:"reasons"`
-	WorkerID *string  `json:"worker_id"`
+	Keys     []string `json:"keys"`
 }
 
-// Records why and when jobs parked (job_ids, kinds and reasons in step). A
-// job already parked keeps its first record.
+// Records why and when jobs parked, with their partition keys (job_ids,
+// kinds, reasons and keys in step; key ” or missing: none). A job already
+// parked keeps its first record.
 func (q *Queries) InsertParkedJobs(ctx context.Context, arg InsertParkedJobsParams) error {
 	_, err := q.db.Exec(ctx, insertParkedJobs,
+		arg.WorkerID,
 		arg.JobIds,
 		arg.Kinds,
 		arg.Reasons,
-		arg.WorkerID,
+		arg.Keys,
 	)
 	return err
 }
@@ -385,7 +415,7 @@ func (q *Queries) ListConcurrencyLimits(ctx context.Context) ([]*ListConcurrency
 const listParkedJobs = `-- name: ListParkedJobs :many
 SELECT p.job_id, p.kind, j.queue, j.state::text AS state, p.reason, p.parked_at,
        extract(epoch FROM now() - p.parked_at)::float8 AS waiting_seconds,
-       j.attempt, j.max_attempts, j.args
+       j.attempt, j.max_attempts, j.args, p.key
 FROM concurrency_parked_jobs p
 JOIN river_job j ON j.id = p.job_id
 WHERE $1::text = '' OR p.kind = $1::text
@@ -409,10 +439,12 @@ type ListParkedJobsRow struct {
 	Attempt        int16           `json:"attempt"`
 	MaxAttempts    int16           `json:"max_attempts"`
 	Args           json.RawMessage `json:"args"`
+	Key            *string         `json:"key"`
 }
 
-// Parked jobs with their River rows, oldest first within a kind (the order
-// they resume in); kind ” lists every kind.
+// Parked jobs with their River rows and partition keys, oldest first within
+// a kind (within a key, the order they resume in); kind ” lists every
+// kind.
 func (q *Queries) ListParkedJobs(ctx context.Context, arg ListParkedJobsParams) ([]*ListParkedJobsRow, error) {
 	rows, err := q.db.Query(ctx, listParkedJobs, arg.Kind, arg.MaxRows)
 	if err != nil {
@@ -433,6 +465,7 @@ func (q *Queries) ListParkedJobs(ctx context.Context, arg ListParkedJobsParams) 
 			&i.Attempt,
 			&i.MaxAttempts,
 			&i.Args,
+			&i.Key,
 		); err != nil {
 			return nil, err
 		}
@@ -445,22 +478,32 @@ func (q *Queries) ListParkedJobs(ctx context.Context, arg ListParkedJobsParams) 
 }
 
 const lockConcurrencyLimits = `-- name: LockConcurrencyLimits :many
-SELECT kind, max_concurrency, admitted, has_parked FROM concurrency_limits
+SELECT kind, max_concurrency, admitted, has_parked,
+       partition_fields, key_max, rate_max,
+       COALESCE((extract(epoch FROM rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+       rate_per_key
+FROM concurrency_limits
 WHERE kind = ANY($1::text[])
 ORDER BY kind
 FOR UPDATE
 `
 
 type LockConcurrencyLimitsRow struct {
-	Kind           string `json:"kind"`
-	MaxConcurrency int32  `json:"max_concurrency"`
-	Admitted       int32  `json:"admitted"`
-	HasParked      bool   `json:"has_parked"`
+	Kind            string   `json:"kind"`
+	MaxConcurrency  int32    `json:"max_concurrency"`
+	Admitted        int32    `json:"admitted"`
+	HasParked       bool     `json:"has_parked"`
+	PartitionFields []string `json:"partition_fields"`
+	KeyMax          *int32   `json:"key_max"`
+	RateMax         *int32   `json:"rate_max"`
+	RatePeriodMs    int64    `json:"rate_period_ms"`
+	RatePerKey      bool     `json:"rate_per_key"`
 }
 
 // Locks the limit rows of kinds, in kind order (no deadlocks), and returns
-// them with their count of slots taken (admitted + reserved) and whether
-// jobs are parked. Kinds without a row are not limited and not returned.
+// them with their count of slots taken (admitted + reserved), whether jobs
+// wait for the kind (has_parked), and the kind's per-key and rate limits.
+// Kinds without a row are not limited and not returned.
 func (q *Queries) LockConcurrencyLimits(ctx context.Context, kinds []string) ([]*LockConcurrencyLimitsRow, error) {
 	rows, err := q.db.Query(ctx, lockConcurrencyLimits, kinds)
 	if err != nil {
@@ -475,6 +518,11 @@ func (q *Queries) LockConcurrencyLimits(ctx context.Context, kinds []string) ([]
 			&i.MaxConcurrency,
 			&i.Admitted,
 			&i.HasParked,
+			&i.PartitionFields,
+			&i.KeyMax,
+			&i.RateMax,
+			&i.RatePeriodMs,
+			&i.RatePerKey,
 		); err != nil {
 			return nil, err
 		}
@@ -545,11 +593,13 @@ const recountConcurrency = `-- name: RecountConcurrency :exec
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1)
         + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = $1),
-    has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
+    has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+                         WHERE p.kind = $1 AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
 WHERE kind = $1
 `
 
-// Sets the count and flag of kind's limit row from the tables they describe.
+// Sets the count and flag of kind's limit row from the tables they describe
+// (has_parked: jobs wait for the kind, not only for their keys).
 func (q *Queries) RecountConcurrency(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, recountConcurrency, kind)
 	return err
@@ -580,7 +630,8 @@ UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
-RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked
+RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked,
+          (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed
 `
 
 type ReleaseJobsParams struct {
@@ -595,11 +646,12 @@ type ReleaseJobsRow struct {
 	MaxConcurrency int32  `json:"max_concurrency"`
 	Admitted       int32  `json:"admitted"`
 	HasParked      bool   `json:"has_parked"`
+	Keyed          bool   `json:"keyed"`
 }
 
 // The release fast path: frees the slots of jobs that ended, lowers the
-// kinds' admitted counts (limit rows
-// locked in kind order first), and returns the state of the kinds released,
+// kinds' admitted counts (limit rows locked in kind order first), and
+// returns the state of the kinds released (keyed: a per-key or rate limit),
 // so the caller can resume parked jobs into the free slots. Only the
 // caller's slots go (worker_id), and with include_unclaimed a reservation
 // not claimed yet: a job rescued and running on another worker keeps the
@@ -623,6 +675,7 @@ func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*Re
 			&i.MaxConcurrency,
 			&i.Admitted,
 			&i.HasParked,
+			&i.Keyed,
 		); err != nil {
 			return nil, err
 		}
@@ -677,12 +730,23 @@ const resumeParkedJobs = `-- name: ResumeParkedJobs :many
 UPDATE river_job j
 SET state = 'available'
 WHERE j.id IN (
-    SELECT r.id FROM concurrency_parked_jobs p
-    JOIN river_job r ON r.id = p.job_id
-    WHERE p.kind = $1 AND r.state = 'pending'
-    ORDER BY p.job_id
-    LIMIT $2
-    FOR UPDATE OF r SKIP LOCKED
+    SELECT r.id FROM river_job r
+    WHERE r.id IN (
+        SELECT x.job_id FROM (
+            SELECT p.job_id,
+                   bool_and(q.state = 'pending' OR p.parked_at < now() - interval '5 seconds')
+                       OVER (ORDER BY p.job_id) AS ready
+            FROM concurrency_parked_jobs p
+            JOIN river_job q ON q.id = p.job_id
+            WHERE p.kind = $1
+            ORDER BY p.job_id
+            LIMIT $2
+        ) x
+        WHERE x.ready
+    )
+    AND r.state = 'pending'
+    ORDER BY r.id
+    FOR UPDATE SKIP LOCKED
 )
 RETURNING j.id, j.queue
 `
@@ -700,7 +764,10 @@ type ResumeParkedJobsRow struct {
 // Moves the oldest max_rows parked jobs of kind from pending to available,
 // in job-id order (FIFO), skipping rows another transaction holds, and
 // returns them. Their parking records go with them (trigger sluice_unpark).
-// A job still completing its parking (running) is not resumable yet.
+// A job still completing its parking (running) is not resumable yet, and
+// holds up the younger ones: they never start before it (unless its
+// completion is more than 5 s late: its worker is gone, and it waits for a
+// rescue).
 func (q *Queries) ResumeParkedJobs(ctx context.Context, arg ResumeParkedJobsParams) ([]*ResumeParkedJobsRow, error) {
 	rows, err := q.db.Query(ctx, resumeParkedJobs, arg.Kind, arg.MaxRows)
 	if err != nil {

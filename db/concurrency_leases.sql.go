@@ -87,14 +87,15 @@ func (q *Queries) DeleteWorkerLeases(ctx context.Context, workerID string) ([]*D
 
 const grantLease = `-- name: GrantLease :one
 WITH lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked,
+           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL) AS keyed
     FROM concurrency_limits l
     WHERE l.kind = $1
     FOR UPDATE
 ),
 g AS (
     SELECT CASE
-               WHEN lim.max_concurrency <= 0 OR lim.has_parked THEN 0
+               WHEN lim.max_concurrency <= 0 OR lim.has_parked OR lim.keyed THEN 0
                ELSE LEAST($2::integer, GREATEST(lim.max_concurrency - lim.admitted, 0))
            END AS n
     FROM lim
@@ -117,7 +118,7 @@ counted AS (
     WHERE l.kind = $1 AND g.n > 0
     RETURNING l.kind
 )
-SELECT g.n::integer AS granted, lim.max_concurrency, lim.has_parked
+SELECT g.n::integer AS granted, lim.max_concurrency, (lim.has_parked OR lim.keyed)::boolean AS has_parked
 FROM g, lim
 `
 
@@ -134,10 +135,11 @@ type GrantLeaseRow struct {
 }
 
 // Leases up to want more slots of kind to worker_id, as many as are free,
-// none while jobs of the kind are parked (they go first) or the limit is not
-// positive. A worker that gets fewer than it asked for is marked as wanting,
-// which makes the other holders keep to a fair share. Returns the slots
-// granted and the kind's state.
+// none while jobs of the kind are parked (they go first), the limit is not
+// positive, or the kind has a per-key or rate limit (reported as parked:
+// its jobs go through the keyed admission). A worker that gets fewer than
+// it asked for is marked as wanting, which makes the other holders keep to
+// a fair share. Returns the slots granted and the kind's state.
 func (q *Queries) GrantLease(ctx context.Context, arg GrantLeaseParams) (*GrantLeaseRow, error) {
 	row := q.db.QueryRow(ctx, grantLease, arg.Kind, arg.Want, arg.WorkerID)
 	var i GrantLeaseRow
@@ -147,6 +149,7 @@ func (q *Queries) GrantLease(ctx context.Context, arg GrantLeaseParams) (*GrantL
 
 const leaseState = `-- name: LeaseState :one
 SELECT l.max_concurrency, l.admitted, l.has_parked,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
        COALESCE((SELECT cl.slots FROM concurrency_leases cl
                  WHERE cl.kind = l.kind AND cl.worker_id = $1::text), 0)::integer AS own,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
@@ -167,6 +170,7 @@ type LeaseStateRow struct {
 	MaxConcurrency int32 `json:"max_concurrency"`
 	Admitted       int32 `json:"admitted"`
 	HasParked      bool  `json:"has_parked"`
+	Keyed          bool  `json:"keyed"`
 	Own            int32 `json:"own"`
 	HasReserved    bool  `json:"has_reserved"`
 	Others         int32 `json:"others"`
@@ -184,6 +188,7 @@ func (q *Queries) LeaseState(ctx context.Context, arg LeaseStateParams) (*LeaseS
 		&i.MaxConcurrency,
 		&i.Admitted,
 		&i.HasParked,
+		&i.Keyed,
 		&i.Own,
 		&i.HasReserved,
 		&i.Others,
@@ -194,7 +199,8 @@ func (q *Queries) LeaseState(ctx context.Context, arg LeaseStateParams) (*LeaseS
 const limitStates = `-- name: LimitStates :many
 
 SELECT l.kind, l.max_concurrency, l.has_parked,
-       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved
+       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed
 FROM concurrency_limits l
 ORDER BY l.kind
 `
@@ -204,6 +210,7 @@ type LimitStatesRow struct {
 	MaxConcurrency int32  `json:"max_concurrency"`
 	HasParked      bool   `json:"has_parked"`
 	HasReserved    bool   `json:"has_reserved"`
+	Keyed          bool   `json:"keyed"`
 }
 
 // Slot leases: the fast path of concurrency limits. A worker takes slots of
@@ -213,8 +220,9 @@ type LimitStatesRow struct {
 // kind's limit row first, as admission does, and keeps its admitted count
 // equal to the slot rows plus the leased slots.
 // Every limit row with what decides the fast path: whether jobs are parked
-// (they go first) and whether slots are reserved for resumed jobs (those
-// claim them through admission).
+// (they go first), whether slots are reserved for resumed jobs (those
+// claim them through admission), and whether the kind has a per-key or
+// rate limit (keyed: every job goes through the keyed admission).
 func (q *Queries) LimitStates(ctx context.Context) ([]*LimitStatesRow, error) {
 	rows, err := q.db.Query(ctx, limitStates)
 	if err != nil {
@@ -229,6 +237,7 @@ func (q *Queries) LimitStates(ctx context.Context) ([]*LimitStatesRow, error) {
 			&i.MaxConcurrency,
 			&i.HasParked,
 			&i.HasReserved,
+			&i.Keyed,
 		); err != nil {
 			return nil, err
 		}

@@ -85,6 +85,13 @@ type ConcurrencyExecution struct {
 	WorkerID   *string   `json:"worker_id"`
 	Reserved   bool      `json:"reserved"`
 	AdmittedAt time.Time `json:"admitted_at"`
+	Key        *string   `json:"key"`
+}
+
+type ConcurrencyKeyTurn struct {
+	Kind     string    `json:"kind"`
+	Key      string    `json:"key"`
+	ServedAt time.Time `json:"served_at"`
 }
 
 // Concurrency slots held in bulk by a worker, per kind; counted in concurrency_limits.admitted.
@@ -96,13 +103,33 @@ type ConcurrencyLease struct {
 	RenewedAt time.Time  `json:"renewed_at"`
 }
 
-// Global concurrency limit per job kind. No row or 0 = unlimited; < 0 = circuit breaker (park everything). Workers read changes within a second.
+// Limits per job kind: max_concurrency (> 0 limit, 0 none, < 0 circuit breaker), key_max per partition key (partition_fields), rate_max starts per rate_period (per key when rate_per_key). Workers read changes within a second.
 type ConcurrencyLimit struct {
-	Kind           string    `json:"kind"`
-	MaxConcurrency int32     `json:"max_concurrency"`
-	Admitted       int32     `json:"admitted"`
-	UpdatedAt      time.Time `json:"updated_at"`
-	HasParked      bool      `json:"has_parked"`
+	Kind            string          `json:"kind"`
+	MaxConcurrency  int32           `json:"max_concurrency"`
+	Admitted        int32           `json:"admitted"`
+	UpdatedAt       time.Time       `json:"updated_at"`
+	HasParked       bool            `json:"has_parked"`
+	PartitionFields []string        `json:"partition_fields"`
+	KeyMax          *int32          `json:"key_max"`
+	RateMax         *int32          `json:"rate_max"`
+	RatePeriod      pgtype.Interval `json:"rate_period"`
+	RatePerKey      bool            `json:"rate_per_key"`
+	MaxSource       *string         `json:"max_source"`
+	KeySource       *string         `json:"key_source"`
+	RateSource      *string         `json:"rate_source"`
+}
+
+type ConcurrencyLimitDeclaration struct {
+	Kind            string          `json:"kind"`
+	MaxConcurrency  *int32          `json:"max_concurrency"`
+	PartitionFields []string        `json:"partition_fields"`
+	KeyMax          *int32          `json:"key_max"`
+	RateMax         *int32          `json:"rate_max"`
+	RatePeriod      pgtype.Interval `json:"rate_period"`
+	RatePerKey      bool            `json:"rate_per_key"`
+	DeclaredBy      *string         `json:"declared_by"`
+	UpdatedAt       time.Time       `json:"updated_at"`
 }
 
 // Jobs waiting for a concurrency slot: job_id is the river_job.id (state pending). Resumed in job_id order within a kind.
@@ -112,6 +139,17 @@ type ConcurrencyParkedJob struct {
 	ParkedAt time.Time `json:"parked_at"`
 	Reason   string    `json:"reason"`
 	WorkerID *string   `json:"worker_id"`
+	Key      *string   `json:"key"`
+}
+
+// Starts of rate-limited kinds within their rate window (reserved: for a resumed job not fetched yet).
+type ConcurrencyStart struct {
+	ID        int64     `json:"id"`
+	Kind      string    `json:"kind"`
+	Key       *string   `json:"key"`
+	JobID     int64     `json:"job_id"`
+	StartedAt time.Time `json:"started_at"`
+	Reserved  bool      `json:"reserved"`
 }
 
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
@@ -237,12 +275,31 @@ type Setting struct {
 	UpdatedAt   time.Time       `json:"updated_at"`
 }
 
+type SluiceConcurrencyKey struct {
+	Kind            string      `json:"kind"`
+	Key             *string     `json:"key"`
+	MaxPerKey       *int32      `json:"max_per_key"`
+	RateMax         interface{} `json:"rate_max"`
+	RatePeriod      interface{} `json:"rate_period"`
+	SlotsInUse      int64       `json:"slots_in_use"`
+	Parked          int64       `json:"parked"`
+	OldestParkedAge int32       `json:"oldest_parked_age"`
+	StartsInWindow  int64       `json:"starts_in_window"`
+}
+
 type SluiceConcurrencyOverview struct {
-	Kind            string `json:"kind"`
-	MaxConcurrency  *int32 `json:"max_concurrency"`
-	Admitted        int32  `json:"admitted"`
-	Parked          int64  `json:"parked"`
-	OldestParkedAge int32  `json:"oldest_parked_age"`
+	Kind            string          `json:"kind"`
+	MaxConcurrency  *int32          `json:"max_concurrency"`
+	Admitted        int32           `json:"admitted"`
+	Parked          int64           `json:"parked"`
+	OldestParkedAge int32           `json:"oldest_parked_age"`
+	ByArgs          []string        `json:"by_args"`
+	MaxPerKey       *int32          `json:"max_per_key"`
+	RateMax         *int32          `json:"rate_max"`
+	RatePeriod      pgtype.Interval `json:"rate_period"`
+	RatePerKey      *bool           `json:"rate_per_key"`
+	ParkedKeys      int64           `json:"parked_keys"`
+	StartsInWindow  int64           `json:"starts_in_window"`
 }
 
 type SluiceParkedJob struct {
@@ -258,6 +315,7 @@ type SluiceParkedJob struct {
 	Waiting     int32           `json:"waiting"`
 	WorkerID    *string         `json:"worker_id"`
 	Args        json.RawMessage `json:"args"`
+	Key         *string         `json:"key"`
 }
 
 type SluiceQueueOverview struct {

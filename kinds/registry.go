@@ -183,3 +183,22 @@ func (k Kind) DefaultQueue() string {
 	}
 	return river.QueueDefault
 }
+
+// ArgsFields returns the top-level JSON field names of the kind's args, as
+// encoding/json names them (embedded structs' fields promoted), sorted.
+func (k Kind) ArgsFields() []string {
+	t := k.ArgsType
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	fields := jsonFields(t)
+	out := make([]string, 0, len(fields))
+	for name := range fields {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -412,7 +412,7 @@ func (s *leaser) look(k *kindLease) error {
 	s.reconcile(k, int(st.Own))
 	k.limit = st.MaxConcurrency
 	k.others = int(st.Others)
-	k.fast = st.MaxConcurrency > 0 && !st.HasParked && !st.HasReserved
+	k.fast = st.MaxConcurrency > 0 && !st.HasParked && !st.HasReserved && !st.Keyed
 	k.overLimit = st.Admitted > st.MaxConcurrency
 	if !k.fast {
 		s.dismissWaiters(k)

@@ -166,7 +166,6 @@ func TestConcurrencyLimitLoweredManyWorkers(t *testing.T) {
 func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
 	t.Parallel()
 
-	ctx := context.Background()
 	const kind = "cleared"
 	const fullKind = "test.probe." + kind
 	url, pool, tracker := probeKind(t, kind, 3)
@@ -179,9 +178,9 @@ func TestConcurrencyLimitClearedWithLeases(t *testing.T) {
 	}, time.Minute, 5*time.Millisecond)
 	require.Positive(t, count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases"), "a leased slot is in use")
 
-	cleared, err := limiter.ClearLimit(ctx, pool, fullKind)
+	cleared, err := clearLimits(t, pool, fullKind)
 	require.NoError(t, err)
-	require.True(t, cleared)
+	require.True(t, cleared.Concurrency)
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_leases"))
 	jobtest.SetLimit(t, pool, fullKind, 3)
 	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind), "no ghost slots")
@@ -209,7 +208,7 @@ func TestClearLimitRacesGrant(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := limiter.ClearLimit(ctx, pool, "demo.sleep")
+		_, err := clearLimits(t, pool, "demo.sleep")
 		done <- err
 	}()
 	require.Eventually(t, func() bool {

@@ -110,7 +110,9 @@ type Limiter struct {
 	refreshMu sync.Mutex
 
 	admitter batcher[admitRequest]
+	keyed    batcher[admitRequest] // admissions of kinds with per-key or rate limits (keyed.go)
 	releaser batcher[releaseRequest]
+	wakes    rateWakes // resumes timed to the rate windows (rate_wake.go)
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
 
@@ -123,6 +125,7 @@ type Limiter struct {
 type admitRequest struct {
 	ctx      context.Context
 	job      *rivertype.JobRow
+	key      string // the job's partition key ('' : none; keyed.go)
 	done     chan struct{}
 	decision admission
 	err      error
@@ -189,6 +192,8 @@ func New(cfg Config) (*Limiter, error) {
 		ignoreLimits: cfg.IgnoreLimits, neverPark: cfg.NeverPark, stopCh: make(chan struct{})}
 	l.leases = newLeaser(l, cfg.ParkAfter)
 	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
+	l.keyed.process, l.keyed.maxInFlight = l.keyedBatch, batchesInFlight
+	l.wakes.l = l
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
 	return l, nil
 }
@@ -206,7 +211,7 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	if err != nil {
 		return err
 	}
-	if !ok || st.limit == 0 {
+	if !ok || (st.limit == 0 && !st.keyed) {
 		return doInner(ctx)
 	}
 	if st.limit > 0 && !l.neverPark && l.leases.acquire(ctx, st, job.ID) {
@@ -218,7 +223,11 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	}
 
 	req := &admitRequest{ctx: ctx, job: job, done: make(chan struct{})}
-	l.admitter.submit(req, req.done)
+	if st.keyed {
+		l.keyed.submit(req, req.done)
+	} else {
+		l.admitter.submit(req, req.done)
+	}
 	if req.err != nil {
 		return fmt.Errorf("concurrency limit of %s: %w", job.Kind, req.err)
 	}
@@ -237,11 +246,13 @@ type limitState struct {
 	limit       int32
 	hasParked   bool
 	hasReserved bool
+	keyed       bool // a per-key or rate limit: every job goes through the keyed admission
 }
 
 // fast reports whether jobs of the kind may take leased slots: a positive
-// limit, no parked jobs to go first, no reserved slots to be claimed.
-func (s limitState) fast() bool { return s.limit > 0 && !s.hasParked && !s.hasReserved }
+// limit, no parked jobs to go first, no reserved slots to be claimed, no
+// per-key or rate limit.
+func (s limitState) fast() bool { return s.limit > 0 && !s.hasParked && !s.hasReserved && !s.keyed }
 
 // stateOf returns the limit state of kind from a cache refreshed every
 // LimitCacheTTL (ok false: no row). The cache only decides the path a job
@@ -292,7 +303,8 @@ func (l *Limiter) refreshCache(ctx context.Context, stale *limitCache) (*limitCa
 	}
 	c := &limitCache{states: make(map[string]limitState, len(rows)), loaded: time.Now()}
 	for _, r := range rows {
-		c.states[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved}
+		c.states[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved,
+			keyed: r.Keyed}
 	}
 	l.cache.Store(c)
 	return c, nil
@@ -335,6 +347,7 @@ func (l *Limiter) Flush() {
 	}
 	l.stopped = true
 	l.recheckMu.Unlock()
+	l.wakes.stop()
 	l.releaser.flush()
 }
 
@@ -382,11 +395,25 @@ func (l *Limiter) recheckChain(kind string) {
 // changes the batch makes to it.
 type kindCounts struct {
 	limit, taken       int32
-	hasParked          bool
+	hasParked          bool // jobs wait for the kind (not only for their keys)
 	dAdmit             int32
 	dirty              bool // dAdmit or hasParked changed
 	parkedAheadInBatch bool
+
+	// The kind's per-key and rate limits (keyed.go).
+	fields     []string      // the partition: args fields of a job's key (nil: none)
+	keyMax     int32         // running jobs per key (0: no per-key limit)
+	rateMax    int32         // starts per ratePeriod (0: no rate limit)
+	ratePeriod time.Duration // the rate window
+	ratePerKey bool          // the rate holds per key
 }
+
+// keyed reports whether the kind has a per-key or rate limit.
+func (c *kindCounts) keyed() bool { return c.fields != nil || c.rateMax > 0 }
+
+// slotted reports whether an admitted job of the kind takes a slot (a
+// per-kind or per-key concurrency limit).
+func (c *kindCounts) slotted() bool { return c.limit > 0 || c.keyMax > 0 }
 
 // lockKinds locks the limit rows of kinds and returns their counts; kinds
 // without a row are absent.
@@ -397,7 +424,15 @@ func lockKinds(ctx context.Context, q *db.Queries, kinds []string) (map[string]*
 	}
 	out := make(map[string]*kindCounts, len(rows))
 	for _, row := range rows {
-		out[row.Kind] = &kindCounts{limit: row.MaxConcurrency, taken: row.Admitted, hasParked: row.HasParked}
+		c := &kindCounts{limit: row.MaxConcurrency, taken: row.Admitted, hasParked: row.HasParked,
+			fields: row.PartitionFields, ratePerKey: row.RatePerKey}
+		if row.KeyMax != nil {
+			c.keyMax = *row.KeyMax
+		}
+		if row.RateMax != nil && row.RatePeriodMs > 0 {
+			c.rateMax, c.ratePeriod = *row.RateMax, time.Duration(row.RatePeriodMs)*time.Millisecond
+		}
+		out[row.Kind] = c
 	}
 	return out, nil
 }
@@ -454,11 +489,16 @@ func (l *Limiter) admitBatch(batch []*admitRequest) {
 	if err == nil && len(rows) != len(batch) {
 		err = fmt.Errorf("admission decided %d of %d jobs", len(rows), len(batch))
 	}
-	var toPark []*admitRequest
+	var toPark, keyed []*admitRequest
 	for i, r := range batch {
 		switch {
 		case err != nil:
 			r.decision, r.err = admitRun, err
+		case rows[i].Decision == "keyed":
+			// The kind got a per-key or rate limit since this worker's
+			// cache said otherwise.
+			keyed = append(keyed, r)
+			continue
 		case rows[i].Decision == "admit":
 			r.decision = admitSlot
 		case rows[i].Decision == "park" && l.neverPark:
@@ -475,6 +515,9 @@ func (l *Limiter) admitBatch(batch []*admitRequest) {
 		n := min(len(toPark), parkChunk)
 		l.parkBatch(toPark[:n])
 		toPark = toPark[n:]
+	}
+	if len(keyed) > 0 {
+		l.keyedBatch(keyed)
 	}
 }
 
@@ -583,7 +626,10 @@ func (l *Limiter) park(ctx context.Context, q *db.Queries, batch []*admitRequest
 		p.JobIds = append(p.JobIds, job.ID)
 		p.Kinds = append(p.Kinds, job.Kind)
 		p.Reasons = append(p.Reasons, reasons[i])
-		if c := counts[job.Kind]; !c.hasParked {
+		p.Keys = append(p.Keys, r.key)
+		if c := counts[job.Kind]; !c.hasParked && !keyReason(reasons[i]) {
+			// New jobs of the kind wait behind it (FIFO); a job that waits
+			// for its key holds up only its key.
 			c.hasParked, c.dirty = true, true
 		}
 		if !slices.Contains(kinds, job.Kind) {
@@ -628,7 +674,10 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	}
 	var resumeKinds []string
 	for _, row := range rows {
-		if row.HasParked && row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency) {
+		free := row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency)
+		// A kind with per-key or rate limits may have jobs waiting for a
+		// key whose slot just freed, whatever the kind's flag says.
+		if free && (row.HasParked || row.Keyed) {
 			resumeKinds = append(resumeKinds, row.Kind)
 		}
 	}
@@ -673,6 +722,9 @@ func retryDeadlock[T any](fn func() (T, error)) (T, error) {
 // c (locked), records the changes in c, sets the kind's parked flag from
 // its records again, and returns how many jobs it resumed.
 func (l *Limiter) resumeInto(ctx context.Context, q *db.Queries, kind string, c *kindCounts) (int, error) {
+	if c.keyed() {
+		return l.resumeKeyed(ctx, q, kind, c)
+	}
 	if c.limit < 0 {
 		return 0, nil
 	}

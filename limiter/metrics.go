@@ -15,6 +15,9 @@ type Metrics struct {
 	// Resumed counts parked jobs this process moved back into River, per
 	// kind.
 	Resumed *prometheus.CounterVec
+	// RateDelayed counts jobs this process parked because a rate window of
+	// their kind (or key) was full, per kind (also counted in Parked).
+	RateDelayed *prometheus.CounterVec
 }
 
 // NewMetrics creates the concurrency-limit metrics and registers them with
@@ -32,8 +35,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "sluice_concurrency_resumed_total",
 			Help: "Parked jobs this process made available again, per kind.",
 		}, []string{"kind"}),
+		RateDelayed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_rate_limited_total",
+			Help: "Jobs this process parked because their kind's (or key's) rate window was full, per kind (also in sluice_concurrency_parked_total).",
+		}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.Parked, m.Resumed} {
+	for _, c := range []prometheus.Collector{m.Parked, m.Resumed, m.RateDelayed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register concurrency metrics: %w", err)
 		}
@@ -45,4 +52,5 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) Init(kind string) {
 	m.Parked.WithLabelValues(kind)
 	m.Resumed.WithLabelValues(kind)
+	m.RateDelayed.WithLabelValues(kind)
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/limiter"
 )
 
 // logParkings records every parking of the test database in
@@ -53,4 +55,12 @@ func waitParked(t *testing.T, pool *pgxpool.Pool, ids ...int64) {
 		return count(t, pool, `SELECT count(*) FROM river_job j JOIN concurrency_parked_jobs p ON p.job_id = j.id
 			WHERE j.id = ANY($1) AND j.state = 'pending'`, ids) == len(ids)
 	}, 30*time.Second, 10*time.Millisecond, "jobs %v parked", ids)
+}
+
+// clearLimits clears every limit of kind, as `sluice limits clear` does.
+func clearLimits(t *testing.T, pool *pgxpool.Pool, kind string) (limiter.Facets, error) {
+	t.Helper()
+	lim, err := limiter.New(limiter.Config{Pool: pool})
+	require.NoError(t, err)
+	return lim.ClearLimits(context.Background(), kind, limiter.Facets{})
 }

@@ -5,30 +5,10 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/db"
 )
-
-// ClearLimit removes the limit of kind, with the leases counted against it,
-// and reports whether there was one. The limit row is locked first, so a
-// lease granted meanwhile is removed too.
-func ClearLimit(ctx context.Context, pool *pgxpool.Pool, kind string) (bool, error) {
-	var n int64
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
-		if _, err := q.LockConcurrencyLimits(ctx, []string{kind}); err != nil {
-			return err
-		}
-		var err error
-		n, err = q.ClearConcurrencyLimit(ctx, kind)
-		return err
-	})
-	if err != nil {
-		return false, fmt.Errorf("clear the limit of %s: %w", kind, err)
-	}
-	return n > 0, nil
-}
 
 // SlotReservation is what ReserveSlot found.
 type SlotReservation struct {
@@ -42,6 +22,9 @@ type SlotReservation struct {
 	Limit, Taken int32
 	// Parked reports that the kind has parked jobs, which go first.
 	Parked bool
+	// Why says which limit holds the job when no slot was reserved (a park
+	// reason: limit, fifo, breaker, rate, key_limit, key_fifo, key_rate).
+	Why string
 }
 
 // ReserveSlot reserves a slot of kind for the job jobID, as a resume does
@@ -59,11 +42,32 @@ func (l *Limiter) ReserveSlot(ctx context.Context, kind string, jobID int64) (Sl
 			return err
 		}
 		c, ok := counts[kind]
-		if !ok || c.limit == 0 {
+		if !ok || (c.limit == 0 && !c.keyed()) {
 			return nil
 		}
 		res = SlotReservation{Needed: true, Limit: c.limit, Taken: c.taken, Parked: c.hasParked}
-		if c.limit < 0 || c.hasParked || c.taken >= c.limit {
+		if c.keyed() {
+			req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: jobID, Kind: kind}}
+			held, why, _, err := l.decideKeyed(ctx, q, kind, c, []*admitRequest{req}, true)
+			if err != nil {
+				return err
+			}
+			if len(held) > 0 {
+				res.Why = why[0]
+				return nil
+			}
+			res.Reserved, res.Taken = true, c.taken
+			return saveCounts(ctx, q, counts)
+		}
+		switch {
+		case c.limit < 0:
+			res.Why = reasonBreaker
+			return nil
+		case c.hasParked:
+			res.Why = reasonFIFO
+			return nil
+		case c.taken >= c.limit:
+			res.Why = reasonLimit
 			return nil
 		}
 		if err := insertSlots(ctx, q, counts, db.InsertConcurrencyExecutionsParams{

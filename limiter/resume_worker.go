@@ -159,3 +159,12 @@ func (w *ResumeWorker) resumeKind(ctx context.Context, kind string) error {
 	}
 	return nil
 }
+
+// startsKeep is how long the starts of a kind are kept: its rate window (a
+// kind without a rate keeps none).
+func startsKeep(c *kindCounts) time.Duration {
+	if c == nil || c.rateMax == 0 {
+		return 0
+	}
+	return c.ratePeriod
+}

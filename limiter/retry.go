@@ -111,6 +111,11 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 		for _, e := range expired {
 			logger.Warn(who+": freed the lease of a worker that stopped renewing it", "worker_id", e.WorkerID, "slots", e.Slots)
 		}
+		if _, err := q.DeleteStaleStarts(ctx, db.DeleteStaleStartsParams{
+			Kind: kind, KeepMs: startsKeep(c).Milliseconds(), ReservedTtlMs: ReservedSlotTTL.Milliseconds(),
+		}); err != nil {
+			return fmt.Errorf("clean up stale starts: %w", err)
+		}
 		if limited {
 			// The safety net also corrects the count and flag the hot path keeps.
 			if err := q.RecountConcurrency(ctx, kind); err != nil {
@@ -121,14 +126,22 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 			}
 			c = counts[kind]
 		} else {
-			// Unlimited (no row): resume in batches of MaxResumeBatch.
-			has, err := q.HasParkedJobs(ctx, kind)
+			// Unlimited (no row): resume in batches of MaxResumeBatch,
+			// whatever the jobs waited for.
+			has, err := q.HasAnyParkedJobs(ctx, kind)
 			if err != nil {
 				return fmt.Errorf("look for parked jobs: %w", err)
 			}
 			c = &kindCounts{hasParked: has}
 		}
-		if !c.hasParked {
+		waiting := c.hasParked
+		if c.keyed() {
+			// Jobs may wait for their keys only.
+			if waiting, err = q.HasAnyParkedJobs(ctx, kind); err != nil {
+				return fmt.Errorf("look for parked jobs: %w", err)
+			}
+		}
+		if !waiting {
 			return nil
 		}
 		logger.Info(who, "limit", c.limit, "current", c.taken)
@@ -138,6 +151,11 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 		// Fresh either way: resumeInto looked again after resuming, and
 		// when it had no slot to fill, the recount just did.
 		remaining = c.hasParked
+		if c.keyed() {
+			if remaining, err = q.HasAnyParkedJobs(ctx, kind); err != nil {
+				return fmt.Errorf("look for parked jobs: %w", err)
+			}
+		}
 		if limited {
 			return saveCounts(ctx, q, map[string]*kindCounts{kind: c})
 		}

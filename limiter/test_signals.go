@@ -11,9 +11,13 @@ type TestSignals struct {
 	// Renewed: the worker renewed its lease of a kind and reconciled its
 	// count of the kind's slots with the database's (value: the kind).
 	Renewed testsignal.TestSignal[string]
+	// RateWake: a rate window's timer fired and a resume of the kind is on
+	// its way (value: the kind).
+	RateWake testsignal.TestSignal[string]
 }
 
 // Init initializes every signal for tb.
 func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.Renewed.Init(tb)
+	ts.RateWake.Init(tb)
 }

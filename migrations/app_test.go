@@ -2,7 +2,10 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
+	"strconv"
+	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -172,12 +175,17 @@ func TestAppMigrationsThenLaterSluiceMigration(t *testing.T) {
 	core := fstest.MapFS{}
 	entries, err := fs.ReadDir(migrations.FS, ".")
 	require.NoError(t, err)
+	last := 0
 	for _, e := range entries {
 		data, err := fs.ReadFile(migrations.FS, e.Name())
 		require.NoError(t, err)
 		core[e.Name()] = &fstest.MapFile{Data: data}
+		if v, err := strconv.Atoi(strings.SplitN(e.Name(), "_", 2)[0]); err == nil && v > last {
+			last = v
+		}
 	}
-	core["00010_later.sql"] = &fstest.MapFile{Data: []byte(`-- +goose Up
+	laterName := fmt.Sprintf("%05d_later.sql", last+1)
+	core[laterName] = &fstest.MapFile{Data: []byte(`-- +goose Up
 CREATE TABLE later (id int);
 -- +goose Down
 DROP TABLE later;
@@ -189,7 +197,7 @@ DROP TABLE later;
 	require.NoError(t, err)
 	require.Len(t, steps, 1)
 	require.Equal(t, migrations.ComponentSluice, steps[0].Component)
-	require.Equal(t, "00010_later.sql", steps[0].Name)
+	require.Equal(t, laterName, steps[0].Name)
 	require.True(t, exists(t, pool, "sluice.later"), "a core migration runs in sluice's schema")
 	require.Equal(t, appVersions, testdb.Checksum(t, pool, "sluice.goose_db_version_app"))
 	require.NoError(t, migrations.Check(ctx, pool, later))

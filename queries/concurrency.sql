@@ -26,9 +26,14 @@ DELETE FROM concurrency_limits l WHERE l.kind = sqlc.arg(kind);
 
 -- name: LockConcurrencyLimits :many
 -- Locks the limit rows of kinds, in kind order (no deadlocks), and returns
--- them with their count of slots taken (admitted + reserved) and whether
--- jobs are parked. Kinds without a row are not limited and not returned.
-SELECT kind, max_concurrency, admitted, has_parked FROM concurrency_limits
+-- them with their count of slots taken (admitted + reserved), whether jobs
+-- wait for the kind (has_parked), and the kind's per-key and rate limits.
+-- Kinds without a row are not limited and not returned.
+SELECT kind, max_concurrency, admitted, has_parked,
+       partition_fields, key_max, rate_max,
+       COALESCE((extract(epoch FROM rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+       rate_per_key
+FROM concurrency_limits
 WHERE kind = ANY(sqlc.arg(kinds)::text[])
 ORDER BY kind
 FOR UPDATE;
@@ -45,23 +50,28 @@ FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind,
 WHERE l.kind = d.kind;
 
 -- name: RecountConcurrency :exec
--- Sets the count and flag of kind's limit row from the tables they describe.
+-- Sets the count and flag of kind's limit row from the tables they describe
+-- (has_parked: jobs wait for the kind, not only for their keys).
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind))
         + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = sqlc.arg(kind)),
-    has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind))
+    has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+                         WHERE p.kind = sqlc.arg(kind) AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
 WHERE kind = sqlc.arg(kind);
 
 -- name: InsertConcurrencyExecutions :many
--- Admits jobs: one slot each. A job admitted again (a retry while a stale row
--- of its earlier attempt remains) keeps its one row. Returns the kinds of
--- the rows it inserted (not those it updated), so that the caller raises
--- the counts by exactly the rows added (xmax is 0 on a row this statement
--- inserted).
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
-SELECT unnest(sqlc.arg(job_ids)::bigint[]), unnest(sqlc.arg(kinds)::text[]), sqlc.narg(worker_id), sqlc.arg(reserved)::boolean
+-- Admits jobs: one slot each, with its partition key (keys in step with
+-- job_ids; '' or missing: none). A job admitted again (a retry while a
+-- stale row of its earlier attempt remains) keeps its one row. Returns the
+-- kinds of the rows it inserted (not those it updated), so that the caller
+-- raises the counts by exactly the rows added (xmax is 0 on a row this
+-- statement inserted).
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
+SELECT r.job_id, r.kind, sqlc.narg(worker_id), sqlc.arg(reserved)::boolean, NULLIF(r.key, '')
+FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,
+             unnest(sqlc.arg(keys)::text[]) AS key) AS r
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now()
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now(), key = EXCLUDED.key
 RETURNING kind, (xmax::text = '0')::boolean AS inserted;
 
 -- name: MarkJobsParking :many
@@ -77,32 +87,58 @@ WHERE j.id = m.id AND j.attempt = m.attempt AND j.state = 'running'
 RETURNING j.id;
 
 -- name: InsertParkedJobs :exec
--- Records why and when jobs parked (job_ids, kinds and reasons in step). A
--- job already parked keeps its first record.
-INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id)
-SELECT unnest(sqlc.arg(job_ids)::bigint[]), unnest(sqlc.arg(kinds)::text[]),
-       unnest(sqlc.arg(reasons)::text[]), sqlc.narg(worker_id)
+-- Records why and when jobs parked, with their partition keys (job_ids,
+-- kinds, reasons and keys in step; key '' or missing: none). A job already
+-- parked keeps its first record.
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+SELECT r.job_id, r.kind, r.reason, sqlc.narg(worker_id), NULLIF(r.key, '')
+FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,
+             unnest(sqlc.arg(reasons)::text[]) AS reason, unnest(sqlc.arg(keys)::text[]) AS key) AS r
 ON CONFLICT (job_id) DO NOTHING;
 
 -- name: ResumeParkedJobs :many
 -- Moves the oldest max_rows parked jobs of kind from pending to available,
 -- in job-id order (FIFO), skipping rows another transaction holds, and
 -- returns them. Their parking records go with them (trigger sluice_unpark).
--- A job still completing its parking (running) is not resumable yet.
+-- A job still completing its parking (running) is not resumable yet, and
+-- holds up the younger ones: they never start before it (unless its
+-- completion is more than 5 s late: its worker is gone, and it waits for a
+-- rescue).
 UPDATE river_job j
 SET state = 'available'
 WHERE j.id IN (
-    SELECT r.id FROM concurrency_parked_jobs p
-    JOIN river_job r ON r.id = p.job_id
-    WHERE p.kind = sqlc.arg(kind) AND r.state = 'pending'
-    ORDER BY p.job_id
-    LIMIT sqlc.arg(max_rows)
-    FOR UPDATE OF r SKIP LOCKED
+    SELECT r.id FROM river_job r
+    WHERE r.id IN (
+        SELECT x.job_id FROM (
+            SELECT p.job_id,
+                   bool_and(q.state = 'pending' OR p.parked_at < now() - interval '5 seconds')
+                       OVER (ORDER BY p.job_id) AS ready
+            FROM concurrency_parked_jobs p
+            JOIN river_job q ON q.id = p.job_id
+            WHERE p.kind = sqlc.arg(kind)
+            ORDER BY p.job_id
+            LIMIT sqlc.arg(max_rows)
+        ) x
+        WHERE x.ready
+    )
+    AND r.state = 'pending'
+    ORDER BY r.id
+    FOR UPDATE SKIP LOCKED
 )
 RETURNING j.id, j.queue;
 
 -- name: HasParkedJobs :one
--- Whether kind has parking records (pending, or completing their parking).
+-- Whether jobs of kind wait for the kind (its limit, its rate, or older
+-- jobs of the kind): parking records (pending, or completing their
+-- parking) for any reason but their key's. New jobs of the kind park behind
+-- them (the kind's has_parked flag).
+SELECT EXISTS (
+    SELECT 1 FROM concurrency_parked_jobs p
+    WHERE p.kind = sqlc.arg(kind) AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
+);
+
+-- name: HasAnyParkedJobs :one
+-- Whether kind has parking records for any reason.
 SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind));
 
 -- name: DeleteStaleConcurrencyExecutions :many
@@ -140,11 +176,12 @@ SELECT DISTINCT cl.kind FROM concurrency_leases cl WHERE cl.slots > 0
 ORDER BY 1;
 
 -- name: ListParkedJobs :many
--- Parked jobs with their River rows, oldest first within a kind (the order
--- they resume in); kind '' lists every kind.
+-- Parked jobs with their River rows and partition keys, oldest first within
+-- a kind (within a key, the order they resume in); kind '' lists every
+-- kind.
 SELECT p.job_id, p.kind, j.queue, j.state::text AS state, p.reason, p.parked_at,
        extract(epoch FROM now() - p.parked_at)::float8 AS waiting_seconds,
-       j.attempt, j.max_attempts, j.args
+       j.attempt, j.max_attempts, j.args, p.key
 FROM concurrency_parked_jobs p
 JOIN river_job j ON j.id = p.job_id
 WHERE sqlc.arg(kind)::text = '' OR p.kind = sqlc.arg(kind)::text
@@ -172,7 +209,9 @@ FROM unnest(sqlc.arg(queues)::text[]) AS q;
 -- name: AdmitJobs :many
 -- The admission fast path: one batch of jobs (in order) in one statement.
 -- Locks the limit rows of their kinds in kind order, decides per job —
--- 'run' (no limit row, or 0: no slot needed), 'reserved' (a resumed job: its
+-- 'keyed' (the kind has a per-key or rate limit: decided by the keyed
+-- path, limiter/keyed.go), 'run' (no limit row, or 0: no slot needed),
+-- 'reserved' (a resumed job: its
 -- slot was reserved when it was resumed and is now its own), 'park' (circuit
 -- breaker, jobs already parked, or no free slot) or 'admit' — writes the
 -- admitted jobs' slot rows and raises the kinds' admitted counts. Parking
@@ -185,7 +224,7 @@ WITH req AS (
     LEFT JOIN concurrency_executions e ON e.job_id = r.job_id AND e.reserved
 ),
 lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields, l.rate_max
     FROM concurrency_limits l
     WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
     ORDER BY l.kind
@@ -199,6 +238,7 @@ ranked AS (
 decided AS (
     SELECT ranked.job_id, ranked.kind, ranked.ord,
            CASE
+               WHEN lim.partition_fields IS NOT NULL OR lim.rate_max IS NOT NULL THEN 'keyed'
                WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
                WHEN lim.max_concurrency < 0 THEN 'park'
                WHEN ranked.has_reserved THEN 'reserved'
@@ -247,8 +287,8 @@ ORDER BY d.ord;
 
 -- name: ReleaseJobs :many
 -- The release fast path: frees the slots of jobs that ended, lowers the
--- kinds' admitted counts (limit rows
--- locked in kind order first), and returns the state of the kinds released,
+-- kinds' admitted counts (limit rows locked in kind order first), and
+-- returns the state of the kinds released (keyed: a per-key or rate limit),
 -- so the caller can resume parked jobs into the free slots. Only the
 -- caller's slots go (worker_id), and with include_unclaimed a reservation
 -- not claimed yet: a job rescued and running on another worker keeps the
@@ -277,7 +317,8 @@ UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
-RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked;
+RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked,
+          (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed;
 
 -- name: CountSlotsOf :one
 -- How many slot rows jobs job_ids hold (a Limiter retrying a failed release

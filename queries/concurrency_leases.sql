@@ -7,10 +7,12 @@
 
 -- name: LimitStates :many
 -- Every limit row with what decides the fast path: whether jobs are parked
--- (they go first) and whether slots are reserved for resumed jobs (those
--- claim them through admission).
+-- (they go first), whether slots are reserved for resumed jobs (those
+-- claim them through admission), and whether the kind has a per-key or
+-- rate limit (keyed: every job goes through the keyed admission).
 SELECT l.kind, l.max_concurrency, l.has_parked,
-       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved
+       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed
 FROM concurrency_limits l
 ORDER BY l.kind;
 
@@ -21,6 +23,7 @@ ORDER BY l.kind;
 -- kind or asked for some within the last wanted_window_ms (they share the
 -- limit fairly).
 SELECT l.max_concurrency, l.admitted, l.has_parked,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
        COALESCE((SELECT cl.slots FROM concurrency_leases cl
                  WHERE cl.kind = l.kind AND cl.worker_id = sqlc.arg(worker_id)::text), 0)::integer AS own,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
@@ -32,19 +35,21 @@ WHERE l.kind = sqlc.arg(kind);
 
 -- name: GrantLease :one
 -- Leases up to want more slots of kind to worker_id, as many as are free,
--- none while jobs of the kind are parked (they go first) or the limit is not
--- positive. A worker that gets fewer than it asked for is marked as wanting,
--- which makes the other holders keep to a fair share. Returns the slots
--- granted and the kind's state.
+-- none while jobs of the kind are parked (they go first), the limit is not
+-- positive, or the kind has a per-key or rate limit (reported as parked:
+-- its jobs go through the keyed admission). A worker that gets fewer than
+-- it asked for is marked as wanting, which makes the other holders keep to
+-- a fair share. Returns the slots granted and the kind's state.
 WITH lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked,
+           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL) AS keyed
     FROM concurrency_limits l
     WHERE l.kind = sqlc.arg(kind)
     FOR UPDATE
 ),
 g AS (
     SELECT CASE
-               WHEN lim.max_concurrency <= 0 OR lim.has_parked THEN 0
+               WHEN lim.max_concurrency <= 0 OR lim.has_parked OR lim.keyed THEN 0
                ELSE LEAST(sqlc.arg(want)::integer, GREATEST(lim.max_concurrency - lim.admitted, 0))
            END AS n
     FROM lim
@@ -67,7 +72,7 @@ counted AS (
     WHERE l.kind = sqlc.arg(kind) AND g.n > 0
     RETURNING l.kind
 )
-SELECT g.n::integer AS granted, lim.max_concurrency, lim.has_parked
+SELECT g.n::integer AS granted, lim.max_concurrency, (lim.has_parked OR lim.keyed)::boolean AS has_parked
 FROM g, lim;
 
 -- name: ReturnLease :one

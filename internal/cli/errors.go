@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/module"
 )
 
@@ -56,7 +57,7 @@ func exitCode(err error) int {
 	case isCobraUsage(err):
 		return exitUsage
 	case errors.As(err, &usageErr), errors.As(err, &unknownKind), errors.As(err, &argsErr),
-		db.IsURLError(err), errors.Is(err, rivertype.ErrNotFound):
+		db.IsURLError(err), errors.Is(err, rivertype.ErrNotFound), errors.Is(err, limiter.ErrInvalidLimit):
 		return exitUsage
 	default:
 		return exitFailure

@@ -37,14 +37,15 @@ func TestLimitsCLI(t *testing.T) {
 
 	code, out = sluice(t, url, "limits", "list")
 	require.Equal(t, 0, code, out)
-	require.Regexp(t, `(?m)^demo\.sleep\s+-1 \(circuit breaker\)\s+0\s+0\s+-$`, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+concurrency\s+-1 \(circuit breaker\)\s+sql\s+0\s+0\s+0\s+-$`, out)
 
 	code, out = sluice(t, url, "limits", "list", "--json")
 	require.Equal(t, 0, code, out)
 	var rows []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &rows))
 	require.Len(t, rows, 1)
-	require.EqualValues(t, -1, rows[0]["max_concurrency"])
+	require.EqualValues(t, -1, rows[0]["concurrency"].(map[string]any)["max"])
+	require.Equal(t, "sql", rows[0]["concurrency"].(map[string]any)["source"])
 
 	// run on a circuit breaker gives up (exit 1), parks nothing and leaves
 	// nothing behind.
@@ -62,7 +63,7 @@ func TestLimitsCLI(t *testing.T) {
 		INSERT INTO concurrency_parked_jobs (job_id, kind, reason) SELECT id, 'demo.sleep', 'breaker' FROM j RETURNING job_id`).Scan(&parkedID))
 	code, out = sluice(t, url, "parked", "list", "demo.sleep")
 	require.Equal(t, 0, code, out)
-	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+demo\.sleep\s+default\s+pending\s+breaker\s+\S+\s+\d+s\s+\{"ms": 1`, parkedID), out)
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+demo\.sleep\s+default\s+pending\s+-\s+circuit breaker\s+\S+\s+\d+s\s+\{"ms": 1`, parkedID), out)
 	code, out = sluice(t, url, "parked", "list", "--json")
 	require.Equal(t, 0, code, out)
 	require.NoError(t, json.Unmarshal([]byte(out), &rows))
@@ -78,7 +79,7 @@ func TestLimitsCLI(t *testing.T) {
 
 	code, out = sluice(t, url, "limits", "clear", "demo.sleep")
 	require.Equal(t, 0, code, out)
-	require.Equal(t, "demo.sleep: unlimited (limit removed)\n", out)
+	require.Equal(t, "demo.sleep: concurrency limit cleared\n", out)
 
 	before := testdb.Checksum(t, pool, "concurrency_limits", "concurrency_parked_jobs", "concurrency_executions", "river_job")
 	for _, tc := range []struct {
@@ -91,7 +92,7 @@ func TestLimitsCLI(t *testing.T) {
 		{[]string{"limits", "set", "demo.sleep", "99999999999"}, `invalid limit "99999999999"`},
 		{[]string{"limits", "set", "no.such.kind", "2"}, `unknown job kind "no.such.kind"`},
 		{[]string{"limits", "set", "concurrency_limit.resume", "2"}, "is never limited"},
-		{[]string{"limits", "clear", "demo.sleep"}, `no limit is set for "demo.sleep"`},
+		{[]string{"limits", "clear", "demo.sleep"}, `no such limit is set for "demo.sleep"`},
 		{[]string{"limits", "frob"}, `unknown subcommand "frob"`},
 		{[]string{"parked", "list", "no.such.kind"}, `unknown job kind "no.such.kind"`},
 		{[]string{"parked", "list", "--max", "0"}, "invalid --max 0"},

@@ -1,0 +1,77 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// minRateWake is the least delay of a rate wake: a window that frees a start
+// within it is looked at after it, so that a wake resumes several jobs at
+// once rather than one per start.
+const minRateWake = 2 * time.Millisecond
+
+// rateWakes resume a kind's jobs parked for a rate limit when its rate
+// window frees a start: after a parking or a resume that left such jobs,
+// the Limiter sets a timer for the moment the oldest start in the window
+// leaves it; when it fires, the kind's parked jobs are resumed into what
+// the window then allows (releaseRequest without a job). One timer per
+// kind, set to the earliest moment asked for. concurrency_limit.resume,
+// every second while jobs are parked, is the safety net of a worker that
+// stops before its timer fires.
+type rateWakes struct {
+	l *Limiter
+
+	mu      sync.Mutex
+	timers  map[string]*rateTimer
+	stopped bool
+}
+
+type rateTimer struct {
+	at    time.Time
+	timer *time.Timer
+}
+
+// at sets kind's wake to at, unless it is already set to fire sooner.
+func (w *rateWakes) at(kind string, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	if w.timers == nil {
+		w.timers = map[string]*rateTimer{}
+	}
+	if t, ok := w.timers[kind]; ok && !t.at.After(at) {
+		return
+	}
+	if t, ok := w.timers[kind]; ok {
+		t.timer.Stop()
+	}
+	t := &rateTimer{at: at}
+	t.timer = time.AfterFunc(max(time.Until(at), minRateWake), func() { w.fire(kind, t) })
+	w.timers[kind] = t
+}
+
+func (w *rateWakes) fire(kind string, t *rateTimer) {
+	w.mu.Lock()
+	if w.stopped || w.timers[kind] != t {
+		w.mu.Unlock()
+		return
+	}
+	delete(w.timers, kind)
+	w.mu.Unlock()
+	w.l.TestSignals.RateWake.Signal(kind)
+	w.l.releaser.submitAsync(&releaseRequest{ctx: context.Background(), kind: kind})
+}
+
+// stop cancels every wake (the worker stops).
+func (w *rateWakes) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	for kind, t := range w.timers {
+		t.timer.Stop()
+		delete(w.timers, kind)
+	}
+}
