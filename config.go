@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/module"
 )
 
@@ -16,6 +17,15 @@ import (
 // schedules and commands that a program turns on as a whole (see package
 // modules for sluice's own).
 type Module = module.Module
+
+// Limit is the limits of one job kind a program declares in Go: a per-kind
+// concurrency limit, a per-key one over args fields, a rate limit (see
+// Config.Limits).
+type Limit = limiter.Limit
+
+// Rate is a rate limit: at most Max starts of a kind (or of each key) in any
+// window of Per.
+type Rate = limiter.Rate
 
 // Config configures a sluice program.
 type Config struct {
@@ -36,6 +46,14 @@ type Config struct {
 	// and parking, liveness, the maintenance framework, metrics and health)
 	// is always on.
 	Modules []Module
+
+	// Limits declares limits of the program's kinds: every worker writes
+	// them at start (concurrency_limits, source "config"). A limit set by
+	// the CLI or SQL wins over the declared one until `sluice limits
+	// clear`, which falls back to it: an operator's change at runtime must
+	// outlive the next deploy. A kind the program no longer declares loses
+	// its declared limits at the next start.
+	Limits []Limit
 
 	// Schema is the Postgres schema of sluice's tables, views, functions
 	// and migration versions (default "sluice"). Main's --schema and
@@ -81,7 +99,7 @@ type Config struct {
 }
 
 func (c Config) program() app.Program {
-	return app.Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules,
+	return app.Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules, Limits: c.Limits,
 		Schemas: db.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
 }
 

@@ -31,6 +31,26 @@ type Program struct {
 	// River's tables (default: where the connection's search_path puts
 	// them) live.
 	Schemas db.Schemas
+	// Limits are the limits the program declares for its kinds, written by
+	// every worker at start (a limit set by SQL or the CLI wins until
+	// cleared).
+	Limits []limiter.Limit
+}
+
+// CheckLimits validates the declared limits against the program's kinds:
+// known kinds, at most one Limit per kind, valid values.
+func (p Program) CheckLimits(registry *kinds.Registry) error {
+	seen := map[string]bool{}
+	for _, lim := range p.Limits {
+		if seen[lim.Kind] {
+			return fmt.Errorf("sluice: Config.Limits: %w: kind %q is declared twice", limiter.ErrInvalidLimit, lim.Kind)
+		}
+		seen[lim.Kind] = true
+		if err := lim.Validate(registry); err != nil {
+			return fmt.Errorf("sluice: Config.Limits: %w", err)
+		}
+	}
+	return nil
 }
 
 // MigrationOptions are the migrations of the program besides River's and

@@ -49,8 +49,12 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if _, err := cfg.Program.Registry(); err != nil {
+	registry, err := cfg.Program.Registry()
+	if err != nil {
 		return nil, err // before connecting: a broken Config needs no database to be found
+	}
+	if err := cfg.Program.CheckLimits(registry); err != nil {
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 
@@ -224,6 +228,15 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		return err
 	}
 	w.live.Start(ctx)
+	// The limits the program declares, before its first job.
+	if err := w.jobs.Limiter.SyncDeclared(ctx, w.cfg.Program.Limits, w.jobs.Registry.Names()); err != nil {
+		w.live.Stop()
+		w.live.Remove()
+		if w.listener != nil {
+			_ = w.listener.Close()
+		}
+		return err
+	}
 	// The client runs on a context of its own: cancelling ctx must start a
 	// graceful stop, not River's hard stop.
 	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {

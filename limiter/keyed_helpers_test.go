@@ -76,6 +76,17 @@ func (k *keyedTracker) leave(a keyedArgs) {
 	k.ends[a.Seq] = time.Now()
 }
 
+// runningNow returns the most jobs of one tenant running right now.
+func (k *keyedTracker) runningNow() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	most := 0
+	for _, n := range k.perKey {
+		most = max(most, n)
+	}
+	return most
+}
+
 // endOf returns when seq's last execution ended (zero: not yet).
 func (k *keyedTracker) endOf(seq int) time.Time {
 	k.mu.Lock()

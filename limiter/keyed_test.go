@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/internal/testdb"
@@ -181,5 +182,130 @@ func TestRateLimit(t *testing.T) {
 	_, _, _, worked := tracker.snapshot()
 	for seq, n := range worked {
 		require.Equal(t, 1, n, "seq %d ran once", seq)
+	}
+}
+
+// TestKeyedRiverClient: jobs held by a per-key limit (one long job holds
+// its tenant's only slot) are pending River rows on which River's own
+// client calls behave as River documents: JobCancel cancels, JobDelete
+// deletes, JobRetry makes one available (it parks again behind its key);
+// the others run exactly once when the slot frees, each on its own row.
+func TestKeyedRiverClient(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "keyedapi"
+	const fullKind = "test.keyed." + kind
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	lim := newLimiter(t, url)
+	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
+	tracker := newKeyedTracker()
+	client, _ := startKeyedWorker(t, url, kind, kind, tracker, 10)
+
+	holder := insertKeyed(t, client, kind, "acme", 0, 1, 60_000)[0]
+	require.Eventually(t, func() bool { return jobState(t, pool, holder) == "running" }, 30*time.Second, 10*time.Millisecond)
+	held := insertKeyed(t, client, kind, "acme", 1, 5, 0)
+	other := insertKeyed(t, client, kind, "globex", 100, 1, 0) // another tenant runs at once
+	waitParked(t, pool, held...)
+	client.WaitFinished(t, 30*time.Second, other...)
+	require.Equal(t, 5, count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE key = '"acme"' AND reason IN ('key_limit', 'key_fifo')`))
+	require.Equal(t, 5, count(t, pool, `SELECT parked FROM sluice_concurrency_keys WHERE kind = $1 AND key = '"acme"'`, fullKind))
+	require.Equal(t, 1, count(t, pool, `SELECT slots_in_use FROM sluice_concurrency_keys WHERE kind = $1 AND key = '"acme"'`, fullKind))
+
+	for _, id := range held {
+		job, err := client.JobGet(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, rivertype.JobStatePending, job.State)
+		require.Equal(t, 0, job.Attempt, "parking is not an attempt")
+	}
+	cancelled, err := client.JobCancel(ctx, held[0])
+	require.NoError(t, err)
+	require.Equal(t, rivertype.JobStateCancelled, cancelled.State)
+	_, err = client.JobDelete(ctx, held[1])
+	require.NoError(t, err)
+	retried, err := client.JobRetry(ctx, held[2])
+	require.NoError(t, err)
+	require.Equal(t, rivertype.JobStateAvailable, retried.State)
+	require.Eventually(t, func() bool {
+		return jobState(t, pool, held[2]) == "pending" &&
+			count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1", held[2]) == 1
+	}, 30*time.Second, 10*time.Millisecond, "fetched again, it parks again behind its key")
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = ANY($1)", held[:2]))
+
+	// The holder ends: the rest of the tenant runs, one at a time, once each.
+	_, err = client.JobCancel(ctx, holder)
+	require.NoError(t, err)
+	client.WaitFinished(t, 30*time.Second, held[2:]...)
+	_, perKey, _, worked := tracker.snapshot()
+	require.Equal(t, 1, perKey["acme"])
+	for _, seq := range []int{3, 4, 5, 100} {
+		require.Equal(t, 1, worked[seq], "seq %d", seq)
+	}
+	require.Zero(t, worked[1]+worked[2], "the cancelled and the deleted job never ran")
+	require.Equal(t, "cancelled", jobState(t, pool, held[0]))
+	require.Empty(t, jobState(t, pool, held[1]))
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM sluice_concurrency_keys WHERE kind = $1", fullKind))
+}
+
+// TestKeyedLimitChangedUnderLoad: under a steady stream of jobs of 4
+// tenants, the per-key limit is raised from 1 to 3 and lowered to 1 again:
+// each new value holds within 2 s (raising resumes the waiting jobs at
+// once; lowering stops no running job); cleared, it releases every job it
+// held at once; and every job runs exactly once.
+func TestKeyedLimitChangedUnderLoad(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "change"
+	const fullKind = "test.keyed." + kind
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	lim := newLimiter(t, url)
+	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
+	tracker := newKeyedTracker()
+	a, _ := startKeyedWorker(t, url, kind+"-a", kind, tracker, 20)
+	startKeyedWorker(t, url, kind+"-b", kind, tracker, 20)
+
+	tenants := []string{"t1", "t2", "t3", "t4"}
+	seq := 0
+	for _, tenant := range tenants {
+		insertKeyed(t, a, kind, tenant, seq, 40, 100)
+		seq += 40
+	}
+	running := tracker.runningNow
+	time.Sleep(300 * time.Millisecond)
+	require.LessOrEqual(t, running(), 1)
+
+	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 3))
+	raised := time.Now()
+	require.Eventually(t, func() bool { return running() == 3 }, 2*time.Second, 5*time.Millisecond,
+		"raised: the waiting jobs resume at once")
+	t.Logf("3 per tenant running %s after the raise", time.Since(raised).Round(time.Millisecond))
+
+	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
+	lowered := time.Now()
+	require.Eventually(t, func() bool { return running() <= 1 }, 2*time.Second, 5*time.Millisecond,
+		"lowered: the running jobs end, no new one starts over the limit")
+	t.Logf("1 per tenant %s after the lowering", time.Since(lowered).Round(time.Millisecond))
+	for range 20 {
+		require.LessOrEqual(t, running(), 1)
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Cleared: every job it held resumes at once.
+	found, err := lim.ClearLimits(ctx, fullKind, limiter.Facets{PerKey: true})
+	require.NoError(t, err)
+	require.True(t, found.PerKey)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_limits WHERE kind = $1", fullKind), "no limit left")
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id WHERE j.state = 'pending'"),
+		"every waiting job made available")
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'", fullKind) == seq
+	}, time.Minute, 20*time.Millisecond)
+	_, _, _, worked := tracker.snapshot()
+	require.Len(t, worked, seq, "nothing lost")
+	for s, n := range worked {
+		require.Equal(t, 1, n, "seq %d ran once", s)
 	}
 }

@@ -673,7 +673,9 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		return
 	}
 	var resumeKinds []string
+	limited := map[string]bool{}
 	for _, row := range rows {
+		limited[row.Kind] = true
 		free := row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency)
 		// A kind with per-key or rate limits may have jobs waiting for a
 		// key whose slot just freed, whatever the kind's flag says.
@@ -681,17 +683,31 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			resumeKinds = append(resumeKinds, row.Kind)
 		}
 	}
+	// A recheck of a kind whose limit is gone (cleared while jobs were
+	// completing their parking): those jobs resume at once, unlimited.
+	var unlimited []string
+	for _, r := range batch {
+		if r.job == nil && !limited[r.kind] && !slices.Contains(unlimited, r.kind) {
+			unlimited = append(unlimited, r.kind)
+			resumeKinds = append(resumeKinds, r.kind)
+		}
+	}
 	if len(resumeKinds) == 0 {
 		return
 	}
 	err = l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(tx)
+		sort.Strings(resumeKinds)
 		counts, err := lockKinds(ctx, q, resumeKinds)
 		if err != nil {
 			return err
 		}
 		for _, kind := range resumeKinds {
-			if c, ok := counts[kind]; ok {
+			c, ok := counts[kind]
+			if !ok && slices.Contains(unlimited, kind) {
+				c, ok = &kindCounts{}, true
+			}
+			if ok {
 				if _, err := l.resumeInto(ctx, q, kind, c); err != nil {
 					return err
 				}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -102,8 +103,17 @@ limit resumes the jobs it held at once.`
 	set := &cobra.Command{
 		Use:   "set KIND N [--by-args FIELD[,FIELD...]]",
 		Short: "Set the concurrency limit of KIND (N > 0 limit, 0 none, N < 0 circuit breaker), or per key with --by-args",
-		Args:  exactArgs(2, "a job KIND and a limit N"),
+		// Parsed by RunE: a negative N ("set KIND -1") is an argument, not
+		// a flag, wherever the flags go.
+		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			args, err := parseKeepingNegatives(cmd, args)
+			if err != nil || args == nil {
+				return err
+			}
+			if err := exactArgs(2, "a job KIND and a limit N")(cmd, args); err != nil {
+				return err
+			}
 			k, err := limitableKind(g, args[0])
 			if err != nil {
 				return err
@@ -142,8 +152,6 @@ limit resumes the jobs it held at once.`
 		},
 	}
 	set.Flags().StringSliceVar(&byArgs, "by-args", nil, "a per-key limit: at most N at once per distinct value of these top-level args fields")
-	// "set KIND -1": a negative limit is an argument, not a flag.
-	set.Flags().SetInterspersed(false)
 
 	var rateByArgs []string
 	rate := &cobra.Command{
@@ -403,4 +411,38 @@ func heldBy(reason string) string {
 	default:
 		return reason
 	}
+}
+
+// negativeInt is an argument such as -1: a number, not a flag.
+var negativeInt = regexp.MustCompile(`^-[0-9]+$`)
+
+// parseKeepingNegatives parses cmd's flags from args (cmd has
+// DisableFlagParsing) with negative numbers kept as arguments, and returns
+// the arguments; nil, nil when it printed the help.
+func parseKeepingNegatives(cmd *cobra.Command, args []string) ([]string, error) {
+	in := make([]string, len(args))
+	kept := map[string]string{}
+	for i, a := range args {
+		in[i] = a
+		if negativeInt.MatchString(a) {
+			in[i] = fmt.Sprintf("\x00%d", i)
+			kept[in[i]] = a
+		}
+	}
+	if err := cmd.Flags().Parse(in); err != nil {
+		return nil, usagef("%s: %v", cmd.CommandPath(), err)
+	}
+	if help, err := cmd.Flags().GetBool("help"); err == nil && help {
+		return nil, cmd.Help()
+	}
+	out := cmd.Flags().Args()
+	for i, a := range out {
+		if orig, ok := kept[a]; ok {
+			out[i] = orig
+		}
+	}
+	if out == nil {
+		out = []string{}
+	}
+	return out, nil
 }

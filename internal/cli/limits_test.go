@@ -265,3 +265,76 @@ func TestRunOnLimitedKind(t *testing.T) {
 	require.Zero(t, qInt(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 	require.Zero(t, qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state <> 'completed'"), "nothing parked")
 }
+
+// TestKeyedLimitsCLI: per-key and rate limits from the CLI: set, listed
+// with their sources, cleared one at a time; and every bad input exits 2
+// naming the problem, changing nothing.
+func TestKeyedLimitsCLI(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	pool := livePool(t, url)
+
+	code, out := sluice(t, url, "limits", "set", "demo.sleep", "2", "--by-args", "ms")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "demo.sleep: at most 2 at once per ms\n", out)
+	code, out = sluice(t, url, "limits", "rate", "demo.sleep", "100/1m", "--by-args", "ms")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "demo.sleep: at most 100 starts in any 1m0s per ms\n", out)
+	code, out = sluice(t, url, "limits", "set", "demo.sleep", "6")
+	require.Equal(t, 0, code, out)
+
+	code, out = sluice(t, url, "limits", "list")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+concurrency\s+6\s+sql\s`, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+per key\s+2 by ms\s+sql\s`, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+rate\s+100/1m0s per ms \(0 in window\)\s+sql\s`, out)
+	code, out = sluice(t, url, "limits", "list", "--json")
+	require.Equal(t, 0, code, out)
+	var docs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &docs))
+	require.Len(t, docs, 1)
+	require.Equal(t, map[string]any{"max": 2.0, "by_args": []any{"ms"}, "source": "sql"}, docs[0]["per_key"])
+	require.Equal(t, map[string]any{"max": 100.0, "by_args": []any{"ms"}, "period_seconds": 60.0, "source": "sql"}, docs[0]["rate"])
+
+	before := testdb.Checksum(t, pool, "concurrency_limits", "concurrency_parked_jobs", "concurrency_executions", "river_job")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"limits", "set", "demo.sleep", "2", "--by-args", "tenant"}, `its args have no field "tenant" (they have: fail, ignore_cancel, ms)`},
+		{[]string{"limits", "set", "demo.sleep", "2", "--by-args", "ms,ms"}, `field "ms" given twice`},
+		{[]string{"limits", "set", "demo.sleep", "0", "--by-args", "ms"}, "invalid per-key limit 0: want at least 1"},
+		{[]string{"limits", "set", "no.such.kind", "2", "--by-args", "ms"}, `unknown job kind "no.such.kind"`},
+		{[]string{"limits", "set", "demo.sleep", "2", "--by-args", "fail"}, "the per-key rate is partitioned by ms"},
+		{[]string{"limits", "rate", "demo.sleep", "0/1s"}, "N must be 1 to"},
+		{[]string{"limits", "rate", "demo.sleep", "-5/1s"}, "unknown shorthand flag"},
+		{[]string{"limits", "rate", "demo.sleep", "5/500ms"}, "the window must be at least 1s"},
+		{[]string{"limits", "rate", "demo.sleep", "5/1x"}, "DURATION must be a Go duration"},
+		{[]string{"limits", "rate", "demo.sleep", "5"}, "want N/DURATION"},
+		{[]string{"limits", "rate", "demo.sleep", "five/1s"}, "N must be a whole number"},
+		{[]string{"limits", "rate", "demo.sleep", "5/48h"}, "the window must be at most 24h0m0s"},
+		{[]string{"limits", "rate", "demo.sleep", "5/1s", "--by-args", "nope"}, `its args have no field "nope"`},
+		{[]string{"limits", "rate", "no.such.kind", "5/1s"}, `unknown job kind "no.such.kind"`},
+		{[]string{"limits", "rate", "demo.sleep"}, "expects a job KIND and a rate N/DURATION"},
+		{[]string{"limits", "clear", "demo.sleep", "--bogus"}, "unknown flag: --bogus"},
+	} {
+		code, out := sluice(t, url, tc.args...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, out)
+		require.Contains(t, out, tc.want, "%v", tc.args)
+	}
+	require.Equal(t, before, testdb.Checksum(t, pool, "concurrency_limits", "concurrency_parked_jobs", "concurrency_executions", "river_job"))
+
+	// Each limit clears alone; the last one takes the row with it.
+	code, out = sluice(t, url, "limits", "clear", "demo.sleep", "--rate")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "demo.sleep: rate limit cleared\n", out)
+	code, out = sluice(t, url, "limits", "clear", "demo.sleep", "--rate")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, `no such limit is set for "demo.sleep"`)
+	require.Equal(t, 1, qInt(t, pool, "SELECT count(*) FROM concurrency_limits WHERE key_max = 2 AND max_concurrency = 6 AND rate_max IS NULL"))
+	code, out = sluice(t, url, "limits", "clear", "demo.sleep")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "demo.sleep: concurrency, per-key limit cleared\n", out)
+	require.Zero(t, qInt(t, pool, "SELECT count(*) FROM concurrency_limits"))
+}
