@@ -58,6 +58,12 @@ type Config struct {
 	// HTTPAddr, if set, is where the worker serves its HTTP endpoints; an
 	// application that has its own server mounts Worker.Handler instead.
 	HTTPAddr string
+	// HTTPPrefix is the path Worker.Handler is mounted under in the
+	// application's server, such as "/jobs" for
+	// mux.Handle("/jobs/", http.StripPrefix("/jobs", w.Handler())): River UI
+	// builds its URLs from it (sluice's pages link relatively). The worker's
+	// own server (HTTPAddr) serves under it too. Empty: the root.
+	HTTPPrefix string
 	// DefaultWorkers is how many jobs of the default queue run at once
 	// (default 50); MaintenanceWorkers those of the maintenance queue
 	// (default 4).
@@ -92,6 +98,7 @@ func (c Config) appConfig() app.Config {
 		Logger:               c.Logger,
 		ID:                   c.ID,
 		HTTPAddr:             c.HTTPAddr,
+		HTTPPrefix:           c.HTTPPrefix,
 		DefaultWorkers:       c.DefaultWorkers,
 		MaintenanceWorkers:   c.MaintenanceWorkers,
 		JobTimeout:           c.JobTimeout,

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/scheduler"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // Defaults of Config.
@@ -67,6 +68,11 @@ type Config struct {
 	DatabaseURL string
 	// HTTPAddr is the listen address of the HTTP server; empty disables it.
 	HTTPAddr string
+	// HTTPPrefix is the path the handler is served under, such as "/jobs"
+	// (empty: the root). The worker's own server serves it there, and an
+	// application that mounts Handler in its own server mounts it there with
+	// http.StripPrefix: River UI builds its URLs from it.
+	HTTPPrefix string
 	// ID names the process: River's client ID (river_job.attempted_by) and
 	// maintenance_runs.worker_id. Empty generates host-pid-random.
 	ID string
@@ -178,6 +184,9 @@ func (c *Config) Validate() error {
 		if err := validateListenAddr(c.HTTPAddr); err != nil {
 			return fmt.Errorf("invalid HTTP address %q (SLUICE_HTTP_ADDR): %w", c.HTTPAddr, err)
 		}
+	}
+	if err := web.ValidatePrefix(c.HTTPPrefix); err != nil {
+		return err
 	}
 	switch {
 	case c.DefaultWorkers < 0 || c.DefaultWorkers > 10000:

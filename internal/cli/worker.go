@@ -20,12 +20,15 @@ func newWorkerCmd(g *globals) *cobra.Command {
 		Short: "Run a worker: River client, schedule dispatcher, HTTP server",
 		Long: `worker works jobs from the default and maintenance queues, runs the schedule
 dispatcher (it inserts the jobs of due schedules) and serves HTTP:
-  /healthz  the process is alive
-  /readyz   the database answers
-  /metrics  Prometheus metrics
-  /stats    the stats document (as sluice stats --json)
-  /health   workers, dispatchers and schedules (as 'sluice health --json';
-            503 when CRITICAL)
+  /healthz   the process is alive
+  /readyz    the database answers
+  /metrics   Prometheus metrics
+  /stats     the stats document (as sluice stats --json)
+  /health    workers, dispatchers and schedules (as 'sluice health --json';
+             503 when CRITICAL)
+  /riverui/  River UI: River's jobs and queues (list, cancel, retry, ...)
+  /ui/       sluice's pages (/ leads there): schedules, concurrency limits
+             and parked jobs, workers, maintenance runs, cancellation monitor
 
 The worker keeps a row in sluice_workers (its id, host, pid, heartbeat and
 last dispatcher tick), refreshed every --heartbeat-interval and deleted on a
