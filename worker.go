@@ -132,9 +132,10 @@ func (w *Worker) Pool() *pgxpool.Pool { return w.w.Pool() }
 
 // Handler serves the worker's HTTP endpoints, for an application to mount
 // in its own server (under Config.HTTPPrefix, with http.StripPrefix):
-// /healthz, /readyz, /metrics, /stats, /health, River UI at /riverui/ and
-// sluice's pages at /ui/ (/ leads there). Who may reach them is the
-// application's to decide (its server, its middleware).
+// /healthz and /readyz, open to all; /metrics, /stats, /health, River UI at
+// /riverui/ and sluice's pages at /ui/ (/ leads there), behind
+// Config.HTTPToken when it is set. Without a token they are open: who may
+// reach them is the application's to decide (its server, its middleware).
 func (w *Worker) Handler() http.Handler { return w.w.Handler() }
 
 // HTTPAddr is the address the worker's own HTTP server listens on, or ""

@@ -23,16 +23,18 @@ type httpConfig struct {
 	registry *prometheus.Registry
 	modules  []module.Module
 	client   *Client
-	// prefix is where the handler is mounted.
-	prefix string
-	logger *slog.Logger
+	// token guards everything but /healthz and /readyz ("" guards
+	// nothing); prefix is where the handler is mounted.
+	token, prefix string
+	logger        *slog.Logger
 }
 
-// newHTTPHandler serves /healthz (the process is alive), /readyz (the
-// database answers), /metrics (Prometheus), /stats (stats.go), /health
-// (checkHealth), River UI at /riverui/ and sluice's pages at /ui/ (/ leads
-// there). Requests that change something (River UI's) are refused when
-// they come from another origin.
+// newHTTPHandler serves /healthz (the process is alive) and /readyz (the
+// database answers) to anyone, and behind the token (when set) /metrics
+// (Prometheus), /stats (stats.go), /health (checkHealth), River UI at
+// /riverui/ and sluice's pages at /ui/ (/ leads there). Requests that
+// change something (River UI's) are refused when they come from another
+// origin.
 func newHTTPHandler(cfg httpConfig) (http.Handler, *web.RiverUI, error) {
 	riverUI, err := web.NewRiverUI(cfg.client, cfg.prefix, riverLogger(cfg.logger))
 	if err != nil {
@@ -57,16 +59,18 @@ func newHTTPHandler(cfg httpConfig) (http.Handler, *web.RiverUI, error) {
 		return nil, nil, fmt.Errorf("build the web pages: %w", err)
 	}
 
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.registry, promhttp.HandlerOpts{Registry: cfg.registry}))
-	mux.HandleFunc("GET /stats", statsHandler(cfg.pool, cfg.modules)) // the stats document (stats.go)
-	mux.HandleFunc("GET /health", healthHandler(cfg.pool))
-	mux.Handle(web.RiverUIPath+"/", riverUI)
-	mux.Handle(web.PagesPath+"/", http.StripPrefix(web.PagesPath, pages))
+	guarded := http.NewServeMux()
+	guarded.Handle("GET /metrics", promhttp.HandlerFor(cfg.registry, promhttp.HandlerOpts{Registry: cfg.registry}))
+	guarded.HandleFunc("GET /stats", statsHandler(cfg.pool, cfg.modules)) // the stats document (stats.go)
+	guarded.HandleFunc("GET /health", healthHandler(cfg.pool))
+	guarded.Handle(web.RiverUIPath+"/", riverUI)
+	guarded.Handle(web.PagesPath+"/", http.StripPrefix(web.PagesPath, pages))
 	// Relative redirects, so that they hold under any mount prefix.
-	mux.Handle("GET /{$}", relativeRedirect("ui/"))
-	mux.Handle("GET "+web.PagesPath, relativeRedirect("ui/"))
-	mux.Handle("GET "+web.RiverUIPath, relativeRedirect("riverui/"))
+	guarded.Handle("GET /{$}", relativeRedirect("ui/"))
+	guarded.Handle("GET "+web.PagesPath, relativeRedirect("ui/"))
+	guarded.Handle("GET "+web.RiverUIPath, relativeRedirect("riverui/"))
+
+	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
@@ -79,6 +83,7 @@ func newHTTPHandler(cfg httpConfig) (http.Handler, *web.RiverUI, error) {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 	})
+	mux.Handle("/", web.RequireToken(cfg.token, guarded))
 	return http.NewCrossOriginProtection().Handler(mux), riverUI, nil
 }
 

@@ -5,10 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
 
@@ -180,6 +185,129 @@ func TestWebPagesEmpty(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 }
 
+// TestHTTPToken: off loopback the worker needs a token; with one,
+// everything but /healthz and /readyz asks for it (bearer or basic-auth
+// password), and the token never reaches the logs.
+func TestHTTPToken(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	const token = "s3cret-token-for-tests-0123456789"
+
+	for _, tc := range []struct {
+		addr, token, prefix, want string
+	}{
+		{"0.0.0.0:0", "", "", `HTTP address "0.0.0.0:0" is off loopback and no token is set: set SLUICE_HTTP_TOKEN`},
+		{":0", "", "", "off loopback"},
+		{"[::]:0", "", "", "off loopback"},
+		{"example.com:8089", "", "", "off loopback"},
+		{"127.0.0.1:0", "short", "", "HTTP token (SLUICE_HTTP_TOKEN) too short: want at least 16 characters, got 5"},
+		{"127.0.0.1:0", "has a space in it, sadly", "", "not printable ASCII (or a space) at byte 4"},
+		{"", "short", "", "too short"},
+		{"127.0.0.1:0", "", "jobs", `invalid HTTP prefix "jobs"`},
+		{"127.0.0.1:0", "", "/jobs/", `invalid HTTP prefix "/jobs/"`},
+		{"127.0.0.1:0", "", "/a/../b", "no . or .. segments"},
+	} {
+		cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPAddr: tc.addr, HTTPToken: tc.token, HTTPPrefix: tc.prefix}
+		require.ErrorContains(t, cfg.Validate(), tc.want, "%+v", tc)
+		_, err := app.NewWorker(context.Background(), cfg)
+		require.ErrorContains(t, err, tc.want, "%+v", tc)
+	}
+	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "[::1]:0", "127.8.9.10:0"} {
+		cfg := app.Config{HTTPAddr: addr}
+		require.NoError(t, cfg.Validate(), addr)
+	}
+
+	// A worker on every interface, with its token.
+	logs := &syncBuffer{}
+	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPAddr: "0.0.0.0:0", HTTPToken: token,
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	_, port, err := net.SplitHostPort(w.HTTPAddr())
+	require.NoError(t, err)
+	base := "http://127.0.0.1:" + port
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		code, _, _ := httpGet(t, base+path)
+		require.Equal(t, http.StatusOK, code, "%s stays open for orchestrators", path)
+	}
+	guarded := []string{"/metrics", "/stats", "/health", "/ui/", "/ui/schedules", "/ui/style.css", "/riverui/", "/riverui/api/jobs", "/", "/nope"}
+	for _, path := range guarded {
+		for _, header := range [][]string{
+			nil,
+			{"Authorization", "Bearer wrong-token-0123456789"},
+			{"Authorization", "Bearer " + token + "x"},
+			{"Authorization", "Bearer"},
+			{"Authorization", "Basic " + basic("ops", "wrong")},
+			{"Authorization", "Basic " + basic(token, "")},
+			{"Authorization", "Basic not-base64"},
+			{"Authorization", token},
+		} {
+			code, h, body := httpGet(t, base+path, header...)
+			require.Equal(t, http.StatusUnauthorized, code, "%s %v", path, header)
+			require.Equal(t, `Basic realm="sluice", charset="UTF-8"`, h.Get("WWW-Authenticate"))
+			require.NotContains(t, body, token)
+		}
+		for _, header := range [][]string{
+			{"Authorization", "Bearer " + token},
+			{"Authorization", "bearer " + token},
+			{"Authorization", "Basic " + basic("ops", token)},
+			{"Authorization", "Basic " + basic("", token)},
+		} {
+			header = append(header, "Accept", "text/html")
+			code, _, body := httpGet(t, base+path, header...)
+			switch path {
+			case "/":
+				require.Equal(t, http.StatusFound, code, "%s %v", path, header)
+			case "/nope":
+				require.Equal(t, http.StatusNotFound, code, "%s %v", path, header)
+			default:
+				require.Equal(t, http.StatusOK, code, "%s %v: %s", path, header, body)
+			}
+		}
+	}
+
+	// River UI's API refuses a change from another site (a page elsewhere
+	// that the browser would send the credentials from), and makes it from
+	// River UI's own page.
+	res, err := w.Client().Insert(context.Background(), demo.SleepArgs{MS: 1}, &river.InsertOpts{ScheduledAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	id := res.Job.ID
+	cancel := func(site string) int {
+		req, err := http.NewRequest(http.MethodPost, base+"/riverui/api/jobs/cancel", strings.NewReader(fmt.Sprintf(`{"ids":["%d"]}`, id)))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Sec-Fetch-Site", site)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusForbidden, cancel("cross-site"))
+	require.Equal(t, rivertype.JobStateScheduled, jobState(t, url, id))
+	require.Equal(t, http.StatusOK, cancel("same-origin"))
+	require.Equal(t, rivertype.JobStateCancelled, jobState(t, url, id))
+
+	require.Contains(t, logs.String(), `"http_token":true`)
+	require.NotContains(t, logs.String(), token, "the token was logged")
+}
+
+// TestHTTPTokenOnLoopback: a token set on loopback is enforced too.
+func TestHTTPTokenOnLoopback(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	const token = "loopback-token-0123456789"
+	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPToken: token})
+	base := "http://" + w.HTTPAddr()
+	code, _, _ := httpGet(t, base+"/metrics")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = httpGet(t, base+"/metrics", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusOK, code)
+	code, _, _ = httpGet(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+}
+
 // TestHTTPPrefix: with HTTPPrefix the worker's own server serves
 // everything under it, and River UI builds its URLs from it.
 func TestHTTPPrefix(t *testing.T) {
@@ -210,4 +338,11 @@ func TestHTTPPrefix(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	code, _, _ = httpGet(t, base+"/ui/workers")
 	require.Equal(t, http.StatusNotFound, code, "nothing outside the prefix")
+}
+
+// basic is the credentials of a basic Authorization header.
+func basic(user, password string) string {
+	req, _ := http.NewRequest(http.MethodGet, "/", nil)
+	req.SetBasicAuth(user, password)
+	return strings.TrimPrefix(req.Header.Get("Authorization"), "Basic ")
 }

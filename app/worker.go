@@ -147,7 +147,7 @@ func (w *Worker) init(ctx context.Context) error {
 	}
 	w.handler, w.riverUI, err = newHTTPHandler(httpConfig{
 		pool: w.pool, registry: w.registry, modules: w.cfg.Program.Modules, client: w.client,
-		prefix: w.cfg.HTTPPrefix, logger: w.cfg.Logger,
+		token: w.cfg.HTTPToken, prefix: w.cfg.HTTPPrefix, logger: w.cfg.Logger,
 	})
 	if err != nil {
 		return err
@@ -177,8 +177,9 @@ func (w *Worker) HTTPAddr() string {
 }
 
 // Handler serves the worker's HTTP endpoints (/healthz, /readyz, /metrics,
-// /stats, /health), River UI (/riverui/) and sluice's pages (/ui/), for an
-// application that mounts them in its own server (under HTTPPrefix).
+// /stats, /health), River UI (/riverui/) and sluice's pages (/ui/), behind
+// HTTPToken when it is set, for an application that mounts them in its own
+// server (under HTTPPrefix).
 func (w *Worker) Handler() http.Handler { return w.handler }
 
 // Pool is the worker's database pool.
@@ -257,7 +258,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	if started != nil {
 		started()
 	}
-	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(),
+	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(), "http_token", w.cfg.HTTPToken != "",
 		"default_workers", w.cfg.DefaultWorkers, "maintenance_workers", w.cfg.MaintenanceWorkers)
 
 	var runErr error
