@@ -13,7 +13,7 @@ PG       := scripts/pg.sh
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
 TESTFLAGS ?=
 
-.PHONY: help build run test e2e promtool generate check bench clean dev-db-start dev-db-stop
+.PHONY: help build run test e2e promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,6 +35,20 @@ promtool: ## install promtool if missing (Debian's prometheus package) and check
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends prometheus; fi
 	@$(PG) with-server $(GO) test -count=1 -v -run 'TestAlertRules|TestLiveScrapePassesPromtool' ./app/
+
+# Debian's chromium package (with its recommended fonts, which screenshots
+# need); sudo only when not root. $SLUICE_CHROMIUM names another binary.
+chromium: ## install Chromium if missing (Debian's chromium package), for browser-test and screenshots
+	@if [ -z "$${SLUICE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null \
+	  && ! command -v google-chrome >/dev/null; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update && $$sudo apt-get install -y chromium; fi
+
+browser-test: chromium ## install Chromium if missing and open the web pages and River UI in it, headless (TestBrowserPages)
+	@$(PG) with-server env SLUICE_BROWSER_TEST=required $(GO) test -count=1 -v -run 'TestBrowserPages' ./app/
+
+screenshots: chromium ## retake the PNGs of the web pages in docs/screenshots/ with the browser test
+	@$(PG) with-server env SLUICE_BROWSER_TEST=required SLUICE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -run 'TestBrowserPages' ./app/
 
 generate: ## regenerate db/ from queries/ and migrations/ with sqlc (and River's schema for sqlc)
 	$(GO) run ./internal/cmd/riverschema db/schema/river.sql

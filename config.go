@@ -75,7 +75,22 @@ type Config struct {
 	ID string
 	// HTTPAddr, if set, is where the worker serves its HTTP endpoints; an
 	// application that has its own server mounts Worker.Handler instead.
+	// An address off loopback (anything but localhost, 127.0.0.0/8 and ::1;
+	// ":8089" and "0.0.0.0:8089" included) needs HTTPToken: New refuses it
+	// without one.
 	HTTPAddr string
+	// HTTPToken, when set, guards the worker's HTTP endpoints, on its own
+	// server and on Worker.Handler alike, wherever they listen: every
+	// request but /healthz and /readyz needs "Authorization: Bearer TOKEN"
+	// or the token as a basic-auth password (any user name), else 401. At
+	// least 16 characters; never logged.
+	HTTPToken string
+	// HTTPPrefix is the path Worker.Handler is mounted under in the
+	// application's server, such as "/jobs" for
+	// mux.Handle("/jobs/", http.StripPrefix("/jobs", w.Handler())): River UI
+	// builds its URLs from it (sluice's pages link relatively). The worker's
+	// own server (HTTPAddr) serves under it too. Empty: the root.
+	HTTPPrefix string
 	// DefaultWorkers is how many jobs of the default queue run at once
 	// (default 50); MaintenanceWorkers those of the maintenance queue
 	// (default 4).
@@ -110,6 +125,8 @@ func (c Config) appConfig() app.Config {
 		Logger:               c.Logger,
 		ID:                   c.ID,
 		HTTPAddr:             c.HTTPAddr,
+		HTTPToken:            c.HTTPToken,
+		HTTPPrefix:           c.HTTPPrefix,
 		DefaultWorkers:       c.DefaultWorkers,
 		MaintenanceWorkers:   c.MaintenanceWorkers,
 		JobTimeout:           c.JobTimeout,

@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/modules/demo"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // testConfig is a Config on a fresh database with the test's logger.
@@ -79,6 +83,16 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		t.Parallel()
 		_, err := sluice.New(ctx, sluice.Config{DatabaseURL: testdb.DefaultServerURL, Workers: greetWorkers(), DefaultWorkers: -1})
 		require.ErrorContains(t, err, "default queue workers must be between 1 and 10000, got -1")
+	})
+
+	t.Run("HTTP off loopback without a token", func(t *testing.T) {
+		t.Parallel()
+		_, err := sluice.New(ctx, sluice.Config{DatabaseURL: testdb.DefaultServerURL, Workers: greetWorkers(), HTTPAddr: ":8089"})
+		require.ErrorIs(t, err, web.ErrTokenRequired)
+		_, err = sluice.New(ctx, sluice.Config{DatabaseURL: testdb.DefaultServerURL, Workers: greetWorkers(), HTTPToken: "short"})
+		require.ErrorContains(t, err, "HTTP token (SLUICE_HTTP_TOKEN) too short")
+		_, err = sluice.New(ctx, sluice.Config{DatabaseURL: testdb.DefaultServerURL, Workers: greetWorkers(), HTTPPrefix: "jobs/"})
+		require.ErrorContains(t, err, `invalid HTTP prefix "jobs/"`)
 	})
 
 	t.Run("unmigrated database", func(t *testing.T) {
@@ -286,4 +300,70 @@ func TestWorkerStopBeforeStart(t *testing.T) {
 	require.NoError(t, w.Err())
 	require.Zero(t, w.Pool().Stat().TotalConns(), "the pool is closed")
 	require.ErrorContains(t, w.Start(ctx), "stopped before it was started")
+}
+
+// TestHandlerUnderPrefix: an application mounts Worker.Handler in its own
+// server under a prefix, as the README shows: the JSON endpoints, sluice's
+// pages and River UI all work there, behind the token but /healthz.
+func TestHandlerUnderPrefix(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	const token = "library-token-0123456789"
+	cfg := testConfig(t, greetWorkers(), demo.Module())
+	cfg.HTTPPrefix, cfg.HTTPToken = "/jobs", token
+	w, err := sluice.New(ctx, cfg)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { _ = stop(t, w) })
+	require.Empty(t, w.HTTPAddr(), "no server of its own")
+
+	mux := http.NewServeMux()
+	mux.Handle("/jobs/", http.StripPrefix("/jobs", w.Handler()))
+	mux.HandleFunc("/", func(rw http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(rw, "the application") })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path string, auth bool) (int, http.Header, string) {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Accept", "text/html")
+		if auth {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, resp.Header, string(body)
+	}
+
+	code, _, _ := get("/jobs/healthz", false)
+	require.Equal(t, http.StatusOK, code)
+	code, _, _ = get("/jobs/ui/workers", false)
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, header, _ := get("/jobs/", true)
+	require.Equal(t, http.StatusFound, code)
+	require.Equal(t, "ui/", header.Get("Location"), "relative: /jobs/ui/")
+	code, _, body := get("/jobs/ui/workers", true)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `href="../riverui/"`, "relative: /jobs/riverui/")
+	code, _, body = get("/jobs/riverui/", true)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `{"apiUrl":"/jobs/riverui/api","base":"/jobs/riverui"}`)
+	i := strings.Index(body, `src="/jobs/riverui/assets/`)
+	require.Positive(t, i, body)
+	asset := body[i+len(`src="`):]
+	asset = asset[:strings.IndexByte(asset, '"')]
+	code, _, _ = get(asset, true)
+	require.Equal(t, http.StatusOK, code, asset)
+	res, err := w.Client().Insert(ctx, GreetArgs{Name: "ada"}, &river.InsertOpts{ScheduledAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	code, _, body = get("/jobs/riverui/api/jobs/"+strconv.FormatInt(res.Job.ID, 10), true)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"kind":"greet"`)
+	code, _, body = get("/", false)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "the application", body)
 }

@@ -130,8 +130,12 @@ func (w *Worker) Client() *river.Client[pgx.Tx] { return w.w.Client() }
 // Pool is the worker's database pool.
 func (w *Worker) Pool() *pgxpool.Pool { return w.w.Pool() }
 
-// Handler serves the worker's HTTP endpoints (/healthz, /readyz, /metrics,
-// /stats, /health), for an application to mount in its own server.
+// Handler serves the worker's HTTP endpoints, for an application to mount
+// in its own server (under Config.HTTPPrefix, with http.StripPrefix):
+// /healthz and /readyz, open to all; /metrics, /stats, /health, River UI at
+// /riverui/ and sluice's pages at /ui/ (/ leads there), behind
+// Config.HTTPToken when it is set. Without a token they are open: who may
+// reach them is the application's to decide (its server, its middleware).
 func (w *Worker) Handler() http.Handler { return w.w.Handler() }
 
 // HTTPAddr is the address the worker's own HTTP server listens on, or ""

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/scheduler"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // Defaults of Config.
@@ -66,7 +67,18 @@ type Config struct {
 	// DatabaseURL is the pgx connection string.
 	DatabaseURL string
 	// HTTPAddr is the listen address of the HTTP server; empty disables it.
+	// Off loopback (web.IsLoopback) it needs HTTPToken.
 	HTTPAddr string
+	// HTTPToken, when set, guards the HTTP handler (the worker's own server
+	// and Handler) but /healthz and /readyz: a request needs it as a bearer
+	// token or a basic-auth password (web.RequireToken), on loopback too.
+	// At least web.MinTokenLength characters; never logged.
+	HTTPToken string
+	// HTTPPrefix is the path the handler is served under, such as "/jobs"
+	// (empty: the root). The worker's own server serves it there, and an
+	// application that mounts Handler in its own server mounts it there with
+	// http.StripPrefix: River UI builds its URLs from it.
+	HTTPPrefix string
 	// ID names the process: River's client ID (river_job.attempted_by) and
 	// maintenance_runs.worker_id. Empty generates host-pid-random.
 	ID string
@@ -178,6 +190,12 @@ func (c *Config) Validate() error {
 		if err := validateListenAddr(c.HTTPAddr); err != nil {
 			return fmt.Errorf("invalid HTTP address %q (SLUICE_HTTP_ADDR): %w", c.HTTPAddr, err)
 		}
+	}
+	if err := web.CheckExposure(c.HTTPAddr, c.HTTPToken); err != nil {
+		return err
+	}
+	if err := web.ValidatePrefix(c.HTTPPrefix); err != nil {
+		return err
 	}
 	switch {
 	case c.DefaultWorkers < 0 || c.DefaultWorkers > 10000:

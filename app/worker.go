@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/scheduler"
+	"github.com/sluice-dev/sluice/web"
 )
 
 // Worker is one `sluice worker` process: River client, HTTP server and the
@@ -33,6 +34,7 @@ type Worker struct {
 	jobs     *Jobs
 	registry *prometheus.Registry
 	handler  http.Handler
+	riverUI  *web.RiverUI
 	listener net.Listener
 	server   *http.Server
 	// dispatcher is the schedule dispatcher.
@@ -147,14 +149,20 @@ func (w *Worker) init(ctx context.Context) error {
 	if err := w.initLiveness(); err != nil {
 		return err
 	}
-	w.handler = newHTTPHandler(w.pool, w.registry, w.cfg.Program.Modules)
+	w.handler, w.riverUI, err = newHTTPHandler(httpConfig{
+		pool: w.pool, registry: w.registry, modules: w.cfg.Program.Modules, client: w.client,
+		token: w.cfg.HTTPToken, prefix: w.cfg.HTTPPrefix, logger: w.cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
 	if w.cfg.HTTPAddr != "" {
 		w.listener, err = net.Listen("tcp", w.cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("listen on %s (SLUICE_HTTP_ADDR): %w", w.cfg.HTTPAddr, err)
 		}
 		w.server = &http.Server{
-			Handler:           w.handler,
+			Handler:           mountAt(w.cfg.HTTPPrefix, w.handler),
 			ReadHeaderTimeout: 5 * time.Second,
 		}
 	}
@@ -173,7 +181,9 @@ func (w *Worker) HTTPAddr() string {
 }
 
 // Handler serves the worker's HTTP endpoints (/healthz, /readyz, /metrics,
-// /stats, /health), for an application that mounts them in its own server.
+// /stats, /health), River UI (/riverui/) and sluice's pages (/ui/), behind
+// HTTPToken when it is set, for an application that mounts them in its own
+// server (under HTTPPrefix).
 func (w *Worker) Handler() http.Handler { return w.handler }
 
 // Pool is the worker's database pool.
@@ -249,6 +259,11 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	}
 	_ = w.dispatcher.Start(ctx) // a dispatcher of its own, never started before
 	w.cluster.Start(ctx)
+	// River UI's background services start at its first request and run
+	// until the worker has stopped (it serves while jobs finish).
+	uiCtx, stopUI := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopUI()
+	w.riverUI.Run(uiCtx)
 	httpErr := make(chan error, 1)
 	if w.server != nil {
 		go func() { httpErr <- w.server.Serve(w.listener) }()
@@ -256,7 +271,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	if started != nil {
 		started()
 	}
-	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(),
+	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(), "http_token", w.cfg.HTTPToken != "",
 		"default_workers", w.cfg.DefaultWorkers, "maintenance_workers", w.cfg.MaintenanceWorkers)
 
 	var runErr error

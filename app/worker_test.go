@@ -58,7 +58,7 @@ func startWorker(t *testing.T, cfg app.Config) (*app.Worker, func() (error, time
 	})
 	// Started once it serves HTTP (the server starts after the River client).
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + w.HTTPAddr() + "/healthz")
+		resp, err := http.Get("http://" + w.HTTPAddr() + cfg.HTTPPrefix + "/healthz")
 		if err != nil {
 			return false
 		}

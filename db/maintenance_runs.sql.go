@@ -8,6 +8,7 @@ package db
 import (
 	"context"
 	"encoding/json"
+	"time"
 )
 
 const abandonMaintenanceRuns = `-- name: AbandonMaintenanceRuns :many
@@ -122,6 +123,117 @@ type ListMaintenanceRunsParams struct {
 // Most recent runs of kind, newest first.
 func (q *Queries) ListMaintenanceRuns(ctx context.Context, arg ListMaintenanceRunsParams) ([]*MaintenanceRun, error) {
 	rows, err := q.db.Query(ctx, listMaintenanceRuns, arg.Kind, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*MaintenanceRun
+	for rows.Next() {
+		var i MaintenanceRun
+		if err := rows.Scan(
+			&i.ID,
+			&i.Kind,
+			&i.JobID,
+			&i.WorkerID,
+			&i.StartedAt,
+			&i.FinishedAt,
+			&i.Status,
+			&i.Affected,
+			&i.Details,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const maintenanceKindSummary = `-- name: MaintenanceKindSummary :many
+WITH RECURSIVE kinds AS (
+    (SELECT m.kind FROM maintenance_runs m ORDER BY m.kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT m.kind FROM maintenance_runs m WHERE m.kind > k.kind ORDER BY m.kind LIMIT 1)
+    FROM kinds k
+    WHERE k.kind IS NOT NULL
+)
+SELECT k.kind::text AS kind, last.id AS last_id, last.job_id AS last_job_id, last.status AS last_status,
+       last.started_at AS last_started_at, last.finished_at AS last_finished_at,
+       last.affected AS last_affected,
+       COALESCE(extract(epoch FROM now() - (
+           SELECT s.started_at FROM maintenance_runs s
+           WHERE s.kind = k.kind AND s.status = 'succeeded'
+           ORDER BY s.started_at DESC
+           LIMIT 1)), -1)::float8 AS last_succeeded_seconds_ago
+FROM kinds k
+CROSS JOIN LATERAL (
+    SELECT r.id, r.job_id, r.status, r.started_at, r.finished_at, r.affected
+    FROM maintenance_runs r
+    WHERE r.kind = k.kind
+    ORDER BY r.started_at DESC
+    LIMIT 1
+) AS last
+WHERE k.kind IS NOT NULL
+ORDER BY k.kind
+`
+
+type MaintenanceKindSummaryRow struct {
+	Kind                    string     `json:"kind"`
+	LastID                  int64      `json:"last_id"`
+	LastJobID               *int64     `json:"last_job_id"`
+	LastStatus              string     `json:"last_status"`
+	LastStartedAt           time.Time  `json:"last_started_at"`
+	LastFinishedAt          *time.Time `json:"last_finished_at"`
+	LastAffected            int64      `json:"last_affected"`
+	LastSucceededSecondsAgo float64    `json:"last_succeeded_seconds_ago"`
+}
+
+// Per kind that ever ran: its latest run and how long ago it last succeeded
+// (-1: never). The kinds are found by skipping through
+// maintenance_runs_kind_started_at_idx (one index probe per kind), never by
+// scanning the journal.
+func (q *Queries) MaintenanceKindSummary(ctx context.Context) ([]*MaintenanceKindSummaryRow, error) {
+	rows, err := q.db.Query(ctx, maintenanceKindSummary)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*MaintenanceKindSummaryRow
+	for rows.Next() {
+		var i MaintenanceKindSummaryRow
+		if err := rows.Scan(
+			&i.Kind,
+			&i.LastID,
+			&i.LastJobID,
+			&i.LastStatus,
+			&i.LastStartedAt,
+			&i.LastFinishedAt,
+			&i.LastAffected,
+			&i.LastSucceededSecondsAgo,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const recentMaintenanceRuns = `-- name: RecentMaintenanceRuns :many
+SELECT id, kind, job_id, worker_id, started_at, finished_at, status, affected, details
+FROM maintenance_runs
+ORDER BY id DESC
+LIMIT $1
+`
+
+// The latest runs of every kind, newest first (by id: the primary key's
+// index, in the order the runs started).
+func (q *Queries) RecentMaintenanceRuns(ctx context.Context, maxRows int32) ([]*MaintenanceRun, error) {
+	rows, err := q.db.Query(ctx, recentMaintenanceRuns, maxRows)
 	if err != nil {
 		return nil, err
 	}

@@ -648,6 +648,80 @@ func (q *Queries) ScheduleHealth(ctx context.Context) (*ScheduleHealthRow, error
 	return &i, err
 }
 
+const scheduleStatusList = `-- name: ScheduleStatusList :many
+SELECT id, name, kind, cron, timezone, misfire, enabled, status, health,
+       next_run_at,
+       COALESCE(extract(epoch FROM overdue_by), 0)::float8 AS overdue_seconds,
+       last_run_at, last_dispatched_at, last_job_id, COALESCE(last_job_state, '')::text AS last_job_state,
+       run_count, failure_count, max_retries, last_error
+FROM sluice_schedule_status
+ORDER BY name
+LIMIT $1
+`
+
+type ScheduleStatusListRow struct {
+	ID               int64      `json:"id"`
+	Name             string     `json:"name"`
+	Kind             string     `json:"kind"`
+	Cron             string     `json:"cron"`
+	Timezone         string     `json:"timezone"`
+	Misfire          string     `json:"misfire"`
+	Enabled          bool       `json:"enabled"`
+	Status           string     `json:"status"`
+	Health           string     `json:"health"`
+	NextRunAt        *time.Time `json:"next_run_at"`
+	OverdueSeconds   float64    `json:"overdue_seconds"`
+	LastRunAt        *time.Time `json:"last_run_at"`
+	LastDispatchedAt *time.Time `json:"last_dispatched_at"`
+	LastJobID        *int64     `json:"last_job_id"`
+	LastJobState     string     `json:"last_job_state"`
+	RunCount         int64      `json:"run_count"`
+	FailureCount     int32      `json:"failure_count"`
+	MaxRetries       int32      `json:"max_retries"`
+	LastError        *string    `json:"last_error"`
+}
+
+// Every schedule as sluice_schedule_status shows it (the web pages), by
+func (q *Queries) ScheduleStatusList(ctx context.Context, maxRows int32) ([]*ScheduleStatusListRow, error) {
+	rows, err := q.db.Query(ctx, scheduleStatusList, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ScheduleStatusListRow
+	for rows.Next() {
+		var i ScheduleStatusListRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Kind,
+			&i.Cron,
+			&i.Timezone,
+			&i.Misfire,
+			&i.Enabled,
+			&i.Status,
+			&i.Health,
+			&i.NextRunAt,
+			&i.OverdueSeconds,
+			&i.LastRunAt,
+			&i.LastDispatchedAt,
+			&i.LastJobID,
+			&i.LastJobState,
+			&i.RunCount,
+			&i.FailureCount,
+			&i.MaxRetries,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const schedulerPeek = `-- name: SchedulerPeek :one
 
 SELECT

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 )
 
 const countTaskCancellations = `-- name: CountTaskCancellations :many
@@ -174,4 +175,48 @@ func (q *Queries) TaskCancellationTracked(ctx context.Context) (bool, error) {
 	var tracked bool
 	err := row.Scan(&tracked)
 	return tracked, err
+}
+
+const taskCancellationTrackedJobs = `-- name: TaskCancellationTrackedJobs :many
+SELECT t.job_id, t.kind, t.cancelled_at, t.counted_at,
+       extract(epoch FROM now() - t.cancelled_at)::float8 AS cancelled_seconds_ago
+FROM task_cancellation_tracker t
+ORDER BY t.cancelled_at, t.job_id
+LIMIT $1
+`
+
+type TaskCancellationTrackedJobsRow struct {
+	JobID               int64      `json:"job_id"`
+	Kind                string     `json:"kind"`
+	CancelledAt         time.Time  `json:"cancelled_at"`
+	CountedAt           *time.Time `json:"counted_at"`
+	CancelledSecondsAgo float64    `json:"cancelled_seconds_ago"`
+}
+
+// The jobs tracked now (running when their cancellation was requested),
+// the longest-cancelled first, with how long ago and whether counted.
+func (q *Queries) TaskCancellationTrackedJobs(ctx context.Context, maxRows int32) ([]*TaskCancellationTrackedJobsRow, error) {
+	rows, err := q.db.Query(ctx, taskCancellationTrackedJobs, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*TaskCancellationTrackedJobsRow
+	for rows.Next() {
+		var i TaskCancellationTrackedJobsRow
+		if err := rows.Scan(
+			&i.JobID,
+			&i.Kind,
+			&i.CancelledAt,
+			&i.CountedAt,
+			&i.CancelledSecondsAgo,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -326,3 +326,70 @@ func (q *Queries) WorkerStatusList(ctx context.Context, maxRows int32) ([]*Worke
 	}
 	return items, nil
 }
+
+const workerStatusPage = `-- name: WorkerStatusPage :many
+SELECT id, host, pid, status, started_at, heartbeat_at,
+       extract(epoch FROM heartbeat_age)::float8 AS heartbeat_age_seconds,
+       extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval_seconds,
+       extract(epoch FROM dead_after)::float8 AS dead_after_seconds,
+       (poll_interval IS NOT NULL)::boolean AS dispatcher,
+       dispatcher_fresh::boolean AS dispatcher_fresh,
+       COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS dispatcher_tick_age_seconds,
+       running_jobs
+FROM sluice_worker_status
+ORDER BY dead DESC, id
+LIMIT $1
+`
+
+type WorkerStatusPageRow struct {
+	ID                       string    `json:"id"`
+	Host                     string    `json:"host"`
+	Pid                      int32     `json:"pid"`
+	Status                   string    `json:"status"`
+	StartedAt                time.Time `json:"started_at"`
+	HeartbeatAt              time.Time `json:"heartbeat_at"`
+	HeartbeatAgeSeconds      float64   `json:"heartbeat_age_seconds"`
+	HeartbeatIntervalSeconds float64   `json:"heartbeat_interval_seconds"`
+	DeadAfterSeconds         float64   `json:"dead_after_seconds"`
+	Dispatcher               bool      `json:"dispatcher"`
+	DispatcherFresh          bool      `json:"dispatcher_fresh"`
+	DispatcherTickAgeSeconds float64   `json:"dispatcher_tick_age_seconds"`
+	RunningJobs              int64     `json:"running_jobs"`
+}
+
+// Every worker as sluice_worker_status shows it, for the web pages: dead
+// ones first, with the heartbeat's age and interval, the dispatcher's last
+// tick (age -1: never, or no dispatcher) and the jobs it runs.
+func (q *Queries) WorkerStatusPage(ctx context.Context, maxRows int32) ([]*WorkerStatusPageRow, error) {
+	rows, err := q.db.Query(ctx, workerStatusPage, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*WorkerStatusPageRow
+	for rows.Next() {
+		var i WorkerStatusPageRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Host,
+			&i.Pid,
+			&i.Status,
+			&i.StartedAt,
+			&i.HeartbeatAt,
+			&i.HeartbeatAgeSeconds,
+			&i.HeartbeatIntervalSeconds,
+			&i.DeadAfterSeconds,
+			&i.Dispatcher,
+			&i.DispatcherFresh,
+			&i.DispatcherTickAgeSeconds,
+			&i.RunningJobs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

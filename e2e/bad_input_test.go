@@ -59,6 +59,10 @@ var badInputs = []badInput{
 	{"worker", []string{"worker", "--id", strings.Repeat("x", 101)}, nil, "worker id must be at most 100 characters"},
 	{"worker", []string{"worker", "extra"}, nil, "expects no arguments"},
 	{"worker", []string{"worker"}, []string{"SLUICE_DEFAULT_WORKERS=lots"}, "invalid $SLUICE_DEFAULT_WORKERS"},
+	{"worker", []string{"worker", "--http-addr", "0.0.0.0:0"}, nil, `HTTP address "0.0.0.0:0" is off loopback and no token is set: set SLUICE_HTTP_TOKEN`},
+	{"worker", []string{"worker"}, []string{"SLUICE_HTTP_ADDR=:8089"}, `HTTP address ":8089" is off loopback and no token is set`},
+	{"worker", []string{"worker"}, []string{"SLUICE_HTTP_TOKEN=tiny"}, "HTTP token (SLUICE_HTTP_TOKEN) too short: want at least 16 characters, got 4"},
+	{"worker", []string{"worker", "--http-addr", "0.0.0.0:0"}, []string{"SLUICE_HTTP_TOKEN=has spaces in the token"}, "not printable ASCII (or a space) at byte 4"},
 
 	{"run", []string{"run"}, nil, "expects a job KIND"},
 	{"run", []string{"run", "demo.slep"}, nil, `unknown job kind "demo.slep"`},

@@ -50,6 +50,9 @@ type Module struct {
 	// Stats are the module's sections of the stats document (/stats and
 	// `sluice stats`).
 	Stats []StatsReader
+	// Pages are the module's pages among the worker's web pages (package
+	// web), listed on their index after sluice's own.
+	Pages []Page
 	// ClusterSources, if set, returns the module's cluster-wide gauges:
 	// figures read from the database, exported by one worker at a time
 	// (metrics.Cluster). Per-process metrics are registered by AddWorkers

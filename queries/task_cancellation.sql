@@ -70,3 +70,12 @@ ORDER BY b.kind;
 SELECT kind, current_count_post_cancel, total_count_post_cancel
 FROM sluice_task_cancellation_stats
 ORDER BY kind;
+
+-- name: TaskCancellationTrackedJobs :many
+-- The jobs tracked now (running when their cancellation was requested),
+-- the longest-cancelled first, with how long ago and whether counted.
+SELECT t.job_id, t.kind, t.cancelled_at, t.counted_at,
+       extract(epoch FROM now() - t.cancelled_at)::float8 AS cancelled_seconds_ago
+FROM task_cancellation_tracker t
+ORDER BY t.cancelled_at, t.job_id
+LIMIT sqlc.arg(max_rows);

@@ -91,3 +91,19 @@ FROM sluice_worker_status
 WHERE live AND poll_interval IS NOT NULL AND NOT dispatcher_fresh
 ORDER BY dispatcher_tick_at NULLS FIRST, id
 LIMIT sqlc.arg(max_rows);
+
+-- name: WorkerStatusPage :many
+-- Every worker as sluice_worker_status shows it, for the web pages: dead
+-- ones first, with the heartbeat's age and interval, the dispatcher's last
+-- tick (age -1: never, or no dispatcher) and the jobs it runs.
+SELECT id, host, pid, status, started_at, heartbeat_at,
+       extract(epoch FROM heartbeat_age)::float8 AS heartbeat_age_seconds,
+       extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval_seconds,
+       extract(epoch FROM dead_after)::float8 AS dead_after_seconds,
+       (poll_interval IS NOT NULL)::boolean AS dispatcher,
+       dispatcher_fresh::boolean AS dispatcher_fresh,
+       COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS dispatcher_tick_age_seconds,
+       running_jobs
+FROM sluice_worker_status
+ORDER BY dead DESC, id
+LIMIT sqlc.arg(max_rows);

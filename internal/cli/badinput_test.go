@@ -69,6 +69,9 @@ func TestBadInput(t *testing.T) {
 		{"worker bad duration", []string{"worker", "--job-timeout", "forever"}, 2, "invalid argument"},
 		{"worker metrics interval too short", []string{"worker", "--metrics-interval", "10ms"}, 2, "metrics interval must be at least 1s, got 10ms"},
 		{"worker metrics interval negative", []string{"worker", "--metrics-interval", "-1s"}, 2, "metrics interval must be at least 1s"},
+		{"worker off loopback without token", []string{"worker", "--http-addr", "0.0.0.0:0"}, 2, `HTTP address "0.0.0.0:0" is off loopback and no token is set: set SLUICE_HTTP_TOKEN`},
+		{"worker empty host without token", []string{"worker", "--http-addr", ":8089"}, 2, `HTTP address ":8089" is off loopback and no token is set`},
+		{"worker host name without token", []string{"worker", "--http-addr", "example.com:8089"}, 2, "is off loopback and no token is set"},
 		{"bad log level", []string{"--log-level", "loud", "run", "demo.sleep"}, 2, `invalid --log-level (or $SLUICE_LOG_LEVEL) "loud"`},
 		{"bad log format", []string{"--log-format", "xml", "run", "demo.sleep"}, 2, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
 	} {

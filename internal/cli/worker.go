@@ -20,12 +20,23 @@ func newWorkerCmd(g *globals) *cobra.Command {
 		Short: "Run a worker: River client, schedule dispatcher, HTTP server",
 		Long: `worker works jobs from the default and maintenance queues, runs the schedule
 dispatcher (it inserts the jobs of due schedules) and serves HTTP:
-  /healthz  the process is alive
-  /readyz   the database answers
-  /metrics  Prometheus metrics
-  /stats    the stats document (as sluice stats --json)
-  /health   workers, dispatchers and schedules (as 'sluice health --json';
-            503 when CRITICAL)
+  /healthz   the process is alive
+  /readyz    the database answers
+  /metrics   Prometheus metrics
+  /stats     the stats document (as sluice stats --json)
+  /health    workers, dispatchers and schedules (as 'sluice health --json';
+             503 when CRITICAL)
+  /riverui/  River UI: River's jobs and queues (list, cancel, retry, ...)
+  /ui/       sluice's pages (/ leads there): schedules, concurrency limits
+             and parked jobs, workers, maintenance runs, cancellation monitor
+
+--http-addr is loopback by default (127.0.0.1:8089). Any other address
+(":8089", "0.0.0.0:8089", a host name) needs a token in $SLUICE_HTTP_TOKEN
+(at least 16 characters; environment only, so that it stays out of process
+listings), else the worker refuses to start (exit 2). With a token set
+(on loopback too), every path but /healthz and /readyz needs it, as
+"Authorization: Bearer TOKEN" or as the basic-auth password (any user):
+else 401, and a browser asks for it.
 
 The worker keeps a row in sluice_workers (its id, host, pid, heartbeat and
 last dispatcher tick), refreshed every --heartbeat-interval and deleted on a
@@ -73,6 +84,7 @@ cancels them and exits 0.`,
 			} else {
 				cfg.DeadAfter = 0 // the default: 30s, or 3 heartbeat intervals if that is longer
 			}
+			cfg.HTTPToken = os.Getenv("SLUICE_HTTP_TOKEN")
 			if err := cfg.Validate(); err != nil {
 				return asUsage(err)
 			}
@@ -87,7 +99,7 @@ cancels them and exits 0.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.HTTPAddr, "http-addr", app.DefaultHTTPAddr, "HTTP listen address; empty disables the server")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", app.DefaultHTTPAddr, "HTTP listen address; empty disables the server; off loopback it needs $SLUICE_HTTP_TOKEN")
 	f.StringVar(&cfg.ID, "id", "", "worker id (River client ID); default host-pid-random")
 	f.IntVar(&cfg.DefaultWorkers, "default-workers", app.DefaultDefaultWorkers, "jobs worked at once from the default queue")
 	f.IntVar(&cfg.MaintenanceWorkers, "maintenance-workers", app.DefaultMaintenanceWorkers, "jobs worked at once from the maintenance queue")

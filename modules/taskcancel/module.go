@@ -4,7 +4,7 @@
 // client cancels), and task_cancellation.monitor, every 5 seconds by its
 // default schedule, which counts per kind the jobs still running long after
 // their cancellation. Its counters are the "task_cancellation" section of
-// the stats document and Prometheus gauges. It covers every kind of the
+// the stats document, Prometheus gauges and a web page. It covers every kind of the
 // program, the application's own included.
 package taskcancel
 
@@ -28,6 +28,7 @@ func Module() module.Module {
 			})
 		},
 		Stats: []module.StatsReader{{Name: "task_cancellation", Read: readStatsSection}},
+		Pages: []module.Page{page()},
 		ClusterSources: func(*module.Env) []metrics.ClusterSource {
 			return []metrics.ClusterSource{clusterSource}
 		},
