@@ -132,6 +132,8 @@ func TestClusterGaugesExportedOnce(t *testing.T) {
 	require.Equal(t, 2.0, sum("sluice_concurrency_limit", map[string]string{"kind": "demo.sleep"}))
 	require.Equal(t, sql(`SELECT count(*) FROM concurrency_parked_jobs WHERE kind = 'demo.sleep'`),
 		sum("sluice_parked_jobs", map[string]string{"kind": "demo.sleep"}))
+	require.Equal(t, sql(`SELECT count(DISTINCT key) FROM concurrency_parked_jobs WHERE kind = 'demo.sleep'`),
+		sum("sluice_parked_keys", map[string]string{"kind": "demo.sleep"}))
 	require.Equal(t, sql(`SELECT count(*) FROM sluice_worker_status WHERE status = 'live'`),
 		sum("sluice_workers", map[string]string{"status": "live"}))
 	require.Equal(t, sql(`SELECT count(*) FROM sluice_schedule_status WHERE health = 'overdue'`),

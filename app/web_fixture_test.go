@@ -139,11 +139,12 @@ func checkPages(t *testing.T, f *opsFixture, rows pageRows) {
 	findRow(t, schedules, "ci.drop_canceling_builds") // the migrations' own
 
 	limits := rows(t, "limits")
-	require.Equal(t, []string{"demo.sleep", "1", "1 / 1", "2"}, findRow(t, limits, "demo.sleep")[:4])
+	limit := findRow(t, limits, "demo.sleep")
+	require.Equal(t, []string{"demo.sleep", "1 (sql)", "—", "—", "1 / 1", "2", "0"}, limit[:7])
 	for _, id := range f.parked {
 		parked := findRow(t, limits, job(id))
-		require.Equal(t, []string{job(id), "demo.sleep", "default", "pending"}, parked[:4])
-		require.Contains(t, []string{"limit", "fifo"}, parked[4], "reason")
+		require.Equal(t, []string{job(id), "demo.sleep", "—", "default", "pending"}, parked[:5])
+		require.Contains(t, []string{"limit", "fifo"}, parked[5], "held by")
 	}
 
 	workers := rows(t, "workers")

@@ -10,6 +10,31 @@ import (
 	"time"
 )
 
+const backfillPartitionKeys = `-- name: BackfillPartitionKeys :exec
+WITH lim AS (
+    SELECT l.partition_fields FROM concurrency_limits l
+    WHERE l.kind = $1 AND l.partition_fields IS NOT NULL
+),
+slots AS (
+    UPDATE concurrency_executions e
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE e.kind = $1 AND e.key IS NULL AND j.id = e.job_id AND EXISTS (SELECT 1 FROM lim)
+)
+UPDATE concurrency_parked_jobs p
+SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+FROM river_job j
+WHERE p.kind = $1 AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim)
+`
+
+// Gives the slots and parked jobs of kind without a key theirs, when the
+// kind has a partition: rows left from before a partition that plain SQL
+// set (the CLI repartitions at once). The safety net runs it.
+func (q *Queries) BackfillPartitionKeys(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, backfillPartitionKeys, kind)
+	return err
+}
+
 const claimReservedSlots = `-- name: ClaimReservedSlots :exec
 UPDATE concurrency_executions e
 SET reserved = false, worker_id = $1, admitted_at = now()

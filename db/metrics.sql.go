@@ -14,7 +14,10 @@ SELECT kind::text AS kind,
        COALESCE(max_concurrency, 0)::integer AS max_concurrency,
        admitted::bigint AS slots_in_use,
        parked::bigint AS parked,
-       COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_age_seconds
+       COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_age_seconds,
+       parked_keys::bigint AS parked_keys,
+       (rate_max IS NOT NULL)::boolean AS rate_limited,
+       starts_in_window::bigint AS starts_in_window
 FROM sluice_concurrency_overview
 ORDER BY 1
 `
@@ -25,10 +28,14 @@ type MetricsConcurrencyRow struct {
 	SlotsInUse             int64   `json:"slots_in_use"`
 	Parked                 int64   `json:"parked"`
 	OldestParkedAgeSeconds float64 `json:"oldest_parked_age_seconds"`
+	ParkedKeys             int64   `json:"parked_keys"`
+	RateLimited            bool    `json:"rate_limited"`
+	StartsInWindow         int64   `json:"starts_in_window"`
 }
 
 // Per kind with a limit or slots or parked jobs: its limit (0: none), slots
-// in use (slot rows and leased slots), parked jobs and the oldest's wait.
+// in use (slot rows and leased slots), parked jobs and the oldest's wait,
+// the partition keys with waiting jobs, and the starts in its rate window.
 func (q *Queries) MetricsConcurrency(ctx context.Context) ([]*MetricsConcurrencyRow, error) {
 	rows, err := q.db.Query(ctx, metricsConcurrency)
 	if err != nil {
@@ -44,6 +51,9 @@ func (q *Queries) MetricsConcurrency(ctx context.Context) ([]*MetricsConcurrency
 			&i.SlotsInUse,
 			&i.Parked,
 			&i.OldestParkedAgeSeconds,
+			&i.ParkedKeys,
+			&i.RateLimited,
+			&i.StartsInWindow,
 		); err != nil {
 			return nil, err
 		}

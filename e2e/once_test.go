@@ -159,8 +159,8 @@ func (h *harness) requireNothingLeft() {
 	require.Zero(h.t, h.count(slotCountsOffSQL), "slot counts equal the slot rows and leased slots")
 }
 
-// workedRE matches a series of sluice_jobs_worked_total.
-var workedRE = regexp.MustCompile(`(?m)^sluice_jobs_worked_total\{kind="([^"]+)",outcome="([^"]+)"\} (\S+)$`)
+// workedRE matches a series of sluice_jobs_total.
+var workedRE = regexp.MustCompile(`(?m)^sluice_jobs_total\{kind="([^"]+)",outcome="([^"]+)",queue="[^"]*"\} (\S+)$`)
 
 // executions is how many jobs of kind worker w has run (every outcome), as
 // its /metrics says: the job metrics sit inside the limiter, so a job that

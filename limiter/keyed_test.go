@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 )
@@ -308,4 +310,37 @@ func TestKeyedLimitChangedUnderLoad(t *testing.T) {
 	for s, n := range worked {
 		require.Equal(t, 1, n, "seq %d ran once", s)
 	}
+}
+
+// TestKeyedLimitSetBySQL: a per-key limit set by plain SQL (a migration)
+// over jobs already parked: the safety net gives them their keys, and they
+// resume under the limit, one per key at a time.
+func TestKeyedLimitSetBySQL(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	var ids []int64
+	for i := range 4 {
+		ids = append(ids, jobtest.InsertParked(t, pool, "demo.sleep", fmt.Sprintf(`{"ms": %d}`, 200+i%2)))
+	}
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_limits (kind, max_concurrency, partition_fields, key_max)
+		VALUES ('demo.sleep', 0, '{ms}', 1)`)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_limits WHERE key_source = 'sql' AND max_source IS NULL"))
+	require.Equal(t, 4, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE key IS NULL"))
+
+	deps, _ := jobtest.NewJobs(t, pool)
+	client := jobtest.Start(t, pool, deps, jobtest.Config{})
+	client.InsertAndWait(t, limiter.ResumeArgs{JobKind: "demo.sleep"}, nil)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE key IS NULL"), "keys given")
+	client.WaitFinished(t, 30*time.Second, ids...)
+	for _, id := range ids {
+		require.Equal(t, "completed", jobState(t, pool, id))
+	}
+	// One per key at a time: the two 200 ms jobs of a key never overlapped
+	// (their finalized_at may lag their end by River's completer, < 100 ms).
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM river_job a JOIN river_job b ON a.args = b.args AND a.id < b.id
+		WHERE a.id = ANY($1) AND b.id = ANY($1)
+		  AND a.attempted_at < b.finalized_at - interval '100 ms' AND b.attempted_at < a.finalized_at - interval '100 ms'`, ids))
 }

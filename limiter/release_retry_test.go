@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,7 +22,11 @@ func TestReleaseRetriedAfterFailure(t *testing.T) {
 	ctx := context.Background()
 	url, pool, tracker := probeKind(t, "retry", 1)
 	// The worker's statements give up on a lock after 200ms.
-	client := startProbeWorker(t, url+"?lock_timeout=200", "retry-a", "retry", tracker, 20*time.Millisecond, nil)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	client := startProbeWorker(t, url+sep+"lock_timeout=200", "retry-a", "retry", tracker, 20*time.Millisecond, nil)
 	const kind = "test.probe.retry"
 
 	// A takes the one slot; B and C park behind it. When A ends, B is

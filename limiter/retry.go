@@ -116,6 +116,11 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 		}); err != nil {
 			return fmt.Errorf("clean up stale starts: %w", err)
 		}
+		if limited && c.fields != nil {
+			if err := q.BackfillPartitionKeys(ctx, kind); err != nil {
+				return fmt.Errorf("backfill partition keys: %w", err)
+			}
+		}
 		if limited {
 			// The safety net also corrects the count and flag the hot path keeps.
 			if err := q.RecountConcurrency(ctx, kind); err != nil {

@@ -26,6 +26,11 @@ var (
 		"Jobs of the kind parked now, waiting for a slot, whole cluster.", []string{"kind"}, nil)
 	parkedOldestDesc = prometheus.NewDesc("sluice_parked_oldest_age_seconds",
 		"How long the oldest parked job of the kind has waited (0: none parked).", []string{"kind"}, nil)
+	parkedKeysDesc = prometheus.NewDesc("sluice_parked_keys",
+		"Partition keys of the kind (its per-key or rate limit's --by-args) with jobs waiting, whole cluster.", []string{"kind"}, nil)
+	rateStartsDesc = prometheus.NewDesc("sluice_rate_window_starts",
+		"Starts of the kind in its rate limit's current window (reserved ones included), whole cluster; only for rate-limited kinds.",
+		[]string{"kind"}, nil)
 	workersDesc = prometheus.NewDesc("sluice_workers",
 		"sluice workers per status: live, late (missed heartbeats), dead (not reaped yet).", []string{"status"}, nil)
 	schedulesDesc = prometheus.NewDesc("sluice_schedules",
@@ -64,13 +69,17 @@ func concurrencySource(ctx context.Context, q *db.Queries) ([]prometheus.Metric,
 	if err != nil {
 		return nil, fmt.Errorf("concurrency: %w", err)
 	}
-	out := make([]prometheus.Metric, 0, 4*len(rows))
+	out := make([]prometheus.Metric, 0, 6*len(rows))
 	for _, r := range rows {
 		out = append(out,
 			prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, float64(r.MaxConcurrency), r.Kind),
 			prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(r.SlotsInUse), r.Kind),
 			prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(r.Parked), r.Kind),
-			prometheus.MustNewConstMetric(parkedOldestDesc, prometheus.GaugeValue, r.OldestParkedAgeSeconds, r.Kind))
+			prometheus.MustNewConstMetric(parkedOldestDesc, prometheus.GaugeValue, r.OldestParkedAgeSeconds, r.Kind),
+			prometheus.MustNewConstMetric(parkedKeysDesc, prometheus.GaugeValue, float64(r.ParkedKeys), r.Kind))
+		if r.RateLimited {
+			out = append(out, prometheus.MustNewConstMetric(rateStartsDesc, prometheus.GaugeValue, float64(r.StartsInWindow), r.Kind))
+		}
 	}
 	return out, nil
 }

@@ -190,3 +190,22 @@ UPDATE concurrency_parked_jobs p
 SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
 FROM river_job j
 WHERE p.kind = sqlc.arg(kind) AND j.id = p.job_id;
+
+-- name: BackfillPartitionKeys :exec
+-- Gives the slots and parked jobs of kind without a key theirs, when the
+-- kind has a partition: rows left from before a partition that plain SQL
+-- set (the CLI repartitions at once). The safety net runs it.
+WITH lim AS (
+    SELECT l.partition_fields FROM concurrency_limits l
+    WHERE l.kind = sqlc.arg(kind) AND l.partition_fields IS NOT NULL
+),
+slots AS (
+    UPDATE concurrency_executions e
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE e.kind = sqlc.arg(kind) AND e.key IS NULL AND j.id = e.job_id AND EXISTS (SELECT 1 FROM lim)
+)
+UPDATE concurrency_parked_jobs p
+SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+FROM river_job j
+WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim);

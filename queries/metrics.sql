@@ -46,12 +46,16 @@ ORDER BY 1;
 
 -- name: MetricsConcurrency :many
 -- Per kind with a limit or slots or parked jobs: its limit (0: none), slots
--- in use (slot rows and leased slots), parked jobs and the oldest's wait.
+-- in use (slot rows and leased slots), parked jobs and the oldest's wait,
+-- the partition keys with waiting jobs, and the starts in its rate window.
 SELECT kind::text AS kind,
        COALESCE(max_concurrency, 0)::integer AS max_concurrency,
        admitted::bigint AS slots_in_use,
        parked::bigint AS parked,
-       COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_age_seconds
+       COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_age_seconds,
+       parked_keys::bigint AS parked_keys,
+       (rate_max IS NOT NULL)::boolean AS rate_limited,
+       starts_in_window::bigint AS starts_in_window
 FROM sluice_concurrency_overview
 ORDER BY 1;
 

@@ -132,7 +132,7 @@ func TestGreeter(t *testing.T) {
 	out = ok("limits", "set", "greeter.greet", "1")
 	require.Equal(t, "greeter.greet: 1\n", out)
 	out = ok("limits", "list")
-	require.Regexp(t, regexp.MustCompile(`(?m)^greeter\.greet\s+1\s`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^greeter\.greet\s+concurrency\s+1\s`), out)
 
 	// SIGTERM stops the worker gracefully: exit 0.
 	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
