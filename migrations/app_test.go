@@ -177,7 +177,7 @@ func TestAppMigrationsThenLaterSluiceMigration(t *testing.T) {
 		require.NoError(t, err)
 		core[e.Name()] = &fstest.MapFile{Data: data}
 	}
-	core["00010_later.sql"] = &fstest.MapFile{Data: []byte(`-- +goose Up
+	core["00099_later.sql"] = &fstest.MapFile{Data: []byte(`-- +goose Up
 CREATE TABLE later (id int);
 -- +goose Down
 DROP TABLE later;
@@ -189,7 +189,7 @@ DROP TABLE later;
 	require.NoError(t, err)
 	require.Len(t, steps, 1)
 	require.Equal(t, migrations.ComponentSluice, steps[0].Component)
-	require.Equal(t, "00010_later.sql", steps[0].Name)
+	require.Equal(t, "00099_later.sql", steps[0].Name)
 	require.True(t, exists(t, pool, "sluice.later"), "a core migration runs in sluice's schema")
 	require.Equal(t, appVersions, testdb.Checksum(t, pool, "sluice.goose_db_version_app"))
 	require.NoError(t, migrations.Check(ctx, pool, later))

@@ -108,13 +108,20 @@ func rowSums(t *testing.T, pool *pgxpool.Pool, schema string, tables ...string) 
 	t.Helper()
 	out := map[string]string{}
 	for _, table := range tables {
-		var sum string
-		require.NoError(t, pool.QueryRow(context.Background(), `
-			SELECT count(*) || ':' || COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '')
-			FROM `+schema+"."+table+" t").Scan(&sum), table)
-		out[table] = sum
+		out[table] = querySum(t, pool, "SELECT * FROM "+schema+"."+table)
 	}
 	return out
+}
+
+// querySum is the count and a checksum of the rows query returns, as
+// rowSums computes them for a table.
+func querySum(t *testing.T, pool *pgxpool.Pool, query string) string {
+	t.Helper()
+	var sum string
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) || ':' || COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '')
+		FROM (`+query+`) t`).Scan(&sum), query)
+	return sum
 }
 
 // versions returns the applied versions a goose version table records, in

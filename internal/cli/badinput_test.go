@@ -69,6 +69,13 @@ func TestBadInput(t *testing.T) {
 		{"worker bad duration", []string{"worker", "--job-timeout", "forever"}, 2, "invalid argument"},
 		{"worker metrics interval too short", []string{"worker", "--metrics-interval", "10ms"}, 2, "metrics interval must be at least 1s, got 10ms"},
 		{"worker metrics interval negative", []string{"worker", "--metrics-interval", "-1s"}, 2, "metrics interval must be at least 1s"},
+		{"worker queues without count", []string{"worker", "--queues", "default"}, 2, `invalid --queues (or $SLUICE_QUEUES) "default"`},
+		{"worker queues zero", []string{"worker", "--queues", "default=0"}, 2, "jobs at once must be between 1 and 10000, got 0"},
+		{"worker queues huge", []string{"worker", "--queues", "emails=10001"}, 2, "jobs at once must be between 1 and 10000, got 10001"},
+		{"worker queues bad name", []string{"worker", "--queues", "E-mails=5"}, 2, `invalid queue name "E-mails"`},
+		{"worker queues twice", []string{"worker", "--queues", "emails=5,emails=6"}, 2, `queue "emails" is given twice`},
+		{"worker queues maintenance", []string{"worker", "--queues", "maintenance=5"}, 2, `queue "maintenance" is sluice's own`},
+		{"worker queues and default workers", []string{"worker", "--queues", "emails=5", "--default-workers", "10"}, 2, "are both set"},
 		{"bad log level", []string{"--log-level", "loud", "run", "demo.sleep"}, 2, `invalid --log-level (or $SLUICE_LOG_LEVEL) "loud"`},
 		{"bad log format", []string{"--log-format", "xml", "run", "demo.sleep"}, 2, `invalid --log-format (or $SLUICE_LOG_FORMAT) "xml"`},
 	} {
