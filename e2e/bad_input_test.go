@@ -110,6 +110,16 @@ var badInputs = []badInput{
 	{"jobs cancel", []string{"jobs", "cancel", "0"}, nil, `invalid job ID "0"`},
 	{"jobs cancel", []string{"jobs", "cancel", "987654321"}, nil, "no job with id 987654321"},
 
+	{"queues", []string{"queues"}, nil, "needs a subcommand"},
+	{"queues", []string{"queues", "drain", "default"}, nil, `unknown subcommand "drain"`},
+	{"queues list", []string{"queues", "list", "default"}, nil, "expects no arguments"},
+	{"queues list", []string{"queues", "list", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
+	{"queues pause", []string{"queues", "pause"}, nil, "expects a QUEUE"},
+	{"queues pause", []string{"queues", "pause", "Emails"}, nil, `invalid queue name "Emails"`},
+	{"queues pause", []string{"queues", "pause", "a", "b"}, nil, "expects a QUEUE"},
+	{"queues resume", []string{"queues", "resume"}, nil, "expects a QUEUE"},
+	{"queues resume", []string{"queues", "resume", "no--double"}, nil, `invalid queue name "no--double"`},
+
 	{"schedule", []string{"schedule"}, nil, "needs a subcommand"},
 	{"schedule", []string{"schedule", "frob"}, nil, `unknown subcommand "frob"`},
 	{"schedule add", []string{"schedule", "add", "--cron", "* * * * *", "--kind", "demo.sleep"}, nil, "--name is required"},
@@ -192,6 +202,14 @@ var badInputs = []badInput{
 	{"health", []string{"health", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
 }
 
+// unknownNames name a queue that does not exist: each must exit 1 (a
+// runtime failure: River forgets a queue a day after its last worker
+// stopped) with one line `sluice: …` naming it, and change nothing.
+var unknownNames = []badInput{
+	{"queues pause", []string{"queues", "pause", "nowhere"}, nil, `no queue "nowhere" known to River`},
+	{"queues resume", []string{"queues", "resume", "nowhere"}, nil, `no queue "nowhere" known to River`},
+}
+
 // validInvocations are well-formed invocations of every command that uses
 // the database: against an unreachable one each must exit 1 (health: 2,
 // CRITICAL) with a one-line error that names the server, not the password.
@@ -202,6 +220,9 @@ var validInvocations = map[string][]string{
 	"enqueue":          {"enqueue", "demo.sleep"},
 	"export":           {"export", "1"},
 	"jobs cancel":      {"jobs", "cancel", "1"},
+	"queues list":      {"queues", "list"},
+	"queues pause":     {"queues", "pause", "default"},
+	"queues resume":    {"queues", "resume", "*"},
 	"schedule add":     {"schedule", "add", "--name", "x", "--cron", "* * * * *", "--kind", "demo.sleep"},
 	"schedule update":  {"schedule", "update", "x", "--cron", "0 * * * *"},
 	"schedule remove":  {"schedule", "remove", "x"},
@@ -228,10 +249,10 @@ var usageHint = regexp.MustCompile(`^Run 'sluice( [a-z]+)* --help' for usage\.$`
 
 // TestBadInputEveryCommand runs every command `sluice --help` lists (and
 // every subcommand) with malformed input and with an unreachable database:
-// exit 2 for bad input (1 for an unreachable database; `health` says
-// CRITICAL, 2), a one-line `sluice: …` error naming what was wrong, no
-// password in it, and every table of the database — sluice's and River's —
-// unchanged.
+// exit 2 for bad input (1 for an unknown queue, and for an unreachable
+// database; `health` says CRITICAL, 2), a one-line `sluice: …` error naming
+// what was wrong, no password in it, and every table of the database —
+// sluice's and River's — unchanged.
 func TestBadInputEveryCommand(t *testing.T) {
 	t.Parallel()
 
@@ -261,6 +282,10 @@ func TestBadInputEveryCommand(t *testing.T) {
 	for _, tc := range badInputs {
 		res := proc.Run(t, h.url, tc.env, tc.args...)
 		requireOneLineError(t, res, 2, tc.want, tc.args)
+	}
+	for _, tc := range unknownNames {
+		res := proc.Run(t, h.url, tc.env, tc.args...)
+		requireOneLineError(t, res, 1, tc.want, tc.args)
 	}
 	require.Equal(t, before, testdb.Checksum(t, h.pool, tables...), "a rejected command changed the database")
 

@@ -122,8 +122,9 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for k, v := range rowSums(t, pool, "public", "river_job", "river_queue") {
 		after[k] = v
 	}
-	// What came after the old layout adds: 00010 a column of
-	// sluice_workers (NULL on the rows kept).
+	// What came after the old layout adds: 00010 a setting, and a column
+	// of sluice_workers (NULL on the rows kept).
+	after["settings"] = querySum(t, pool, `SELECT * FROM sluice.settings WHERE key <> 'health.queue_paused_after'`)
 	after["sluice_workers"] = querySum(t, pool, `SELECT id, host, pid, started_at, heartbeat_at, heartbeat_interval,
 		dispatcher_tick_at, poll_interval, dead_after, incarnation, backend_name FROM sluice.sluice_workers WHERE queues IS NULL`)
 	require.Equal(t, before, after)

@@ -17,9 +17,10 @@ import (
 // sluiceTables are the tables whose rows a failed command must not change.
 var sluiceTables = []string{"river_job", "river_queue", "settings", "maintenance_runs"}
 
-// TestBadInput runs every command with malformed input: each exits 2 (or 1
-// for an unreachable database), says what was wrong in one line, and leaves
-// the database as it was.
+// TestBadInput runs every command with malformed input: each exits 2 (1 for
+// an unknown queue, which River forgets a day after its last worker
+// stopped), says what was wrong in one line, and leaves the database as it
+// was.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 
@@ -58,6 +59,13 @@ func TestBadInput(t *testing.T) {
 		{"cancel zero", []string{"jobs", "cancel", "0"}, 2, `invalid job ID "0"`},
 		{"cancel unknown job", []string{"jobs", "cancel", "987654321"}, 2, "no job with id 987654321"},
 		{"jobs without subcommand", []string{"jobs"}, 2, "needs a subcommand"},
+		{"queues without subcommand", []string{"queues"}, 2, "needs a subcommand"},
+		{"queues list extra", []string{"queues", "list", "x"}, 2, "expects no arguments"},
+		{"pause bad name", []string{"queues", "pause", "Bad Queue"}, 2, `invalid queue name "Bad Queue"`},
+		{"pause no name", []string{"queues", "pause"}, 2, "expects a QUEUE"},
+		{"pause unknown queue", []string{"queues", "pause", "nowhere"}, 1, `no queue "nowhere" known to River`},
+		{"resume unknown queue", []string{"queues", "resume", "nowhere"}, 1, `no queue "nowhere" known to River`},
+		{"resume long name", []string{"queues", "resume", strings.Repeat("q", 65)}, 2, "at most 64 characters"},
 		{"jobs unknown subcommand", []string{"jobs", "delete", "1"}, 2, `unknown subcommand "delete"`},
 		{"migrate unknown direction", []string{"migrate", "sideways"}, 2, `unknown migrate direction "sideways"`},
 		{"migrate down bad version", []string{"migrate", "down", "--to", "-1"}, 2, `invalid --to "-1"`},
@@ -114,6 +122,8 @@ func TestDatabaseURLErrors(t *testing.T) {
 				{"run", "demo.sleep"},
 				{"enqueue", "demo.sleep"},
 				{"jobs", "cancel", "1"},
+				{"queues", "list"},
+				{"queues", "pause", "default"},
 				{"migrate", "up"},
 				{"worker"},
 			} {

@@ -25,8 +25,8 @@ schedule dispatcher (it inserts the jobs of due schedules) and serves HTTP:
   /readyz   the database answers
   /metrics  Prometheus metrics
   /stats    the stats document (as sluice stats --json)
-  /health   workers, dispatchers and schedules (as 'sluice health --json';
-            503 when CRITICAL)
+  /health   workers, dispatchers, schedules and queues (as 'sluice health
+            --json'; 503 when CRITICAL)
 
 The worker keeps a row in sluice_workers (its id, host, pid, heartbeat and
 last dispatcher tick), refreshed every --heartbeat-interval and deleted on a
@@ -49,7 +49,9 @@ queues, each with its own number of jobs at once (1 to 10000; names by
 River's rule, each once); without it the worker serves the default queue
 with --default-workers jobs at once. Give one or the other: both is a usage
 error. The maintenance queue (--maintenance-workers) is always served. The
-worker records its queues in its sluice_workers row (queues).
+worker records its queues in its sluice_workers row ('sluice queues list'
+shows who serves what, and 'sluice health' warns about available jobs in a
+queue no live worker serves).
 
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
