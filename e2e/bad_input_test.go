@@ -122,11 +122,27 @@ var badInputs = []badInput{
 	{"export", []string{"export", "1", "2"}, nil, "expects a PROJECT_ID"},
 
 	{"jobs", []string{"jobs"}, nil, "needs a subcommand"},
-	{"jobs", []string{"jobs", "delete", "1"}, nil, `unknown subcommand "delete"`},
-	{"jobs cancel", []string{"jobs", "cancel"}, nil, "expects a job ID"},
+	{"jobs", []string{"jobs", "frob", "1"}, nil, `unknown subcommand "frob"`},
+	{"jobs list", []string{"jobs", "list", "--state", "done"}, nil, `invalid --state "done": want one of available, cancelled, completed`},
+	{"jobs list", []string{"jobs", "list", "--state", "pending,parked"}, nil, `invalid --state "parked"`},
+	{"jobs list", []string{"jobs", "list", "--kind", "nope"}, nil, `unknown job kind "nope"`},
+	{"jobs list", []string{"jobs", "list", "--queue", "Bad Q"}, nil, `invalid queue name "Bad Q"`},
+	{"jobs list", []string{"jobs", "list", "--limit", "0"}, nil, "invalid --limit 0: want 1 to 10000"},
+	{"jobs list", []string{"jobs", "list", "--limit", "lots"}, nil, `invalid argument "lots" for "--limit"`},
+	{"jobs list", []string{"jobs", "list", "extra"}, nil, "expects no arguments"},
+	{"jobs show", []string{"jobs", "show"}, nil, "expects a job ID"},
+	{"jobs show", []string{"jobs", "show", "1", "2"}, nil, "expects a job ID"},
+	{"jobs show", []string{"jobs", "show", "abc"}, nil, `invalid job ID "abc"`},
+	{"jobs show", []string{"jobs", "show", "1", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
+	{"jobs retry", []string{"jobs", "retry"}, nil, "expects one or more job IDs"},
+	{"jobs retry", []string{"jobs", "retry", "1", "two"}, nil, `invalid job ID "two"`},
+	{"jobs retry", []string{"jobs", "retry", "--", "-1"}, nil, `invalid job ID "-1"`},
+	{"jobs cancel", []string{"jobs", "cancel"}, nil, "expects one or more job IDs"},
 	{"jobs cancel", []string{"jobs", "cancel", "x"}, nil, `invalid job ID "x"`},
 	{"jobs cancel", []string{"jobs", "cancel", "0"}, nil, `invalid job ID "0"`},
-	{"jobs cancel", []string{"jobs", "cancel", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs cancel", []string{"jobs", "cancel", "1", "99999999999999999999"}, nil, `invalid job ID "99999999999999999999"`},
+	{"jobs delete", []string{"jobs", "delete"}, nil, "expects one or more job IDs"},
+	{"jobs delete", []string{"jobs", "delete", "1.5"}, nil, `invalid job ID "1.5"`},
 
 	{"queues", []string{"queues"}, nil, "needs a subcommand"},
 	{"queues", []string{"queues", "drain", "default"}, nil, `unknown subcommand "drain"`},
@@ -220,10 +236,15 @@ var badInputs = []badInput{
 	{"health", []string{"health", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
 }
 
-// unknownNames name a queue that does not exist: each must exit 1 (a
-// runtime failure: River forgets a queue a day after its last worker
-// stopped) with one line `sluice: …` naming it, and change nothing.
+// unknownNames name a job or queue that does not exist: each must exit 1 (a
+// runtime failure: a job or queue may be gone by the time it is named) with
+// one line `sluice: …` naming it, and change nothing.
 var unknownNames = []badInput{
+	{"jobs show", []string{"jobs", "show", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs retry", []string{"jobs", "retry", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs cancel", []string{"jobs", "cancel", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs cancel", []string{"jobs", "cancel", "987654321", "987654322"}, nil, "no jobs with ids 987654321, 987654322"},
+	{"jobs delete", []string{"jobs", "delete", "987654321"}, nil, "no job with id 987654321"},
 	{"queues pause", []string{"queues", "pause", "nowhere"}, nil, `no queue "nowhere" known to River`},
 	{"queues resume", []string{"queues", "resume", "nowhere"}, nil, `no queue "nowhere" known to River`},
 }
@@ -237,7 +258,11 @@ var validInvocations = map[string][]string{
 	"run":              {"run", "demo.sleep", "--args", `{"ms": 1}`},
 	"enqueue":          {"enqueue", "demo.sleep"},
 	"export":           {"export", "1"},
+	"jobs list":        {"jobs", "list"},
+	"jobs show":        {"jobs", "show", "1"},
+	"jobs retry":       {"jobs", "retry", "1"},
 	"jobs cancel":      {"jobs", "cancel", "1"},
+	"jobs delete":      {"jobs", "delete", "1", "2"},
 	"queues list":      {"queues", "list"},
 	"queues pause":     {"queues", "pause", "default"},
 	"queues resume":    {"queues", "resume", "*"},
@@ -267,10 +292,10 @@ var usageHint = regexp.MustCompile(`^Run 'sluice( [a-z]+)* --help' for usage\.$`
 
 // TestBadInputEveryCommand runs every command `sluice --help` lists (and
 // every subcommand) with malformed input and with an unreachable database:
-// exit 2 for bad input (1 for an unknown queue, and for an unreachable
-// database; `health` says CRITICAL, 2), a one-line `sluice: …` error naming
-// what was wrong, no password in it, and every table of the database —
-// sluice's and River's — unchanged.
+// exit 2 for bad input (1 for an unknown job or queue, and for an
+// unreachable database; `health` says CRITICAL, 2), a one-line `sluice: …`
+// error naming what was wrong, no password in it, and every table of the
+// database — sluice's and River's — unchanged.
 func TestBadInputEveryCommand(t *testing.T) {
 	t.Parallel()
 

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/riverqueue/river/rivertype"
-
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
@@ -56,7 +54,7 @@ func exitCode(err error) int {
 	case isCobraUsage(err):
 		return exitUsage
 	case errors.As(err, &usageErr), errors.As(err, &unknownKind), errors.As(err, &argsErr),
-		db.IsURLError(err), errors.Is(err, rivertype.ErrNotFound):
+		db.IsURLError(err):
 		return exitUsage
 	default:
 		return exitFailure
