@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -128,12 +129,20 @@ works at once (from their sluice_workers rows).`,
 
 // newQueuePauseCmd is `queues pause Q` (pause) or `queues resume Q`.
 func newQueuePauseCmd(g *globals, pause bool) *cobra.Command {
-	use, short := "resume QUEUE", "Resume a paused River queue (River's QueueResume)"
+	verb, done := "resume", "resumed"
+	short := "Resume a paused River queue (River's QueueResume)"
+	act := func(ctx context.Context, client *app.Client, name string) error {
+		return client.QueueResume(ctx, name, nil)
+	}
 	if pause {
-		use, short = "pause QUEUE", "Pause a River queue: its jobs wait until resumed (River's QueuePause)"
+		verb, done = "pause", "paused"
+		short = "Pause a River queue: its jobs wait until resumed (River's QueuePause)"
+		act = func(ctx context.Context, client *app.Client, name string) error {
+			return client.QueuePause(ctx, name, nil)
+		}
 	}
 	return &cobra.Command{
-		Use:   use,
+		Use:   verb + " QUEUE",
 		Short: short,
 		Args:  exactArgs(1, `a QUEUE (or "*" for every queue)`),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -151,15 +160,10 @@ func newQueuePauseCmd(g *globals, pause bool) *cobra.Command {
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
 			if name == allQueues {
-				if pause {
-					err = client.QueuePause(ctx, name, nil)
-				} else {
-					err = client.QueueResume(ctx, name, nil)
+				if err := act(ctx, client, name); err != nil {
+					return fmt.Errorf("%s every queue: %w", verb, err)
 				}
-				if err != nil {
-					return fmt.Errorf("%s every queue: %w", strings.Fields(use)[0], err)
-				}
-				fmt.Fprintf(out, "every queue %s\n", map[bool]string{true: "paused", false: "resumed"}[pause])
+				fmt.Fprintf(out, "every queue %s\n", done)
 				return nil
 			}
 			q, err := client.QueueGet(ctx, name)
@@ -176,16 +180,13 @@ func newQueuePauseCmd(g *globals, pause bool) *cobra.Command {
 			case !pause && q.PausedAt == nil:
 				fmt.Fprintf(out, "queue %s is not paused\n", name)
 				return nil
-			case pause:
-				err = client.QueuePause(ctx, name, nil)
-			default:
-				err = client.QueueResume(ctx, name, nil)
 			}
+			err = act(ctx, client, name)
 			if errors.Is(err, rivertype.ErrNotFound) {
 				return unknownQueue(name)
 			}
 			if err != nil {
-				return fmt.Errorf("%s queue %s: %w", strings.Fields(use)[0], name, err)
+				return fmt.Errorf("%s queue %s: %w", verb, name, err)
 			}
 			if pause {
 				fmt.Fprintf(out, "queue %s paused: its jobs wait until 'sluice queues resume %s'\n", name, name)

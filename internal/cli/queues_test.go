@@ -91,6 +91,16 @@ func TestQueuesPauseOneWhileAnotherRuns(t *testing.T) {
 	code, stdout, stderr = runCLI(t, "--database-url", url, "queues", "resume", "emails")
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, "queue emails is not paused\n", stdout)
+
+	// "*": every queue River knows, as River's QueuePause has it.
+	code, stdout, stderr = runCLI(t, "--database-url", url, "queues", "pause", "*")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "every queue paused\n", stdout)
+	require.Zero(t, jobtest.Count(t, pool, `SELECT count(*) FROM river_queue WHERE paused_at IS NULL`))
+	code, stdout, stderr = runCLI(t, "--database-url", url, "queues", "resume", "*")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "every queue resumed\n", stdout)
+	require.Zero(t, jobtest.Count(t, pool, `SELECT count(*) FROM river_queue WHERE paused_at IS NOT NULL`))
 }
 
 // TestHealthWarnsUnservedQueue: a job on a queue no live worker serves
