@@ -92,9 +92,15 @@ type Config struct {
 	// own server (HTTPAddr) serves under it too. Empty: the root.
 	HTTPPrefix string
 	// DefaultWorkers is how many jobs of the default queue run at once
-	// (default 50); MaintenanceWorkers those of the maintenance queue
-	// (default 4).
+	// (default 50) when Queues is empty; MaintenanceWorkers those of the
+	// maintenance queue (default 4), always served.
 	DefaultWorkers, MaintenanceWorkers int
+	// Queues are the queues the worker serves besides maintenance, each with
+	// how many of its jobs run at once, such as {"default": 20, "emails": 5}
+	// (Main's --queues default=20,emails=5). Empty: the default queue with
+	// DefaultWorkers; set one or the other. Names follow River's rule for
+	// queue names; each count is between 1 and 10000.
+	Queues map[string]int
 	// JobTimeout is River's job timeout for kinds without their own
 	// (default 1 minute).
 	JobTimeout time.Duration
@@ -128,6 +134,7 @@ func (c Config) appConfig() app.Config {
 		HTTPToken:            c.HTTPToken,
 		HTTPPrefix:           c.HTTPPrefix,
 		DefaultWorkers:       c.DefaultWorkers,
+		Queues:               c.Queues,
 		MaintenanceWorkers:   c.MaintenanceWorkers,
 		JobTimeout:           c.JobTimeout,
 		ShutdownTimeout:      c.ShutdownTimeout,

@@ -95,6 +95,24 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		require.ErrorContains(t, err, `invalid HTTP prefix "jobs/"`)
 	})
 
+	t.Run("bad queues", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			queues         map[string]int
+			defaultWorkers int
+			want           string
+		}{
+			{map[string]int{"Emails": 5}, 0, `invalid queues: invalid queue name "Emails"`},
+			{map[string]int{"emails": 0}, 0, `invalid queues: queue "emails": jobs at once must be between 1 and 10000, got 0`},
+			{map[string]int{"maintenance": 2}, 0, `invalid queues: queue "maintenance" is sluice's own and always served`},
+			{map[string]int{"emails": 5}, 5, "queues (--queues) and default queue workers (--default-workers) are both set"},
+		} {
+			_, err := sluice.New(ctx, sluice.Config{DatabaseURL: testdb.DefaultServerURL, Workers: greetWorkers(),
+				Queues: tc.queues, DefaultWorkers: tc.defaultWorkers})
+			require.ErrorContains(t, err, tc.want)
+		}
+	})
+
 	t.Run("unmigrated database", func(t *testing.T) {
 		t.Parallel()
 		_, err := sluice.New(ctx, sluice.Config{DatabaseURL: testdb.NewEmpty(t), Workers: greetWorkers(), Logger: jobtest.Logger(t)})
@@ -129,7 +147,9 @@ func TestNewLeavesWorkersAlone(t *testing.T) {
 	for len(states) < 2 {
 		select {
 		case ev := <-events:
-			states[ev.Job.ID] = ev.Job.State
+			if ev.Job.ID == greet.Job.ID || ev.Job.ID == sleep.Job.ID { // (sluice's own schedules may complete jobs too)
+				states[ev.Job.ID] = ev.Job.State
+			}
 		case <-time.After(30 * time.Second):
 			t.Fatalf("jobs finished: %v", states)
 		}
@@ -143,6 +163,44 @@ func TestNewLeavesWorkersAlone(t *testing.T) {
 	after, err = kinds.FromWorkers(workers)
 	require.NoError(t, err)
 	require.Equal(t, before, after)
+}
+
+// TestWorkerServesConfiguredQueues: Config.Queues are the queues the
+// worker serves, each with its concurrency, besides maintenance; it records
+// them in its sluice_workers row, and leaves the queues it does not serve
+// alone.
+func TestWorkerServesConfiguredQueues(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	cfg := testConfig(t, greetWorkers())
+	cfg.Queues = map[string]int{"greetings": 2}
+	w, err := sluice.New(ctx, cfg)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	defer func() { require.NoError(t, stop(t, w)) }()
+
+	var queues string
+	require.NoError(t, w.Pool().QueryRow(ctx, "SELECT queues::text FROM sluice_workers").Scan(&queues))
+	require.JSONEq(t, `{"greetings": 2, "maintenance": 4}`, queues)
+
+	events, cancel := w.Client().Subscribe(river.EventKindJobCompleted)
+	defer cancel()
+	unserved, err := w.Client().Insert(ctx, GreetArgs{Name: "nobody"}, nil)
+	require.NoError(t, err)
+	served, err := w.Client().Insert(ctx, GreetArgs{Name: "queue"}, &river.InsertOpts{Queue: "greetings"})
+	require.NoError(t, err)
+	for done := false; !done; {
+		select {
+		case ev := <-events:
+			done = ev.Job.ID == served.Job.ID // (sluice's own schedules may complete jobs too)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the job on the served queue did not complete")
+		}
+	}
+	job, err := w.Client().JobGet(ctx, unserved.Job.ID)
+	require.NoError(t, err)
+	require.Equal(t, rivertype.JobStateAvailable, job.State, "the default queue is not served")
 }
 
 func TestWorkerStartStop(t *testing.T) {

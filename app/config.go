@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/liveness"
@@ -82,8 +85,14 @@ type Config struct {
 	// ID names the process: River's client ID (river_job.attempted_by) and
 	// maintenance_runs.worker_id. Empty generates host-pid-random.
 	ID string
-	// DefaultWorkers is the size of the default queue.
+	// DefaultWorkers is the size of the default queue when Queues is empty
+	// (DefaultDefaultWorkers when 0).
 	DefaultWorkers int
+	// Queues are the queues the worker serves besides maintenance, each
+	// with how many of its jobs run at once (`--queues default=20,emails=5`);
+	// empty: the default queue with DefaultWorkers. Setting both Queues and
+	// DefaultWorkers is an error: give the default queue's size in Queues.
+	Queues map[string]int
 	// MaintenanceWorkers is the size of the maintenance queue.
 	MaintenanceWorkers int
 	// ShutdownTimeout is how long a stop waits for running jobs before
@@ -130,8 +139,10 @@ type Config struct {
 
 func (c *Config) withDefaults() Config {
 	out := *c
-	if out.DefaultWorkers == 0 {
-		out.DefaultWorkers = DefaultDefaultWorkers
+	if len(out.Queues) == 0 {
+		out.Queues = map[string]int{river.QueueDefault: cmp.Or(out.DefaultWorkers, DefaultDefaultWorkers)}
+	} else {
+		out.Queues = maps.Clone(out.Queues)
 	}
 	if out.MaintenanceWorkers == 0 {
 		out.MaintenanceWorkers = DefaultMaintenanceWorkers
@@ -197,9 +208,17 @@ func (c *Config) Validate() error {
 	if err := web.ValidatePrefix(c.HTTPPrefix); err != nil {
 		return err
 	}
+	if len(c.Queues) > 0 {
+		if c.DefaultWorkers != 0 {
+			return fmt.Errorf("queues (--queues) and default queue workers (--default-workers) are both set: give the default queue's size in the queues, such as default=%d", c.DefaultWorkers)
+		}
+		if err := ValidateQueues(c.Queues); err != nil {
+			return fmt.Errorf("invalid queues: %w", err)
+		}
+	}
 	switch {
-	case c.DefaultWorkers < 0 || c.DefaultWorkers > 10000:
-		return fmt.Errorf("default queue workers must be between 1 and 10000, got %d", c.DefaultWorkers)
+	case c.DefaultWorkers < 0 || c.DefaultWorkers > MaxQueueWorkers:
+		return fmt.Errorf("default queue workers must be between 1 and %d, got %d", MaxQueueWorkers, c.DefaultWorkers)
 	case c.MaintenanceWorkers < 0 || c.MaintenanceWorkers > 1000:
 		return fmt.Errorf("maintenance queue workers must be between 1 and 1000, got %d", c.MaintenanceWorkers)
 	case c.ShutdownTimeout < 0:

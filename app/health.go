@@ -69,6 +69,17 @@ type HealthReport struct {
 	// OverdueNames and FailedNames list (up to 20) schedules.
 	OverdueNames []string `json:"overdue_names"`
 	FailedNames  []string `json:"failed_names"`
+	// UnservedQueues counts the queues with available jobs that no live
+	// worker serves; UnservedQueueNames names (up to 20) of them.
+	UnservedQueues     int64    `json:"unserved_queues"`
+	UnservedQueueNames []string `json:"unserved_queue_names"`
+	// PausedAfterSeconds is how long a queue may stay paused before it
+	// counts (the setting health.queue_paused_after; 0: not checked);
+	// PausedQueues counts the queues paused longer, PausedQueueNames names
+	// (up to 20) of them.
+	PausedAfterSeconds float64  `json:"paused_after_seconds"`
+	PausedQueues       int64    `json:"paused_queues"`
+	PausedQueueNames   []string `json:"paused_queue_names"`
 }
 
 // ExitCode is the monitoring-plugin exit code of the report: 0 OK,
@@ -122,8 +133,8 @@ func (r *HealthReport) Summary() string {
 	if r.DispatcherLastTickAgeSeconds != nil {
 		age = fmt.Sprintf("%.3fs", *r.DispatcherLastTickAgeSeconds)
 	}
-	return fmt.Sprintf("%s: %s | live_workers=%d stale_workers=%d dead_workers=%d dispatcher_tick_age=%s overdue_schedules=%d failed_schedules=%d",
-		r.Status, text, r.LiveWorkers, r.StaleWorkers, r.DeadWorkers, age, r.OverdueSchedules, r.FailedSchedules)
+	return fmt.Sprintf("%s: %s | live_workers=%d stale_workers=%d dead_workers=%d dispatcher_tick_age=%s overdue_schedules=%d failed_schedules=%d unserved_queues=%d paused_queues=%d",
+		r.Status, text, r.LiveWorkers, r.StaleWorkers, r.DeadWorkers, age, r.OverdueSchedules, r.FailedSchedules, r.UnservedQueues, r.PausedQueues)
 }
 
 // CheckHealth connects to databaseURL and reports the health of the
@@ -166,12 +177,13 @@ func CheckHealth(ctx context.Context, databaseURL string, schemas db.Schemas) (*
 //     did not;
 //   - overdue_schedules: WARNING when an enabled, active schedule's
 //     next_run_at is older than sluice_schedule_overdue_after();
-//   - failed_schedules: WARNING when an enabled schedule is failed.
+//   - failed_schedules: WARNING when an enabled schedule is failed;
+//   - unserved_queues and paused_queues: see checkQueues.
 func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	r := &HealthReport{Status: HealthOK, CheckedAt: time.Now().UTC(), OverdueNames: []string{}, FailedNames: []string{},
-		Workers: []*WorkerStatus{}}
+		Workers: []*WorkerStatus{}, UnservedQueueNames: []string{}, PausedQueueNames: []string{}}
 	q := db.New(pool)
 	workers, err := q.WorkerHealth(ctx)
 	if err != nil {
@@ -264,6 +276,7 @@ func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 	} else {
 		r.add("failed_schedules", HealthOK, "none")
 	}
+	r.checkQueues(ctx, pool)
 	return r
 }
 

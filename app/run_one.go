@@ -220,5 +220,5 @@ func reserveRunSlot(ctx context.Context, lim *limiter.Limiter, kind string, jobI
 func privateQueueName() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return "sluice_run_" + hex.EncodeToString(b[:])
+	return RunQueuePrefix + hex.EncodeToString(b[:])
 }

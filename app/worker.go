@@ -12,11 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/liveness"
-	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/scheduler"
@@ -74,7 +72,11 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 		// Every job may hold a connection (a transaction of its own): the
 		// pool covers the queues' workers plus sluice's own needs. It grows
 		// only as jobs use it.
-		config.MaxConns = int32(max(db.DefaultMaxConns, cfg.DefaultWorkers+cfg.MaintenanceWorkers+PoolOverhead))
+		jobs := cfg.MaintenanceWorkers
+		for _, n := range cfg.Queues {
+			jobs += n
+		}
+		config.MaxConns = int32(max(db.DefaultMaxConns, jobs+PoolOverhead))
 	}
 	// The heartbeat and the reaper work on a tiny pool of their own, so
 	// that jobs holding every connection of the main pool cannot make a
@@ -135,10 +137,7 @@ func (w *Worker) init(ctx context.Context) error {
 		rescueStuckJobsAfter: w.cfg.RescueStuckJobsAfter,
 		id:                   w.cfg.ID,
 		jobTimeout:           w.cfg.JobTimeout,
-		queues: map[string]river.QueueConfig{
-			river.QueueDefault: {MaxWorkers: w.cfg.DefaultWorkers},
-			maintenance.Queue:  {MaxWorkers: w.cfg.MaintenanceWorkers},
-		},
+		queues:               riverQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers),
 	})
 	if err != nil {
 		return err
@@ -272,7 +271,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		started()
 	}
 	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(), "http_token", w.cfg.HTTPToken != "",
-		"default_workers", w.cfg.DefaultWorkers, "maintenance_workers", w.cfg.MaintenanceWorkers)
+		"queues", FormatQueues(servedQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers)))
 
 	var runErr error
 	select {

@@ -24,8 +24,8 @@ func (w *Worker) initScheduler() error {
 	return err
 }
 
-// initLiveness builds the worker's heartbeat, which reports the
-// dispatcher's ticks, and its reaper.
+// initLiveness builds the worker's heartbeat, which records the queues it
+// serves and reports the dispatcher's ticks, and its reaper.
 func (w *Worker) initLiveness() error {
 	return w.live.Init(w.livePool, liveness.InitConfig{
 		WorkPool:     w.pool,
@@ -34,6 +34,7 @@ func (w *Worker) initLiveness() error {
 		Registerer:   w.registry,
 		PollInterval: w.dispatcher.PollInterval(),
 		LastTick:     w.dispatcher.LastTick,
+		Queues:       servedQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers),
 	})
 }
 

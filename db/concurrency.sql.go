@@ -589,6 +589,75 @@ func (q *Queries) NotifyRiverInsert(ctx context.Context, queues []string) error 
 	return err
 }
 
+const parkedJobs = `-- name: ParkedJobs :many
+WITH line AS (
+    SELECT p.job_id, p.kind, p.reason, p.parked_at, p.worker_id,
+           row_number() OVER (PARTITION BY p.kind ORDER BY p.job_id) AS position,
+           count(*) OVER (PARTITION BY p.kind) AS kind_parked
+    FROM concurrency_parked_jobs p
+    WHERE p.kind IN (SELECT w.kind FROM concurrency_parked_jobs w WHERE w.job_id = ANY($1::bigint[]))
+)
+SELECT l.job_id, l.kind, l.reason, l.parked_at,
+       extract(epoch FROM now() - l.parked_at)::float8 AS waiting_seconds,
+       l.worker_id,
+       l.position::bigint AS position,
+       l.kind_parked::bigint AS kind_parked,
+       o.max_concurrency,
+       COALESCE(o.admitted, 0)::bigint AS slots_taken
+FROM line l
+LEFT JOIN sluice_concurrency_overview o ON o.kind = l.kind
+WHERE l.job_id = ANY($1::bigint[])
+ORDER BY l.job_id
+`
+
+type ParkedJobsRow struct {
+	JobID          int64     `json:"job_id"`
+	Kind           string    `json:"kind"`
+	Reason         string    `json:"reason"`
+	ParkedAt       time.Time `json:"parked_at"`
+	WaitingSeconds float64   `json:"waiting_seconds"`
+	WorkerID       *string   `json:"worker_id"`
+	Position       int64     `json:"position"`
+	KindParked     int64     `json:"kind_parked"`
+	MaxConcurrency *int32    `json:"max_concurrency"`
+	SlotsTaken     int64     `json:"slots_taken"`
+}
+
+// Which of the jobs ids wait for a concurrency slot (sluice jobs list and
+// show): why, since when and parked by which worker, their place in their
+// kind's line (1: resumed next; jobs resume in job id order) of the kind's
+// parked jobs, and the kind's limit (NULL: none) and slots taken.
+func (q *Queries) ParkedJobs(ctx context.Context, ids []int64) ([]*ParkedJobsRow, error) {
+	rows, err := q.db.Query(ctx, parkedJobs, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*ParkedJobsRow
+	for rows.Next() {
+		var i ParkedJobsRow
+		if err := rows.Scan(
+			&i.JobID,
+			&i.Kind,
+			&i.Reason,
+			&i.ParkedAt,
+			&i.WaitingSeconds,
+			&i.WorkerID,
+			&i.Position,
+			&i.KindParked,
+			&i.MaxConcurrency,
+			&i.SlotsTaken,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const recountConcurrency = `-- name: RecountConcurrency :exec
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1)

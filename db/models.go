@@ -369,6 +369,8 @@ type SluiceWorker struct {
 	DeadAfter   pgtype.Interval `json:"dead_after"`
 	Incarnation string          `json:"incarnation"`
 	BackendName *string         `json:"backend_name"`
+	// The queues the worker serves and their concurrency, {"queue": max_workers}, set at registration; NULL: default and maintenance (a worker from before queues were recorded).
+	Queues json.RawMessage `json:"queues"`
 }
 
 type SluiceWorkerStatus struct {

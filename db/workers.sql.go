@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -104,9 +105,9 @@ func (q *Queries) HeartbeatWorker(ctx context.Context, arg HeartbeatWorkerParams
 
 const registerWorker = `-- name: RegisterWorker :execrows
 
-INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval, dead_after, backend_name, poll_interval)
+INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval, dead_after, backend_name, poll_interval, queues)
 VALUES ($1, $2, $3, $4, $5,
-        $6, $7, $8)
+        $6, $7, $8, $9)
 ON CONFLICT (id) DO NOTHING
 `
 
@@ -119,12 +120,14 @@ type RegisterWorkerParams struct {
 	DeadAfter         pgtype.Interval `json:"dead_after"`
 	BackendName       *string         `json:"backend_name"`
 	PollInterval      pgtype.Interval `json:"poll_interval"`
+	Queues            json.RawMessage `json:"queues"`
 }
 
 // sluice_workers: one row per running worker (heartbeat).
-// Registers the worker at start. A row with the same id (a process that
-// reused the id) is left alone and nothing is inserted: the caller waits for
-// it to be reaped or takes it over once it is dead.
+// Registers the worker at start, with the queues it serves. A row with the
+// same id (a process that reused the id) is left alone and nothing is
+// inserted: the caller waits for it to be reaped or takes it over once it is
+// dead.
 func (q *Queries) RegisterWorker(ctx context.Context, arg RegisterWorkerParams) (int64, error) {
 	result, err := q.db.Exec(ctx, registerWorker,
 		arg.ID,
@@ -135,6 +138,7 @@ func (q *Queries) RegisterWorker(ctx context.Context, arg RegisterWorkerParams) 
 		arg.DeadAfter,
 		arg.BackendName,
 		arg.PollInterval,
+		arg.Queues,
 	)
 	if err != nil {
 		return 0, err

@@ -63,6 +63,19 @@ var badInputs = []badInput{
 	{"worker", []string{"worker"}, []string{"SLUICE_HTTP_ADDR=:8089"}, `HTTP address ":8089" is off loopback and no token is set`},
 	{"worker", []string{"worker"}, []string{"SLUICE_HTTP_TOKEN=tiny"}, "HTTP token (SLUICE_HTTP_TOKEN) too short: want at least 16 characters, got 4"},
 	{"worker", []string{"worker", "--http-addr", "0.0.0.0:0"}, []string{"SLUICE_HTTP_TOKEN=has spaces in the token"}, "not printable ASCII (or a space) at byte 4"},
+	{"worker", []string{"worker", "--queues", "default"}, nil, `"default": want QUEUE=N`},
+	{"worker", []string{"worker", "--queues", ""}, nil, "want QUEUE=N[,QUEUE=N...]"},
+	{"worker", []string{"worker", "--queues", "default=20,,emails=5"}, nil, `"": want QUEUE=N`},
+	{"worker", []string{"worker", "--queues", "emails=five"}, nil, `"five" is not a number of jobs`},
+	{"worker", []string{"worker", "--queues", "emails=0"}, nil, `queue "emails": jobs at once must be between 1 and 10000, got 0`},
+	{"worker", []string{"worker", "--queues", "emails=-5"}, nil, "got -5"},
+	{"worker", []string{"worker", "--queues", "emails=100000"}, nil, "got 100000"},
+	{"worker", []string{"worker", "--queues", "Emails=5"}, nil, `invalid queue name "Emails"`},
+	{"worker", []string{"worker", "--queues", "emails=5,emails=6"}, nil, `queue "emails" is given twice`},
+	{"worker", []string{"worker", "--queues", "maintenance=8"}, nil, `queue "maintenance" is sluice's own`},
+	{"worker", []string{"worker", "--queues", "default=5", "--default-workers", "5"}, nil, "--queues (or $SLUICE_QUEUES) and --default-workers (or $SLUICE_DEFAULT_WORKERS) are both set"},
+	{"worker", []string{"worker"}, []string{"SLUICE_QUEUES=emails=5", "SLUICE_DEFAULT_WORKERS=5"}, "are both set"},
+	{"worker", []string{"worker"}, []string{"SLUICE_QUEUES=emails"}, `invalid --queues (or $SLUICE_QUEUES) "emails"`},
 
 	{"run", []string{"run"}, nil, "expects a job KIND"},
 	{"run", []string{"run", "demo.slep"}, nil, `unknown job kind "demo.slep"`},
@@ -86,6 +99,24 @@ var badInputs = []badInput{
 	{"enqueue", []string{"enqueue", "demo.sleep", "--args", `[1]`}, nil, "args must be a JSON object"},
 	{"enqueue", []string{"enqueue", "demo.sleep", "--args", `{"ms": 1e99}`}, nil, `field "ms"`},
 	{"enqueue", []string{"enqueue", "export.project", "--args", `{"export_job_id": 0}`}, nil, `field "export_job_id"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--priority", "0"}, nil, "invalid --priority 0: want 1 (first) to 4 (last)"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--priority", "5"}, nil, "invalid --priority 5"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--priority", "high"}, nil, `invalid argument "high" for "--priority"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--max-attempts", "0"}, nil, "invalid --max-attempts 0: want 1 to 32767"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--max-attempts", "-2"}, nil, "invalid --max-attempts -2"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--max-attempts", "32768"}, nil, "invalid --max-attempts 32768"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--tags", "nightly,bad tag"}, nil, `invalid --tags "bad tag"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--tags", "x"}, nil, `invalid --tags "x"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--tags", strings.Repeat("t", 256)}, nil, "invalid --tags"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--at", "2099-01-01T00:00:00Z", "--in", "1h"}, nil, "--at and --in both say when to run: give one"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--in", "0s"}, nil, "invalid --in 0s: want a positive duration"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--in", "-1h"}, nil, "invalid --in -1h0m0s"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--in", "later"}, nil, `invalid argument "later" for "--in"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--at", "2099-01-01"}, nil, `invalid --at "2099-01-01"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--unique-by-args", "--unique-period", "10ms"}, nil, "invalid --unique-period 10ms: want at least 1s"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--unique-period", "-1m"}, nil, "invalid --unique-period -1m0s"},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--unique-by-args=perhaps"}, nil, `invalid argument "perhaps" for "--unique-by-args"`},
+	{"enqueue", []string{"enqueue", "demo.sleep", "--queue", strings.Repeat("q", 65)}, nil, "invalid --queue"},
 
 	{"export", []string{"export"}, nil, "expects a PROJECT_ID"},
 	{"export", []string{"export", "abc"}, nil, `invalid PROJECT_ID "abc"`},
@@ -95,11 +126,37 @@ var badInputs = []badInput{
 	{"export", []string{"export", "1", "2"}, nil, "expects a PROJECT_ID"},
 
 	{"jobs", []string{"jobs"}, nil, "needs a subcommand"},
-	{"jobs", []string{"jobs", "delete", "1"}, nil, `unknown subcommand "delete"`},
-	{"jobs cancel", []string{"jobs", "cancel"}, nil, "expects a job ID"},
+	{"jobs", []string{"jobs", "frob", "1"}, nil, `unknown subcommand "frob"`},
+	{"jobs list", []string{"jobs", "list", "--state", "done"}, nil, `invalid --state "done": want one of available, cancelled, completed`},
+	{"jobs list", []string{"jobs", "list", "--state", "pending,parked"}, nil, `invalid --state "parked"`},
+	{"jobs list", []string{"jobs", "list", "--kind", "nope"}, nil, `unknown job kind "nope"`},
+	{"jobs list", []string{"jobs", "list", "--queue", "Bad Q"}, nil, `invalid queue name "Bad Q"`},
+	{"jobs list", []string{"jobs", "list", "--limit", "0"}, nil, "invalid --limit 0: want 1 to 10000"},
+	{"jobs list", []string{"jobs", "list", "--limit", "lots"}, nil, `invalid argument "lots" for "--limit"`},
+	{"jobs list", []string{"jobs", "list", "extra"}, nil, "expects no arguments"},
+	{"jobs show", []string{"jobs", "show"}, nil, "expects a job ID"},
+	{"jobs show", []string{"jobs", "show", "1", "2"}, nil, "expects a job ID"},
+	{"jobs show", []string{"jobs", "show", "abc"}, nil, `invalid job ID "abc"`},
+	{"jobs show", []string{"jobs", "show", "1", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
+	{"jobs retry", []string{"jobs", "retry"}, nil, "expects one or more job IDs"},
+	{"jobs retry", []string{"jobs", "retry", "1", "two"}, nil, `invalid job ID "two"`},
+	{"jobs retry", []string{"jobs", "retry", "--", "-1"}, nil, `invalid job ID "-1"`},
+	{"jobs cancel", []string{"jobs", "cancel"}, nil, "expects one or more job IDs"},
 	{"jobs cancel", []string{"jobs", "cancel", "x"}, nil, `invalid job ID "x"`},
 	{"jobs cancel", []string{"jobs", "cancel", "0"}, nil, `invalid job ID "0"`},
-	{"jobs cancel", []string{"jobs", "cancel", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs cancel", []string{"jobs", "cancel", "1", "99999999999999999999"}, nil, `invalid job ID "99999999999999999999"`},
+	{"jobs delete", []string{"jobs", "delete"}, nil, "expects one or more job IDs"},
+	{"jobs delete", []string{"jobs", "delete", "1.5"}, nil, `invalid job ID "1.5"`},
+
+	{"queues", []string{"queues"}, nil, "needs a subcommand"},
+	{"queues", []string{"queues", "drain", "default"}, nil, `unknown subcommand "drain"`},
+	{"queues list", []string{"queues", "list", "default"}, nil, "expects no arguments"},
+	{"queues list", []string{"queues", "list", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
+	{"queues pause", []string{"queues", "pause"}, nil, "expects a QUEUE"},
+	{"queues pause", []string{"queues", "pause", "Emails"}, nil, `invalid queue name "Emails"`},
+	{"queues pause", []string{"queues", "pause", "a", "b"}, nil, "expects a QUEUE"},
+	{"queues resume", []string{"queues", "resume"}, nil, "expects a QUEUE"},
+	{"queues resume", []string{"queues", "resume", "no--double"}, nil, `invalid queue name "no--double"`},
 
 	{"schedule", []string{"schedule"}, nil, "needs a subcommand"},
 	{"schedule", []string{"schedule", "frob"}, nil, `unknown subcommand "frob"`},
@@ -191,6 +248,19 @@ var badInputs = []badInput{
 	{"health", []string{"health", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
 }
 
+// unknownNames name a job or queue that does not exist: each must exit 1 (a
+// runtime failure: a job or queue may be gone by the time it is named) with
+// one line `sluice: …` naming it, and change nothing.
+var unknownNames = []badInput{
+	{"jobs show", []string{"jobs", "show", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs retry", []string{"jobs", "retry", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs cancel", []string{"jobs", "cancel", "987654321"}, nil, "no job with id 987654321"},
+	{"jobs cancel", []string{"jobs", "cancel", "987654321", "987654322"}, nil, "no jobs with ids 987654321, 987654322"},
+	{"jobs delete", []string{"jobs", "delete", "987654321"}, nil, "no job with id 987654321"},
+	{"queues pause", []string{"queues", "pause", "nowhere"}, nil, `no queue "nowhere" known to River`},
+	{"queues resume", []string{"queues", "resume", "nowhere"}, nil, `no queue "nowhere" known to River`},
+}
+
 // validInvocations are well-formed invocations of every command that uses
 // the database: against an unreachable one each must exit 1 (health: 2,
 // CRITICAL) with a one-line error that names the server, not the password.
@@ -200,7 +270,14 @@ var validInvocations = map[string][]string{
 	"run":              {"run", "demo.sleep", "--args", `{"ms": 1}`},
 	"enqueue":          {"enqueue", "demo.sleep"},
 	"export":           {"export", "1"},
+	"jobs list":        {"jobs", "list"},
+	"jobs show":        {"jobs", "show", "1"},
+	"jobs retry":       {"jobs", "retry", "1"},
 	"jobs cancel":      {"jobs", "cancel", "1"},
+	"jobs delete":      {"jobs", "delete", "1", "2"},
+	"queues list":      {"queues", "list"},
+	"queues pause":     {"queues", "pause", "default"},
+	"queues resume":    {"queues", "resume", "*"},
 	"schedule add":     {"schedule", "add", "--name", "x", "--cron", "* * * * *", "--kind", "demo.sleep"},
 	"schedule update":  {"schedule", "update", "x", "--cron", "0 * * * *"},
 	"schedule remove":  {"schedule", "remove", "x"},
@@ -228,10 +305,10 @@ var usageHint = regexp.MustCompile(`^Run 'sluice( [a-z]+)* --help' for usage\.$`
 
 // TestBadInputEveryCommand runs every command `sluice --help` lists (and
 // every subcommand) with malformed input and with an unreachable database:
-// exit 2 for bad input (1 for an unreachable database; `health` says
-// CRITICAL, 2), a one-line `sluice: …` error naming what was wrong, no
-// password in it, and every table of the database — sluice's and River's —
-// unchanged.
+// exit 2 for bad input (1 for an unknown job or queue, and for an
+// unreachable database; `health` says CRITICAL, 2), a one-line `sluice: …`
+// error naming what was wrong, no password in it, and every table of the
+// database — sluice's and River's — unchanged.
 func TestBadInputEveryCommand(t *testing.T) {
 	t.Parallel()
 
@@ -261,6 +338,10 @@ func TestBadInputEveryCommand(t *testing.T) {
 	for _, tc := range badInputs {
 		res := proc.Run(t, h.url, tc.env, tc.args...)
 		requireOneLineError(t, res, 2, tc.want, tc.args)
+	}
+	for _, tc := range unknownNames {
+		res := proc.Run(t, h.url, tc.env, tc.args...)
+		requireOneLineError(t, res, 1, tc.want, tc.args)
 	}
 	require.Equal(t, before, testdb.Checksum(t, h.pool, tables...), "a rejected command changed the database")
 

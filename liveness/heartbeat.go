@@ -26,7 +26,10 @@ type heartbeat struct {
 	pid      int32
 	interval time.Duration
 	// poll is the dispatcher's poll interval; 0: no dispatcher.
-	poll     time.Duration
+	poll time.Duration
+	// queues is the JSON object of the queues the worker serves, recorded
+	// at registration (nil: not recorded).
+	queues   []byte
 	lastTick func() time.Time
 	logger   *slog.Logger
 	// beatAt, if set, is set to the time of every successful beat.
@@ -59,6 +62,7 @@ func (h *heartbeat) register(ctx context.Context) (bool, error) {
 		HeartbeatInterval: interval(h.interval),
 		DeadAfter:         interval(h.live.deadAfter),
 		BackendName:       h.live.backendName,
+		Queues:            h.queues,
 	}
 	if h.poll > 0 {
 		params.PollInterval = interval(h.poll)

@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,6 +67,10 @@ type InitConfig struct {
 	PollInterval time.Duration
 	// LastTick reports the end of the dispatcher's last tick (nil: none).
 	LastTick func() time.Time
+	// Queues are the queues the worker serves, each with how many of its
+	// jobs it works at once, recorded in its row at registration (nil:
+	// none recorded, read as the default and maintenance queues).
+	Queues map[string]int
 }
 
 // Init builds the heartbeat and reaper on pool, which ConfigurePool set up:
@@ -83,6 +88,11 @@ func (s *Service) Init(pool *pgxpool.Pool, cfg InitConfig) error {
 	s.pool = pool
 	s.workPool = cfg.WorkPool
 	s.heartbeat = newHeartbeat(db.New(pool), s.live, s.live.interval, cfg.PollInterval, cfg.LastTick, s.logger)
+	if cfg.Queues != nil {
+		if s.heartbeat.queues, err = json.Marshal(cfg.Queues); err != nil {
+			return fmt.Errorf("encode the worker's queues: %w", err)
+		}
+	}
 	s.heartbeat.beatAt = metrics.heartbeat
 	s.reaper = &reaper{
 		pool:     pool,

@@ -110,15 +110,11 @@ func rowSums(t *testing.T, pool *pgxpool.Pool, schema string, tables ...string) 
 	for _, table := range tables {
 		// The columns a table had in the old layout: later migrations add
 		// columns, whose defaults are not the rows' content.
-		from := schema + "." + table
+		query := "SELECT * FROM " + schema + "." + table
 		if cols, ok := legacyColumns[table]; ok {
-			from = "(SELECT " + cols + " FROM " + schema + "." + table + ")"
+			query = "SELECT " + cols + " FROM " + schema + "." + table
 		}
-		var sum string
-		require.NoError(t, pool.QueryRow(context.Background(), `
-			SELECT count(*) || ':' || COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '')
-			FROM `+from+" t").Scan(&sum), table)
-		out[table] = sum
+		out[table] = querySum(t, pool, query)
 	}
 	return out
 }
@@ -129,6 +125,17 @@ var legacyColumns = map[string]string{
 	"concurrency_limits":      "kind, max_concurrency, admitted, updated_at, has_parked",
 	"concurrency_parked_jobs": "job_id, kind, parked_at, reason, worker_id",
 	"concurrency_executions":  "job_id, kind, worker_id, reserved, admitted_at",
+}
+
+// querySum is the count and a checksum of the rows query returns, as
+// rowSums computes them for a table.
+func querySum(t *testing.T, pool *pgxpool.Pool, query string) string {
+	t.Helper()
+	var sum string
+	require.NoError(t, pool.QueryRow(context.Background(), `
+		SELECT count(*) || ':' || COALESCE(md5(string_agg(t::text, '|' ORDER BY t::text)), '')
+		FROM (`+query+`) t`).Scan(&sum), query)
+	return sum
 }
 
 // versions returns the applied versions a goose version table records, in

@@ -114,7 +114,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for _, s := range steps {
 		applied = append(applied, s.Component+" "+s.Name)
 	}
-	require.Equal(t, []string{"sluice 00009_schema.sql", "sluice 00010_keyed_limits.sql", "taskcancel 00002_pin_search_path.sql"}, applied,
+	require.Equal(t, []string{"sluice 00009_schema.sql", "sluice 00010_keyed_limits.sql", "sluice 00011_worker_queues.sql", "taskcancel 00002_pin_search_path.sql"}, applied,
 		"the moved versions count as applied; only what came after the old layout runs")
 
 	// Every row kept, now in schema sluice.
@@ -122,6 +122,11 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for k, v := range rowSums(t, pool, "public", "river_job", "river_queue") {
 		after[k] = v
 	}
+	// What came after the old layout adds: 00011 a setting, and a column
+	// of sluice_workers (NULL on the rows kept).
+	after["settings"] = querySum(t, pool, `SELECT * FROM sluice.settings WHERE key <> 'health.queue_paused_after'`)
+	after["sluice_workers"] = querySum(t, pool, `SELECT id, host, pid, started_at, heartbeat_at, heartbeat_interval,
+		dispatcher_tick_at, poll_interval, dead_after, incarnation, backend_name FROM sluice.sluice_workers WHERE queues IS NULL`)
 	require.Equal(t, before, after)
 	var cron, tz string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT cron, timezone FROM schedules WHERE name = 'legacy.nightly'`).Scan(&cron, &tz))
@@ -164,7 +169,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for _, c := range []string{"river", "sluice", "cibuilds", "exports", "taskcancel"} {
 		require.Positive(t, components[c], "%s in %v", c, components)
 	}
-	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10}, versions(t, pool, "sluice.goose_db_version"))
+	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11}, versions(t, pool, "sluice.goose_db_version"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_cibuilds"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_exports"))
 	require.Equal(t, []int64{0, 1, 2}, versions(t, pool, "sluice.goose_db_version_taskcancel"))

@@ -324,3 +324,27 @@ RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked,
 -- How many slot rows jobs job_ids hold (a Limiter retrying a failed release
 -- goes on until its jobs' slots are gone).
 SELECT count(*) FROM concurrency_executions WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);
+
+-- name: ParkedJobs :many
+-- Which of the jobs ids wait for a concurrency slot (sluice jobs list and
+-- show): why, since when and parked by which worker, their place in their
+-- kind's line (1: resumed next; jobs resume in job id order) of the kind's
+-- parked jobs, and the kind's limit (NULL: none) and slots taken.
+WITH line AS (
+    SELECT p.job_id, p.kind, p.reason, p.parked_at, p.worker_id,
+           row_number() OVER (PARTITION BY p.kind ORDER BY p.job_id) AS position,
+           count(*) OVER (PARTITION BY p.kind) AS kind_parked
+    FROM concurrency_parked_jobs p
+    WHERE p.kind IN (SELECT w.kind FROM concurrency_parked_jobs w WHERE w.job_id = ANY(sqlc.arg(ids)::bigint[]))
+)
+SELECT l.job_id, l.kind, l.reason, l.parked_at,
+       extract(epoch FROM now() - l.parked_at)::float8 AS waiting_seconds,
+       l.worker_id,
+       l.position::bigint AS position,
+       l.kind_parked::bigint AS kind_parked,
+       o.max_concurrency,
+       COALESCE(o.admitted, 0)::bigint AS slots_taken
+FROM line l
+LEFT JOIN sluice_concurrency_overview o ON o.kind = l.kind
+WHERE l.job_id = ANY(sqlc.arg(ids)::bigint[])
+ORDER BY l.job_id;

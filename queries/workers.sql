@@ -1,12 +1,13 @@
 -- sluice_workers: one row per running worker (heartbeat).
 
 -- name: RegisterWorker :execrows
--- Registers the worker at start. A row with the same id (a process that
--- reused the id) is left alone and nothing is inserted: the caller waits for
--- it to be reaped or takes it over once it is dead.
-INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval, dead_after, backend_name, poll_interval)
+-- Registers the worker at start, with the queues it serves. A row with the
+-- same id (a process that reused the id) is left alone and nothing is
+-- inserted: the caller waits for it to be reaped or takes it over once it is
+-- dead.
+INSERT INTO sluice_workers (id, incarnation, host, pid, heartbeat_interval, dead_after, backend_name, poll_interval, queues)
 VALUES (sqlc.arg(id), sqlc.arg(incarnation), sqlc.arg(host), sqlc.arg(pid), sqlc.arg(heartbeat_interval),
-        sqlc.arg(dead_after), sqlc.narg(backend_name), sqlc.narg(poll_interval))
+        sqlc.arg(dead_after), sqlc.narg(backend_name), sqlc.narg(poll_interval), sqlc.narg(queues))
 ON CONFLICT (id) DO NOTHING;
 
 -- name: HeartbeatWorker :execrows

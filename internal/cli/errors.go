@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/riverqueue/river/rivertype"
-
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
@@ -57,7 +55,7 @@ func exitCode(err error) int {
 	case isCobraUsage(err):
 		return exitUsage
 	case errors.As(err, &usageErr), errors.As(err, &unknownKind), errors.As(err, &argsErr),
-		db.IsURLError(err), errors.Is(err, rivertype.ErrNotFound), errors.Is(err, limiter.ErrInvalidLimit):
+		db.IsURLError(err), errors.Is(err, limiter.ErrInvalidLimit):
 		return exitUsage
 	default:
 		return exitFailure

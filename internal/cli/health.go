@@ -19,18 +19,22 @@ func newHealthCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "health [--json]",
-		Short: "Check workers, dispatchers and schedules (exit 0 OK, 1 WARNING, 2 CRITICAL)",
-		Long: `health checks the database, the workers' heartbeats (sluice_workers) and the
-schedules, and prints a report: a first line in the monitoring-plugin format
-"STATUS: problems | perfdata", then one line per check (--json: the report as
-JSON, the same as a worker's GET /health).
+		Short: "Check workers, dispatchers, schedules and queues (exit 0 OK, 1 WARNING, 2 CRITICAL)",
+		Long: `health checks the database, the workers' heartbeats (sluice_workers), the
+schedules and the queues, and prints a report: a first line in the
+monitoring-plugin format "STATUS: problems | perfdata", then one line per
+check (--json: the report as JSON, the same as a worker's GET /health).
 
 Exit codes follow the monitoring-plugin convention (Nagios, Icinga, Sensu),
 which differs from sluice's other commands:
   0  OK
-  1  WARNING   a dead worker is not reaped yet, some schedules are overdue (due longer ago than five dispatcher
-               poll intervals, at least 5s) or failed (enabled, status 'failed'),
-               or some live workers' dispatchers have stopped ticking
+  1  WARNING   a dead worker is not reaped yet, some schedules are overdue (due
+               longer ago than five dispatcher poll intervals, at least 5s) or
+               failed (enabled, status 'failed'), some live workers'
+               dispatchers have stopped ticking, a queue has available jobs
+               that no live worker serves (unserved_queues), or a queue has
+               been paused longer than the setting health.queue_paused_after
+               (default 1h; "0s": not checked) (paused_queues)
   2  CRITICAL  the database is unreachable, no worker is live (heartbeat
                younger than three heartbeat intervals), or no live worker's
                dispatcher has ticked recently; also bad usage (no database URL)

@@ -79,6 +79,7 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
 		newLimitsCmd(g),
 		newMigrateCmd(g),
 		newParkedCmd(g),
+		newQueuesCmd(g),
 		newRunCmd(g),
 		newStatsCmd(g),
 		newWorkerCmd(g),

@@ -15,17 +15,18 @@ import (
 
 func newWorkerCmd(g *globals) *cobra.Command {
 	var cfg app.Config
+	var queues string
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker: River client, schedule dispatcher, HTTP server",
-		Long: `worker works jobs from the default and maintenance queues, runs the schedule
-dispatcher (it inserts the jobs of due schedules) and serves HTTP:
+		Long: `worker works jobs from its queues and the maintenance queue, runs the
+schedule dispatcher (it inserts the jobs of due schedules) and serves HTTP:
   /healthz   the process is alive
   /readyz    the database answers
   /metrics   Prometheus metrics
   /stats     the stats document (as sluice stats --json)
-  /health    workers, dispatchers and schedules (as 'sluice health --json';
-             503 when CRITICAL)
+  /health    workers, dispatchers, schedules and queues (as 'sluice health
+             --json'; 503 when CRITICAL)
   /riverui/  River UI: River's jobs and queues (list, cancel, retry, ...)
   /ui/       sluice's pages (/ leads there): schedules, concurrency limits
              and parked jobs, workers, maintenance runs, cancellation monitor
@@ -55,6 +56,15 @@ supervisor to start a new one. A worker started with an --id that a live
 worker uses exits 1; with the --id of a dead worker, it waits until that
 worker counts as dead, reaps it and takes the id over.
 
+Queues: --queues default=20,emails=5 (or $SLUICE_QUEUES) serves those
+queues, each with its own number of jobs at once (1 to 10000; names by
+River's rule, each once); without it the worker serves the default queue
+with --default-workers jobs at once. Give one or the other: both is a usage
+error. The maintenance queue (--maintenance-workers) is always served. The
+worker records its queues in its sluice_workers row ('sluice queues list'
+shows who serves what, and 'sluice health' warns about available jobs in a
+queue no live worker serves).
+
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
 and fetching, lets running jobs finish for up to --shutdown-timeout, then
@@ -70,6 +80,15 @@ cancels them and exits 0.`,
 			}
 			if cfg.DefaultWorkers < 1 || cfg.MaintenanceWorkers < 1 {
 				return usagef("--default-workers and --maintenance-workers must be at least 1")
+			}
+			if cmd.Flags().Changed("queues") || os.Getenv("SLUICE_QUEUES") != "" {
+				if cmd.Flags().Changed("default-workers") || os.Getenv("SLUICE_DEFAULT_WORKERS") != "" {
+					return usagef("--queues (or $SLUICE_QUEUES) and --default-workers (or $SLUICE_DEFAULT_WORKERS) are both set: give the default queue's size in --queues, such as default=%d", cfg.DefaultWorkers)
+				}
+				if cfg.Queues, err = app.ParseQueues(queues); err != nil {
+					return usagef("invalid --queues (or $SLUICE_QUEUES) %q: %v", queues, err)
+				}
+				cfg.DefaultWorkers = 0
 			}
 			if cfg.ScheduleBatchSize < 1 {
 				return usagef("--schedule-batch-size must be at least 1")
@@ -101,7 +120,8 @@ cancels them and exits 0.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.HTTPAddr, "http-addr", app.DefaultHTTPAddr, "HTTP listen address; empty disables the server; off loopback it needs $SLUICE_HTTP_TOKEN")
 	f.StringVar(&cfg.ID, "id", "", "worker id (River client ID); default host-pid-random")
-	f.IntVar(&cfg.DefaultWorkers, "default-workers", app.DefaultDefaultWorkers, "jobs worked at once from the default queue")
+	f.IntVar(&cfg.DefaultWorkers, "default-workers", app.DefaultDefaultWorkers, "jobs worked at once from the default queue, without --queues")
+	f.StringVar(&queues, "queues", "", "queues to serve with their jobs at once, such as default=20,emails=5 (default: default=--default-workers); the maintenance queue is always served")
 	f.IntVar(&cfg.MaintenanceWorkers, "maintenance-workers", app.DefaultMaintenanceWorkers, "jobs worked at once from the maintenance queue")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "on SIGINT/SIGTERM, how long running jobs may finish before they are cancelled")
 	f.DurationVar(&cfg.JobTimeout, "job-timeout", time.Minute, "River's job timeout for kinds without their own")
@@ -121,6 +141,7 @@ cancels them and exits 0.`,
 	bindEnv(f, "rescue-stuck-jobs-after", "SLUICE_RESCUE_STUCK_JOBS_AFTER")
 	bindEnv(f, "id", "SLUICE_WORKER_ID")
 	bindEnv(f, "default-workers", "SLUICE_DEFAULT_WORKERS")
+	bindEnv(f, "queues", "SLUICE_QUEUES")
 	bindEnv(f, "maintenance-workers", "SLUICE_MAINTENANCE_WORKERS")
 	bindEnv(f, "shutdown-timeout", "SLUICE_SHUTDOWN_TIMEOUT")
 	bindEnv(f, "job-timeout", "SLUICE_JOB_TIMEOUT")
