@@ -483,6 +483,53 @@ func (q *Queries) ResumeJobsByID(ctx context.Context, ids []int64) ([]*ResumeJob
 	return items, nil
 }
 
+const transferSlots = `-- name: TransferSlots :many
+UPDATE concurrency_executions e
+SET job_id = t.to_id, admitted_at = now()
+FROM (SELECT unnest($2::bigint[]) AS from_id, unnest($3::bigint[]) AS to_id) AS t,
+     concurrency_limits l
+WHERE e.job_id = t.from_id AND e.worker_id = $1::text AND NOT e.reserved
+  AND l.kind = e.kind AND NOT l.has_parked AND l.rate_max IS NULL AND l.key_max IS NOT NULL
+  AND (l.max_concurrency = 0 OR l.admitted <= l.max_concurrency)
+  AND (SELECT count(*) FROM concurrency_executions x WHERE x.kind = e.kind AND x.key = e.key) <= l.key_max
+  AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = t.to_id)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = e.kind AND p.key = e.key)
+RETURNING t.from_id::bigint AS from_id
+`
+
+type TransferSlotsParams struct {
+	WorkerID string  `json:"worker_id"`
+	FromIds  []int64 `json:"from_ids"`
+	ToIds    []int64 `json:"to_ids"`
+}
+
+// Hands the slots of ended jobs (from_ids) of this worker to jobs of the
+// same key waiting in it (to_ids, in step), without freeing them: a slot
+// passes only while it is still the ended job's, the waiter holds none,
+// nothing of the kind or the key is parked (they go first), the kind has
+// no rate (every start is counted), and neither the key's nor the kind's
+// slots exceed their limits (lowered meanwhile: the slot is freed
+// instead). Returns the ended jobs whose slots passed.
+func (q *Queries) TransferSlots(ctx context.Context, arg TransferSlotsParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, transferSlots, arg.WorkerID, arg.FromIds, arg.ToIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var from_id int64
+		if err := rows.Scan(&from_id); err != nil {
+			return nil, err
+		}
+		items = append(items, from_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const upsertKeyTurns = `-- name: UpsertKeyTurns :exec
 INSERT INTO concurrency_key_turns (kind, key, served_at)
 SELECT $1, r.key, r.served_at

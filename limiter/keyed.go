@@ -2,10 +2,12 @@ package limiter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,61 +53,88 @@ func (l *Limiter) keyedBatch(batch []*admitRequest) {
 func (l *Limiter) keyedChunk(batch []*admitRequest) {
 	var parkedKinds []string
 	wakes := map[string]time.Time{}
-	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
-		q := db.New(tx)
-		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
-		counts, err := lockKinds(ctx, q, kinds)
-		if err != nil {
-			return err
-		}
-		var toPark []*admitRequest
-		var reasons []string
-		for _, kind := range kinds {
-			var reqs []*admitRequest
-			for _, r := range batch {
-				if r.job.Kind == kind {
-					reqs = append(reqs, r)
-				}
-			}
-			c, ok := counts[kind]
-			if !ok {
-				for _, r := range reqs {
-					r.decision = admitRun // the limit went meanwhile
-				}
-				continue
-			}
-			park, why, wake, err := l.decideKeyed(ctx, q, kind, c, reqs, false)
+	for _, r := range batch {
+		r.decision, r.wait = admitRun, false
+	}
+	// Reservations are made by resumes before the jobs are fetched: read
+	// outside the kind's lock.
+	ids := make([]int64, len(batch))
+	for i, r := range batch {
+		ids[i] = r.job.ID
+	}
+	var resv map[int64]*db.KeyedReservationsRow
+	err := func() error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), batchTimeout)
+		defer cancel()
+		var err error
+		resv, err = reservationsOf(ctx, l.q, ids)
+		return err
+	}()
+	if err == nil {
+		err = l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
+			q := db.New(tx)
+			kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
+			counts, err := lockKinds(ctx, q, kinds)
 			if err != nil {
 				return err
 			}
-			toPark = append(toPark, park...)
-			reasons = append(reasons, why...)
-			if !wake.IsZero() {
-				wakes[kind] = wake
+			var toPark []*admitRequest
+			var reasons []string
+			for _, kind := range kinds {
+				var reqs []*admitRequest
+				for _, r := range batch {
+					if r.job.Kind == kind {
+						reqs = append(reqs, r)
+					}
+				}
+				c, ok := counts[kind]
+				if !ok {
+					for _, r := range reqs {
+						r.decision = admitRun // the limit went meanwhile
+					}
+					continue
+				}
+				park, why, wake, err := l.decideKeyed(ctx, q, kind, c, reqs, false, resv)
+				if err != nil {
+					return err
+				}
+				toPark = append(toPark, park...)
+				reasons = append(reasons, why...)
+				if !wake.IsZero() {
+					wakes[kind] = wake
+				}
 			}
-		}
-		if l.neverPark && len(toPark) > 0 {
-			for _, r := range toPark {
-				r.decision, r.err = admitRun, ErrNoSlot
+			if l.neverPark && len(toPark) > 0 {
+				for _, r := range toPark {
+					r.decision, r.err = admitRun, ErrNoSlot
+				}
+				toPark, reasons = nil, nil
 			}
-			toPark, reasons = nil, nil
-		}
-		parked, err := l.park(ctx, q, toPark, reasons, counts)
-		if err != nil {
-			return err
-		}
-		parkedKinds = parked
-		for i, r := range toPark {
-			if rateReason(reasons[i]) {
-				l.metrics.RateDelayed.WithLabelValues(r.job.Kind).Inc()
+			parked, err := l.park(ctx, q, toPark, reasons, counts)
+			if err != nil {
+				return err
 			}
-		}
-		return saveCounts(ctx, q, counts)
-	})
+			parkedKinds = parked
+			for i, r := range toPark {
+				if rateReason(reasons[i]) {
+					l.metrics.RateDelayed.WithLabelValues(r.job.Kind).Inc()
+				}
+			}
+			return saveCounts(ctx, q, counts)
+		})
+	}
 	for _, r := range batch {
-		if err != nil {
+		switch {
+		case err != nil:
 			r.decision, r.err = admitRun, err
-		} else if r.decision == admitParked {
+		case r.wait:
+			// Its key's slots are all taken, by running jobs: it waits in
+			// the worker for one (key_wait.go).
+			l.addWaiter(r)
+			continue
+		case r.decision == admitSlot && r.key != "":
+			l.holding(r.job.ID, kindKey{r.job.Kind, r.key}, 0)
+		case r.decision == admitParked:
 			l.metrics.Parked.WithLabelValues(r.job.Kind).Inc()
 			l.parkedTotal.Add(1)
 		}
@@ -120,6 +149,25 @@ func (l *Limiter) keyedChunk(batch []*admitRequest) {
 	for kind, at := range wakes {
 		l.wakes.at(kind, at)
 	}
+}
+
+// mayWait reports whether r may wait in its worker for a slot of its key
+// rather than park: not for longer than the park-after time since it first
+// waited, not after its context ended, not while the limiter stops.
+func (l *Limiter) mayWait(r *admitRequest, now time.Time) bool {
+	if l.neverPark || r.ctx.Err() != nil {
+		return false
+	}
+	l.recheckMu.Lock()
+	stopped := l.stopped
+	l.recheckMu.Unlock()
+	if stopped {
+		return false
+	}
+	if r.waitUntil.IsZero() {
+		r.waitUntil = now.Add(l.leases.parkAfter)
+	}
+	return now.Before(r.waitUntil)
 }
 
 // keyState is what the keyed admission and resume know of one key.
@@ -138,36 +186,21 @@ type keyState struct {
 // waits for a rate). With reserve, the admissions are reservations (a
 // slot and start held for a job not fetched yet: sluice run), which the
 // job's own admission claims.
-func (l *Limiter) decideKeyed(ctx context.Context, q *db.Queries, kind string, c *kindCounts, reqs []*admitRequest, reserve bool) ([]*admitRequest, []string, time.Time, error) {
+func (l *Limiter) decideKeyed(ctx context.Context, q *db.Queries, kind string, c *kindCounts, reqs []*admitRequest, reserve bool,
+	resv map[int64]*db.KeyedReservationsRow) ([]*admitRequest, []string, time.Time, error) {
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].job.ID < reqs[j].job.ID })
 	ids := make([]int64, len(reqs))
 	for i, r := range reqs {
 		ids[i] = r.job.ID
 	}
-	if c.fields != nil {
-		rows, err := q.JobPartitionKeys(ctx, db.JobPartitionKeysParams{Fields: c.fields, JobIds: ids})
-		if err != nil {
-			return nil, nil, time.Time{}, fmt.Errorf("partition keys of %s jobs: %w", kind, err)
-		}
-		byID := make(map[int64]string, len(rows))
-		for _, row := range rows {
-			byID[row.JobID] = row.Key
-		}
-		for _, r := range reqs {
-			r.key = byID[r.job.ID]
-		}
-	} else {
-		for _, r := range reqs {
-			r.key = ""
-		}
+	if err := setPartitionKeys(ctx, q, kind, c.fields, reqs); err != nil {
+		return nil, nil, time.Time{}, err
 	}
-	reserved, err := q.KeyedReservations(ctx, ids)
-	if err != nil {
-		return nil, nil, time.Time{}, fmt.Errorf("reservations of %s jobs: %w", kind, err)
-	}
-	resv := make(map[int64]*db.KeyedReservationsRow, len(reserved))
-	for _, row := range reserved {
-		resv[row.JobID] = row
+	if resv == nil {
+		var err error
+		if resv, err = reservationsOf(ctx, q, ids); err != nil {
+			return nil, nil, time.Time{}, err
+		}
 	}
 
 	// The window a new start must fit: the starts since the earliest
@@ -214,7 +247,9 @@ func (l *Limiter) decideKeyed(ctx context.Context, q *db.Queries, kind string, c
 	var reasons []string
 	var wake time.Time
 	parkedAhead := false
-	keyAhead := map[string]bool{}
+	keyAhead := map[string]bool{}     // an older job of the key parks in this batch
+	keyWaitAhead := map[string]bool{} // an older job of the key waits in the worker
+
 	for _, r := range reqs {
 		if rv := resv[r.job.ID]; rv != nil {
 			// A resumed job: its resume reserved its slot and start.
@@ -244,11 +279,19 @@ func (l *Limiter) decideKeyed(ctx context.Context, q *db.Queries, kind string, c
 			wake = earliestOf(wake, windowFrees(kindOldest, c.ratePeriod, now))
 		case ks != nil && (ks.waiting || keyAhead[r.key]):
 			reason = reasonKeyFIFO
-		case ks != nil && c.keyMax > 0 && ks.slots >= c.keyMax:
+		case ks != nil && c.keyMax > 0 && (ks.slots >= c.keyMax || keyWaitAhead[r.key]):
 			reason = reasonKeyLimit
 		case ks != nil && c.ratePerKey && ks.starts >= c.rateMax:
 			reason = reasonKeyRate
 			wake = earliestOf(wake, windowFrees(ks.oldest, c.ratePeriod, now))
+		}
+		if reason == reasonKeyLimit && !reserve && c.rateMax == 0 && l.mayWait(r, now) {
+			// The key's slots are taken by running jobs (none of the key
+			// is parked): a 0-ms job's slot frees in a moment, and waiting
+			// in the worker for it costs less than a parking and a resume.
+			r.wait = true
+			keyWaitAhead[r.key] = true
+			continue
 		}
 		if reason != "" {
 			r.decision = admitParked
@@ -313,6 +356,85 @@ func (l *Limiter) decideKeyed(ctx context.Context, q *db.Queries, kind string, c
 		}
 	}
 	return toPark, reasons, wake, nil
+}
+
+// setPartitionKeys sets the partition key of each request (fields nil: the
+// kind has no partition, every key ”): from the job's args as River
+// fetched them (jsonb's text, so the JSON text of a value is a slice of
+// it), or, for a job without them, from its River row.
+func setPartitionKeys(ctx context.Context, q *db.Queries, kind string, fields []string, reqs []*admitRequest) error {
+	var fromDB []int64
+	for _, r := range reqs {
+		r.key = ""
+		if fields == nil {
+			continue
+		}
+		key, ok := partitionKey(r.job.EncodedArgs, fields)
+		if !ok {
+			fromDB = append(fromDB, r.job.ID)
+			continue
+		}
+		r.key = key
+	}
+	if len(fromDB) == 0 {
+		return nil
+	}
+	rows, err := q.JobPartitionKeys(ctx, db.JobPartitionKeysParams{Fields: fields, JobIds: fromDB})
+	if err != nil {
+		return fmt.Errorf("partition keys of %s jobs: %w", kind, err)
+	}
+	byID := make(map[int64]string, len(rows))
+	for _, row := range rows {
+		byID[row.JobID] = row.Key
+	}
+	for _, r := range reqs {
+		if k, ok := byID[r.job.ID]; ok {
+			r.key = k
+		}
+	}
+	return nil
+}
+
+// partitionKey is sluice_partition_key of args (jsonb text): the JSON text
+// of the field's value (null when missing), or the array of the values
+// for several fields, as jsonb writes it. ok is false when args is not a
+// JSON object.
+func partitionKey(args []byte, fields []string) (string, bool) {
+	if len(args) == 0 {
+		return "", false
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(args, &obj); err != nil || obj == nil {
+		return "", false
+	}
+	value := func(f string) string {
+		if v, ok := obj[f]; ok {
+			return string(v)
+		}
+		return "null"
+	}
+	if len(fields) == 1 {
+		return value(fields[0]), true
+	}
+	parts := make([]string, len(fields))
+	for i, f := range fields {
+		parts[i] = value(f)
+	}
+	return "[" + strings.Join(parts, ", ") + "]", true
+}
+
+// reservationsOf reads which of the jobs ids hold a reservation made when
+// they were resumed.
+func reservationsOf(ctx context.Context, q *db.Queries, ids []int64) (map[int64]*db.KeyedReservationsRow, error) {
+	rows, err := q.KeyedReservations(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reservations of jobs: %w", err)
+	}
+	out := make(map[int64]*db.KeyedReservationsRow, len(rows))
+	for _, row := range rows {
+		out[row.JobID] = row
+	}
+	return out, nil
 }
 
 // readKeyStates reads the state of keys of kind into into.

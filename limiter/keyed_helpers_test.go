@@ -137,7 +137,7 @@ var errFirstAttempt = firstAttemptError{}
 
 // startKeyedWorker starts a worker process (own pool, limiter) named id that
 // works the keyed kind, with maxWorkers on the default queue.
-func startKeyedWorker(t *testing.T, url, id, kind string, tracker *keyedTracker, maxWorkers int) (*jobtest.Client, *limiter.Limiter) {
+func startKeyedWorker(t testing.TB, url, id, kind string, tracker *keyedTracker, maxWorkers int) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
 	pool, err := db.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
@@ -159,7 +159,7 @@ func startKeyedWorker(t *testing.T, url, id, kind string, tracker *keyedTracker,
 
 // insertKeyed inserts n keyed jobs of tenant (seqs from, from+1, …) and
 // returns their ids.
-func insertKeyed(t *testing.T, client *jobtest.Client, kind, tenant string, from, n, ms int) []int64 {
+func insertKeyed(t testing.TB, client *jobtest.Client, kind, tenant string, from, n, ms int) []int64 {
 	t.Helper()
 	params := make([]river.InsertManyParams, n)
 	for i := range n {
@@ -189,7 +189,7 @@ func maxInWindow(ts []time.Time, w time.Duration) int {
 }
 
 // parkedSeqs returns the seqs of the keyed jobs that parked (logParkings).
-func parkedSeqs(t *testing.T, pool *pgxpool.Pool) map[int]bool {
+func parkedSeqs(t testing.TB, pool *pgxpool.Pool) map[int]bool {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT DISTINCT (j.args->>'seq')::int FROM test_parkings p JOIN river_job j ON j.id = p.job_id`)
 	require.NoError(t, err)

@@ -110,9 +110,11 @@ type Limiter struct {
 	refreshMu sync.Mutex
 
 	admitter batcher[admitRequest]
-	keyed    batcher[admitRequest] // admissions of kinds with per-key or rate limits (keyed.go)
+	keyed    batcher[admitRequest]   // admissions of kinds with per-key or rate limits (keyed.go)
+	handoffs batcher[releaseRequest] // slots handed to jobs waiting for their key (key_wait.go)
 	releaser batcher[releaseRequest]
 	wakes    rateWakes // resumes timed to the rate windows (rate_wake.go)
+	waits    keyWaits  // jobs waiting in the worker for a slot of their key (key_wait.go)
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
 
@@ -129,6 +131,11 @@ type admitRequest struct {
 	done     chan struct{}
 	decision admission
 	err      error
+	// wait: the keyed admission decided the job waits in the worker for a
+	// slot of its key, until waitUntil at the latest, then parks.
+	wait      bool
+	waitUntil time.Time
+	handoffs  int // the slot it is handed passed this many times in a row (key_wait.go)
 }
 
 // releaseRequest frees the slot of job (nil: none) and resumes parked jobs
@@ -137,6 +144,9 @@ type releaseRequest struct {
 	ctx  context.Context
 	job  *rivertype.JobRow
 	kind string
+	// handTo, if set, is a job waiting in this worker for a slot of the
+	// same key, which the job's slot goes to (key_wait.go).
+	handTo *admitRequest
 }
 
 // Config configures a Limiter.
@@ -193,6 +203,7 @@ func New(cfg Config) (*Limiter, error) {
 	l.leases = newLeaser(l, cfg.ParkAfter)
 	l.admitter.process, l.admitter.maxInFlight = l.admitBatch, batchesInFlight
 	l.keyed.process, l.keyed.maxInFlight = l.keyedBatch, batchesInFlight
+	l.handoffs.process, l.handoffs.maxInFlight = l.handOffBatch, batchesInFlight
 	l.wakes.l = l
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
 	return l, nil
@@ -316,7 +327,14 @@ func (l *Limiter) refreshCache(ctx context.Context, stale *limitCache) (*limitCa
 // concurrency_limit.resume (and the reaper of dead workers) cleans up;
 // Flush waits for the releases still in flight on a clean stop.
 func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
-	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind})
+	r := &releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind, handTo: l.nextWaiter(job.ID)}
+	if r.handTo != nil {
+		// Handed over without the kind's lock: never behind a release
+		// that waits for it.
+		l.handoffs.submitAsync(r)
+		return
+	}
+	l.releaser.submitAsync(r)
 }
 
 // Forget frees the slot this limiter holds, or an unclaimed reservation, for
@@ -348,6 +366,7 @@ func (l *Limiter) Flush() {
 	l.stopped = true
 	l.recheckMu.Unlock()
 	l.wakes.stop()
+	l.handoffs.flush()
 	l.releaser.flush()
 }
 

@@ -166,7 +166,7 @@ func probeKind(t *testing.T, kind string, limit int32) (string, *pgxpool.Pool, *
 	return url, pool, newProbeTracker()
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
@@ -372,7 +372,7 @@ func TestConcurrencyLimitFIFO(t *testing.T) {
 		10*time.Second, 10*time.Millisecond, "every slot released")
 }
 
-func openPool(t *testing.T, url string) *pgxpool.Pool {
+func openPool(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
 	pool, err := db.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)

@@ -48,7 +48,7 @@ func (l *Limiter) ReserveSlot(ctx context.Context, kind string, jobID int64) (Sl
 		res = SlotReservation{Needed: true, Limit: c.limit, Taken: c.taken, Parked: c.hasParked}
 		if c.keyed() {
 			req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: jobID, Kind: kind}}
-			held, why, _, err := l.decideKeyed(ctx, q, kind, c, []*admitRequest{req}, true)
+			held, why, _, err := l.decideKeyed(ctx, q, kind, c, []*admitRequest{req}, true, nil)
 			if err != nil {
 				return err
 			}

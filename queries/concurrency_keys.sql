@@ -209,3 +209,23 @@ UPDATE concurrency_parked_jobs p
 SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
 FROM river_job j
 WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim);
+
+-- name: TransferSlots :many
+-- Hands the slots of ended jobs (from_ids) of this worker to jobs of the
+-- same key waiting in it (to_ids, in step), without freeing them: a slot
+-- passes only while it is still the ended job's, the waiter holds none,
+-- nothing of the kind or the key is parked (they go first), the kind has
+-- no rate (every start is counted), and neither the key's nor the kind's
+-- slots exceed their limits (lowered meanwhile: the slot is freed
+-- instead). Returns the ended jobs whose slots passed.
+UPDATE concurrency_executions e
+SET job_id = t.to_id, admitted_at = now()
+FROM (SELECT unnest(sqlc.arg(from_ids)::bigint[]) AS from_id, unnest(sqlc.arg(to_ids)::bigint[]) AS to_id) AS t,
+     concurrency_limits l
+WHERE e.job_id = t.from_id AND e.worker_id = sqlc.arg(worker_id)::text AND NOT e.reserved
+  AND l.kind = e.kind AND NOT l.has_parked AND l.rate_max IS NULL AND l.key_max IS NOT NULL
+  AND (l.max_concurrency = 0 OR l.admitted <= l.max_concurrency)
+  AND (SELECT count(*) FROM concurrency_executions x WHERE x.kind = e.kind AND x.key = e.key) <= l.key_max
+  AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = t.to_id)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = e.kind AND p.key = e.key)
+RETURNING t.from_id::bigint AS from_id;

@@ -43,13 +43,22 @@ type NoopRun struct {
 // event).
 func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configure func(*river.Config)) NoopRun {
 	tb.Helper()
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
-		tb.Fatal(err)
-	}
 	params := make([]river.InsertManyParams, n)
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
+	}
+	return ThroughputOf(tb, pool, params, clients, configure)
+}
+
+// ThroughputOf is NoopThroughputOn with the jobs params (their workers,
+// if not sluice's, added by configure to the clients' Workers): every job
+// must complete on its first attempt.
+func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyParams, clients int, configure func(*river.Config)) NoopRun {
+	tb.Helper()
+	ctx := context.Background()
+	n := len(params)
+	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
+		tb.Fatal(err)
 	}
 	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
 	if err != nil {
@@ -58,7 +67,10 @@ func NoopThroughputOn(tb testing.TB, pool *pgxpool.Pool, n, clients int, configu
 	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
 		tb.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE river_job"); err != nil {
+	// Every round starts from vacuumed tables: River's, and sluice's slot,
+	// parking and limit rows (churned by limited rounds).
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE river_job, concurrency_limits, concurrency_executions,
+		concurrency_parked_jobs, concurrency_leases, concurrency_starts, concurrency_key_turns`); err != nil {
 		tb.Fatal(err)
 	}
 	type started struct {
