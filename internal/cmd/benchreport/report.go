@@ -30,34 +30,13 @@ type Spec struct {
 // Benchmarks not listed here still get a row, read by convention (see
 // guessSpec).
 var specs = map[string]Spec{
-	"BenchmarkIdleTick": {
-		What:   "scheduler: one dispatcher tick, 100,000 schedules, none due (vs the same check as a table scan)",
-		Figure: "ms/tick", Comparison: "seqscan-ms/check", TargetOn: "ms/tick", Cmp: "<",
-	},
-	"BenchmarkDispatchLag": {
-		What:   "scheduler: p99 dispatch lag, 10,000 schedules due at once, 2 worker processes (vs inserting the jobs directly, total)",
-		Figure: "p99-ms", Comparison: "baseline-ms", TargetOn: "p99-ms", Cmp: "<",
-	},
-	"BenchmarkDropCancelingBuilds": {
-		What:   "ci.drop_canceling_builds: one run, 1,000,000 builds, 10,000 stuck (vs one set-based UPDATE)",
-		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
-	},
-	"BenchmarkExportStuckJobs": {
-		What:   "export.stuck_jobs: one run, 100,000 active exports, 1,000 stuck (vs one join query)",
-		Figure: "ms/run", Comparison: "floor-ms/run", TargetOn: "ratio", Cmp: "<=",
+	"BenchmarkNoopSluiceWorker": {
+		What:   "P1 no-op jobs through a `sluice worker` process (vs raw River, same server, best of 3 rounds each)",
+		Figure: "jobs/s", Comparison: "river-jobs/s", TargetOn: "ratio", Cmp: ">=",
 	},
 	"BenchmarkConcurrencyLimitOverhead": {
 		What:   "P2 concurrency limits: no-op jobs under a limit never reached (vs no limit row)",
 		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
-	},
-	"BenchmarkConcurrencyLimitBinding": {
-		What:   "P9 concurrency limits: 20,000 no-op jobs through a limit of 8 on 2 workers (vs no limit, same 2 workers)",
-		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
-	},
-	// How often a job was fetched in the same benchmark (no target).
-	"BenchmarkConcurrencyLimitBinding#fetches": {
-		What:   "P9 concurrency limits: times each job was fetched, on average (1 + parkings per job); no target",
-		Figure: "fetches/job",
 	},
 	"BenchmarkConcurrencyLimitParked": {
 		What:   "P3 concurrency limits: limit 4, 400 jobs of 50 ms (vs the ideal 4 per 50 ms); ratio = ideal / achieved time",
@@ -68,6 +47,59 @@ var specs = map[string]Spec{
 	"BenchmarkConcurrencyLimitParked#latency": {
 		What:   "P3 concurrency limits: p50 from a slot's release to the next parked job's start (p99 beside it)",
 		Figure: "p50-release-to-start-ms", Comparison: "p99-release-to-start-ms", TargetOn: "p50-release-to-start-ms", Cmp: "<", Target: 50,
+	},
+	"BenchmarkDispatchLag": {
+		What:   "P4 scheduler: p99 dispatch lag, 10,000 schedules due at once, 2 worker processes (vs inserting the same jobs in one InsertMany)",
+		Figure: "p99-ms", Comparison: "baseline-ms", TargetOn: "ratio", Cmp: "<=",
+	},
+	"BenchmarkDropCancelingBuilds": {
+		What:   "P5 ci.drop_canceling_builds: one run, 1,000,000 builds, 10,000 stuck (vs one set-based UPDATE)",
+		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
+	},
+	"BenchmarkExportStuckJobs": {
+		What:   "P6 export.stuck_jobs: one run, 100,000 active exports, 1,000 stuck (vs one statement that finds and marks them)",
+		Figure: "ms/run", Comparison: "floor-ms/run", TargetOn: "ratio", Cmp: "<=",
+	},
+	"BenchmarkNoopAsynq": {
+		What:   "P7 no-op jobs through a `sluice worker` process on Postgres (vs asynq on the local Redis, same concurrency); ratio = sluice / asynq",
+		Figure: "jobs/s", Comparison: "asynq-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkNoopAsynq#river": {
+		What:   "P7 raw River, same run, for reference: no-op jobs through a bare River client; no target",
+		Figure: "river-jobs/s",
+	},
+	"BenchmarkConcurrencyLimitBinding": {
+		What:   "P9 concurrency limits: 20,000 no-op jobs through a limit of 8 on 2 workers (vs no limit, same 2 workers)",
+		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	// How often a job was fetched in the same benchmark (no target).
+	"BenchmarkConcurrencyLimitBinding#fetches": {
+		What:   "P9 concurrency limits: times each job was fetched, on average (1 + parkings per job); no target",
+		Figure: "fetches/job",
+	},
+	"BenchmarkPerKeyLimit": {
+		What:   "P10 per-key limits: 20,000 no-op jobs over 100 keys, a per-key limit of 2, 2 workers (vs no limit, same jobs and workers)",
+		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkPerKeyLimit#fetches": {
+		What:   "P10 per-key limits: times each job was fetched, on average (1 + parkings per job); no target",
+		Figure: "fetches/job",
+	},
+	"BenchmarkRateLimit": {
+		What:   "P11 rate limits: 200 starts/s for 30 s, 2 workers, a backlog (achieved starts/s vs the configured rate)",
+		Figure: "starts/s", Comparison: "configured-starts/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkRateLimit#window": {
+		What:   "P11 rate limits: the most starts (River's attempted_at) in any 1-s window",
+		Figure: "max-starts-in-1s", TargetOn: "max-starts-in-1s", Cmp: "<=", Target: 200,
+	},
+	"BenchmarkKeyedFairness": {
+		What:   "P10/P11 fairness: tenant A's jobs started between tenant B's insert of 5 jobs and B's last finish (A: 2,000 of 50 ms waiting; per-kind and per-key limits of 4)",
+		Figure: "a-starts-during-b", Comparison: "b-ms", TargetOn: "a-starts-during-b", Cmp: "<=", Target: 40,
+	},
+	"BenchmarkIdleTick": {
+		What:   "scheduler: one dispatcher tick, 100,000 schedules, none due (vs the same check as a table scan)",
+		Figure: "ms/tick", Comparison: "seqscan-ms/check", TargetOn: "ms/tick", Cmp: "<",
 	},
 	"BenchmarkTaskCancellationTriggerOverhead": {
 		What:   "cancellation monitoring: River no-op throughput with the river_job triggers (vs without)",
@@ -84,19 +116,6 @@ var specs = map[string]Spec{
 	"BenchmarkWorkerFenceUpdateCost": {
 		What:   "worker liveness: River's fetch + complete UPDATEs of 5,000 jobs with the fence (vs without)",
 		Figure: "ms/run", Comparison: "baseline-ms/run", TargetOn: "ratio", Cmp: "<=",
-	},
-	"BenchmarkNoopSluiceWorker": {
-		What:   "no-op jobs through a `sluice worker` process (vs raw River, same server); no target",
-		Figure: "jobs/s", Comparison: "river-jobs/s",
-	},
-	// Raw River's own figure, measured beside the sluice worker.
-	"BenchmarkNoopSluiceWorker#river": {
-		What:   "raw River: no-op jobs through a bare River client (no middleware), same run; no target",
-		Figure: "river-jobs/s",
-	},
-	"BenchmarkNoopAsynq": {
-		What:   "no-op jobs through asynq on the local Redis (vs raw River on Postgres); ratio = River / asynq; no target",
-		Figure: "asynq-jobs/s", Comparison: "river-jobs/s",
 	},
 }
 
