@@ -700,7 +700,8 @@ SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
 RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked,
-          (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed
+          (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
+          EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)::boolean AS any_parked
 `
 
 type ReleaseJobsParams struct {
@@ -716,12 +717,14 @@ type ReleaseJobsRow struct {
 	Admitted       int32  `json:"admitted"`
 	HasParked      bool   `json:"has_parked"`
 	Keyed          bool   `json:"keyed"`
+	AnyParked      bool   `json:"any_parked"`
 }
 
 // The release fast path: frees the slots of jobs that ended, lowers the
 // kinds' admitted counts (limit rows locked in kind order first), and
-// returns the state of the kinds released (keyed: a per-key or rate limit),
-// so the caller can resume parked jobs into the free slots. Only the
+// returns the state of the kinds released (keyed: a per-key or rate limit;
+// any_parked: jobs of the kind wait, for the kind or for their keys), so the
+// caller can resume parked jobs into the free slots. Only the
 // caller's slots go (worker_id), and with include_unclaimed a reservation
 // not claimed yet: a job rescued and running on another worker keeps the
 // slot of its new attempt when the old attempt's worker releases late.
@@ -745,6 +748,7 @@ func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*Re
 			&i.Admitted,
 			&i.HasParked,
 			&i.Keyed,
+			&i.AnyParked,
 		); err != nil {
 			return nil, err
 		}

@@ -698,7 +698,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		free := row.MaxConcurrency >= 0 && (row.MaxConcurrency == 0 || row.Admitted < row.MaxConcurrency)
 		// A kind with per-key or rate limits may have jobs waiting for a
 		// key whose slot just freed, whatever the kind's flag says.
-		if free && (row.HasParked || row.Keyed) {
+		if free && (row.HasParked || (row.Keyed && row.AnyParked)) {
 			resumeKinds = append(resumeKinds, row.Kind)
 		}
 	}
