@@ -18,19 +18,28 @@ const QueuePausedAfterSetting = "health.queue_paused_after"
 // still on after an hour was most likely forgotten.
 const DefaultQueuePausedAfter = time.Hour
 
+// QueueReportedWithin is how recently a River client must have reported a
+// queue (river_queue.updated_at; River's producers report every 10 minutes
+// by default) for it to count as served though no sluice worker recorded it
+// (a queue added to a running client, a plain River client).
+const QueueReportedWithin = 15 * time.Minute
+
 // runQueueLike matches the private queues of `sluice run` in SQL LIKE.
 var runQueueLike = strings.ReplaceAll(RunQueuePrefix, "_", `\_`) + "%"
 
 // checkQueues adds the queue checks to r:
 //   - unserved_queues: WARNING when a queue has available jobs that no live
 //     worker serves (the queues a worker serves are in its sluice_workers
-//     row);
+//     row; a queue a River client reported within QueueReportedWithin
+//     counts as served too);
 //   - paused_queues: WARNING when a queue has been paused longer than the
 //     setting health.queue_paused_after (default 1h; "0s": never).
 func (r *HealthReport) checkQueues(ctx context.Context, dbtx db.DBTX) {
 	q := db.New(dbtx)
 	r.UnservedQueueNames, r.PausedQueueNames = []string{}, []string{}
-	unserved, err := q.UnservedQueues(ctx, runQueueLike)
+	unserved, err := q.UnservedQueues(ctx, db.UnservedQueuesParams{
+		SkipLike: runQueueLike, ReportedWithinSeconds: QueueReportedWithin.Seconds(),
+	})
 	switch {
 	case err != nil:
 		r.add("unserved_queues", HealthWarning, "query failed: %s", oneLineErr(err))

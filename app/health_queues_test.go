@@ -84,6 +84,18 @@ func TestHealthUnservedQueues(t *testing.T) {
 	_, c = check()
 	require.Regexp(t, `^1 with .*: emails \(2 available`, c.Message)
 
+	// A River client that reported emails long ago does not serve it; one
+	// that reported it within the last 15 minutes (a queue added to a
+	// running client, a plain River client) does.
+	execAll(t, pool, `INSERT INTO river_queue (name, metadata, created_at, updated_at)
+		VALUES ('emails', '{}', now() - interval '1 day', now() - interval '20 minutes')`)
+	_, c = check()
+	require.Regexp(t, `^1 with .*: emails \(2 available`, c.Message)
+	execAll(t, pool, `UPDATE river_queue SET updated_at = now() - interval '5 minutes' WHERE name = 'emails'`)
+	r, c = check()
+	require.Equal(t, app.HealthOK, c.Status, r.Summary())
+	execAll(t, pool, `DELETE FROM river_queue WHERE name = 'emails'`)
+
 	// A live worker serving emails clears it.
 	execAll(t, pool, `UPDATE sluice_workers SET heartbeat_at = now(), heartbeat_interval = '1h' WHERE id = 'silent'`)
 	r, c = check()

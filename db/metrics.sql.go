@@ -108,8 +108,9 @@ type MetricsQueueJobsRow struct {
 
 // Jobs still to finish per queue and state, every queue River knows (from
 // river_queue, or from a job) with every such state, zeros included.
-// Finished states (completed, cancelled, discarded) are not counted: River's
-// cleaner deletes those rows, and counting them would scan them all.
+// Finished states (completed, cancelled, discarded) are not counted: River
+// keeps those rows a day (discarded ones a week) by default, and counting
+// them would scan them all; sluice_jobs_total counts the outcomes.
 func (q *Queries) MetricsQueueJobs(ctx context.Context) ([]*MetricsQueueJobsRow, error) {
 	rows, err := q.db.Query(ctx, metricsQueueJobs)
 	if err != nil {

@@ -118,7 +118,8 @@ type QueueListRow struct {
 // Pausing and resuming go through River's client (QueuePause, QueueResume).
 // Every queue River knows (river_queue: served recently), holding a job not
 // yet finished, or served by a live worker: its jobs per state not yet
-// finished (River's cleaner deletes finished ones), how long its oldest
+// finished (finished ones are left out: River keeps them a day, discarded
+// ones a week, and counting them would scan them all), how long its oldest
 // available job has waited (0: none waits), since when it is paused (NULL:
 // it is not), and the live workers that serve it with the jobs each works
 // at once ({"worker id": N}; a worker from before queues were recorded
@@ -160,6 +161,9 @@ WITH served AS (
     JOIN sluice_workers w ON w.id = s.id
     CROSS JOIN LATERAL jsonb_object_keys(COALESCE(w.queues, '{"default": null, "maintenance": null}'::jsonb)) AS q(queue)
     WHERE s.live
+    UNION
+    SELECT rq.name FROM river_queue rq
+    WHERE rq.updated_at > now() - make_interval(secs => $2::float8)
 )
 SELECT j.queue::text AS queue,
        count(*)::bigint AS available,
@@ -172,6 +176,11 @@ GROUP BY j.queue
 ORDER BY j.queue
 `
 
+type UnservedQueuesParams struct {
+	SkipLike              string  `json:"skip_like"`
+	ReportedWithinSeconds float64 `json:"reported_within_seconds"`
+}
+
 type UnservedQueuesRow struct {
 	Queue                  string  `json:"queue"`
 	Available              int64   `json:"available"`
@@ -179,11 +188,15 @@ type UnservedQueuesRow struct {
 }
 
 // Queues with available jobs that no live worker serves (sluice health):
-// how many wait and how long the oldest has. Queues whose name matches
-// skip_like (the private queues of `sluice run`, worked by the process that
-// inserted their one job) are left out.
-func (q *Queries) UnservedQueues(ctx context.Context, skipLike string) ([]*UnservedQueuesRow, error) {
-	rows, err := q.db.Query(ctx, unservedQueues, skipLike)
+// how many wait and how long the oldest has. A queue is served by a live
+// sluice worker that recorded it, or by any River client whose producer
+// reported it in river_queue within reported_within_seconds (River reports
+// every 10 minutes by default: a queue added to a running client, or served
+// by a plain River client). Queues whose name matches skip_like (the
+// private queues of `sluice run`, worked by the process that inserted
+// their one job) are left out.
+func (q *Queries) UnservedQueues(ctx context.Context, arg UnservedQueuesParams) ([]*UnservedQueuesRow, error) {
+	rows, err := q.db.Query(ctx, unservedQueues, arg.SkipLike, arg.ReportedWithinSeconds)
 	if err != nil {
 		return nil, err
 	}

@@ -129,7 +129,7 @@ var badInputs = []badInput{
 	{"jobs", []string{"jobs", "frob", "1"}, nil, `unknown subcommand "frob"`},
 	{"jobs list", []string{"jobs", "list", "--state", "done"}, nil, `invalid --state "done": want one of available, cancelled, completed`},
 	{"jobs list", []string{"jobs", "list", "--state", "pending,parked"}, nil, `invalid --state "parked"`},
-	{"jobs list", []string{"jobs", "list", "--kind", "nope"}, nil, `unknown job kind "nope"`},
+	{"jobs list", []string{"jobs", "list", "--kind", "no pe"}, nil, `invalid --kind "no pe"`},
 	{"jobs list", []string{"jobs", "list", "--queue", "Bad Q"}, nil, `invalid queue name "Bad Q"`},
 	{"jobs list", []string{"jobs", "list", "--limit", "0"}, nil, "invalid --limit 0: want 1 to 10000"},
 	{"jobs list", []string{"jobs", "list", "--limit", "lots"}, nil, `invalid argument "lots" for "--limit"`},

@@ -9,8 +9,9 @@ SELECT COALESCE((SELECT leader_id FROM river_leader WHERE expires_at > now() ORD
 -- name: MetricsQueueJobs :many
 -- Jobs still to finish per queue and state, every queue River knows (from
 -- river_queue, or from a job) with every such state, zeros included.
--- Finished states (completed, cancelled, discarded) are not counted: River's
--- cleaner deletes those rows, and counting them would scan them all.
+-- Finished states (completed, cancelled, discarded) are not counted: River
+-- keeps those rows a day (discarded ones a week) by default, and counting
+-- them would scan them all; sluice_jobs_total counts the outcomes.
 WITH states AS (SELECT unnest(ARRAY['available', 'pending', 'running', 'retryable', 'scheduled']::text[]) AS state),
 counts AS (
     SELECT j.queue, j.state::text AS state, count(*) AS jobs

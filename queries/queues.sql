@@ -4,7 +4,8 @@
 -- name: QueueList :many
 -- Every queue River knows (river_queue: served recently), holding a job not
 -- yet finished, or served by a live worker: its jobs per state not yet
--- finished (River's cleaner deletes finished ones), how long its oldest
+-- finished (finished ones are left out: River keeps them a day, discarded
+-- ones a week, and counting them would scan them all), how long its oldest
 -- available job has waited (0: none waits), since when it is paused (NULL:
 -- it is not), and the live workers that serve it with the jobs each works
 -- at once ({"worker id": N}; a worker from before queues were recorded
@@ -54,15 +55,22 @@ ORDER BY 1;
 
 -- name: UnservedQueues :many
 -- Queues with available jobs that no live worker serves (sluice health):
--- how many wait and how long the oldest has. Queues whose name matches
--- skip_like (the private queues of `sluice run`, worked by the process that
--- inserted their one job) are left out.
+-- how many wait and how long the oldest has. A queue is served by a live
+-- sluice worker that recorded it, or by any River client whose producer
+-- reported it in river_queue within reported_within_seconds (River reports
+-- every 10 minutes by default: a queue added to a running client, or served
+-- by a plain River client). Queues whose name matches skip_like (the
+-- private queues of `sluice run`, worked by the process that inserted
+-- their one job) are left out.
 WITH served AS (
     SELECT DISTINCT q.queue
     FROM sluice_worker_status s
     JOIN sluice_workers w ON w.id = s.id
     CROSS JOIN LATERAL jsonb_object_keys(COALESCE(w.queues, '{"default": null, "maintenance": null}'::jsonb)) AS q(queue)
     WHERE s.live
+    UNION
+    SELECT rq.name FROM river_queue rq
+    WHERE rq.updated_at > now() - make_interval(secs => sqlc.arg(reported_within_seconds)::float8)
 )
 SELECT j.queue::text AS queue,
        count(*)::bigint AS available,

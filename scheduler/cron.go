@@ -83,7 +83,7 @@ func ParseCron(expr, tz string) (*Cron, error) {
 		return nil, bad("empty expression: want 5 fields (minute hour day-of-month month day-of-week), 6 with a leading seconds field, or a descriptor such as @hourly or @every 5m")
 	case strings.HasPrefix(trimmed, "TZ=") || strings.HasPrefix(trimmed, "CRON_TZ="):
 		return nil, bad("time zone prefixes are not supported: set the timezone field (--tz) instead")
-	case strings.HasPrefix(trimmed, "@every"):
+	case trimmed == "@every" || strings.HasPrefix(trimmed, "@every ") || strings.HasPrefix(trimmed, "@every\t"):
 		rest := strings.TrimSpace(strings.TrimPrefix(trimmed, "@every"))
 		d, perr := time.ParseDuration(rest)
 		switch {

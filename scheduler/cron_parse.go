@@ -112,7 +112,7 @@ func (f cronField) parseItem(item string, set *fieldSet) error {
 		return f.parseNth(item, set)
 	case strings.HasPrefix(item, "?"):
 		return errors.New("? takes no range or step: write ? alone")
-	case f.dom && (strings.HasPrefix(item, "L") || strings.HasPrefix(item, "l")):
+	case f.dom && strings.ContainsAny(item, "Ll"):
 		return errors.New("L takes no offset, range or step: write L alone (the last day of the month)")
 	case f.dom && (strings.HasSuffix(item, "W") || strings.HasSuffix(item, "w")):
 		return errors.New("W (the nearest weekday) is not supported")

@@ -427,6 +427,8 @@ func TestParseCronErrors(t *testing.T) {
 		{"0 0 31 4,6 ?", "UTC", "cron", "never fires"},
 		{"0 0 30 2 1#5", "UTC", "cron", ""}, // either day field: fifth Mondays of February
 		{"@fortnightly", "UTC", "cron", "unknown descriptor"},
+		{"@everyday", "UTC", "cron", "unknown descriptor"},
+		{"0 0 1-L * *", "UTC", "cron", `day-of-month field "1-L": L takes no offset, range or step`},
 		{"@every", "UTC", "cron", "@every needs a duration"},
 		{"@every soon", "UTC", "cron", `"soon" is not a duration`},
 		{"@every 500ms", "UTC", "cron", "at least 1s"},

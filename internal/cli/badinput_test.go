@@ -67,7 +67,7 @@ func TestBadInput(t *testing.T) {
 		{"show two IDs", []string{"jobs", "show", "1", "2"}, 2, "expects a job ID"},
 		{"list bad state", []string{"jobs", "list", "--state", "done"}, 2, `invalid --state "done"`},
 		{"list one bad state of two", []string{"jobs", "list", "--state", "available,stuck"}, 2, `invalid --state "stuck"`},
-		{"list unknown kind", []string{"jobs", "list", "--kind", "demo.slep"}, 2, `unknown job kind "demo.slep"`},
+		{"list malformed kind", []string{"jobs", "list", "--kind", "demo slep"}, 2, `invalid --kind "demo slep"`},
 		{"list bad queue", []string{"jobs", "list", "--queue", "Emails"}, 2, `invalid queue name "Emails"`},
 		{"list zero limit", []string{"jobs", "list", "--limit", "0"}, 2, "invalid --limit 0"},
 		{"list huge limit", []string{"jobs", "list", "--limit", "10001"}, 2, "invalid --limit 10001"},

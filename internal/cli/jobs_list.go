@@ -7,6 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/riverqueue/river"
@@ -21,6 +22,9 @@ const maxJobList = 10000
 
 // listArgsWidth bounds the args a table row shows.
 const listArgsWidth = 60
+
+// maxKindLen bounds a --kind filter (River's kinds are short identifiers).
+const maxKindLen = 256
 
 func newJobsListCmd(g *globals) *cobra.Command {
 	var (
@@ -57,8 +61,14 @@ A kind must be one this program knows; a queue name must follow River's rule.`,
 			}
 			if len(kinds) > 0 {
 				for _, k := range kinds {
-					if _, err := g.registry.Lookup(k); err != nil {
-						return usagef("invalid --kind: %v", err)
+					if k == "" || strings.ContainsFunc(k, unicode.IsSpace) || len(k) > maxKindLen {
+						return usagef("invalid --kind %q: want a job kind (no spaces, at most %d characters)", k, maxKindLen)
+					}
+					if !g.registry.Has(k) {
+						// Jobs of any kind are listed: an application's, a
+						// retired kind's; the note only says this program
+						// would not work them.
+						fmt.Fprintf(cmd.ErrOrStderr(), "note: %q is not a kind this program knows\n", k)
 					}
 				}
 				params = params.Kinds(kinds...)

@@ -189,8 +189,14 @@ func TestLimitsWorkerKilled(t *testing.T) {
 // env and waits for /healthz; the process is killed when the test ends.
 func startWorkerProcess(t *testing.T, url string, env ...string) *exec.Cmd {
 	t.Helper()
+	return startWorkerProcessArgs(t, url, nil, env...)
+}
+
+// startWorkerProcessArgs is startWorkerProcess with extra arguments.
+func startWorkerProcessArgs(t *testing.T, url string, args []string, env ...string) *exec.Cmd {
+	t.Helper()
 	addr := freeAddr(t)
-	cmd := exec.Command(sluiceBin, "worker")
+	cmd := exec.Command(sluiceBin, append([]string{"worker"}, args...)...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "SLUICE_HTTP_ADDR="+addr, "SLUICE_LOG_LEVEL=warn")
 	cmd.Env = append(cmd.Env, env...)
 	var stderr strings.Builder

@@ -65,8 +65,9 @@ func newQueuesListCmd(g *globals) *cobra.Command {
 		Short: "List queues: jobs per state, oldest available, paused, served by",
 		Long: `list prints every queue River knows, holds a job not yet finished, or a live
 worker serves: its jobs available, pending (parked ones included), running,
-retryable and scheduled (finished jobs are not counted: River's cleaner
-deletes them), how long its oldest available job has waited, since when it
+retryable and scheduled (finished jobs are not counted: River keeps them a
+day, discarded ones a week; River UI lists them), how long its oldest
+available job has waited, since when it
 is paused, and the live workers that serve it with how many of its jobs each
 works at once (from their sluice_workers rows).`,
 		Args: exactArgs(0, "no arguments"),

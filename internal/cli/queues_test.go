@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -70,6 +71,12 @@ func TestQueuesPauseOneWhileAnotherRuns(t *testing.T) {
 	ran := enqueueID(t, url, "demo.sleep", "--queue", "default")
 	second := proc.StartWorker(t, url, "second", queues...)
 	require.Eventually(t, func() bool { return jobtest.JobState(t, pool, ran) == "completed" }, 30*time.Second, 20*time.Millisecond, second.Log())
+	// More of default's jobs, inserted and run one after the other: the
+	// paused queue's producer has had its fetch cycles meanwhile.
+	for range 3 {
+		next := enqueueID(t, url, "demo.sleep", "--queue", "default")
+		require.Eventually(t, func() bool { return jobtest.JobState(t, pool, next) == "completed" }, 30*time.Second, 20*time.Millisecond, second.Log())
+	}
 	require.Equal(t, "available", jobtest.JobState(t, pool, held), "the paused queue's job waits")
 
 	listed = queuesJSON(t, url)
@@ -160,4 +167,24 @@ func qString(t *testing.T, url, sql string) string {
 	var s string
 	require.NoError(t, livePool(t, url).QueryRow(t.Context(), sql).Scan(&s))
 	return s
+}
+
+// TestQueuesFlagWinsOverVariable: a flag wins over the other setting's
+// environment variable (--queues over $SLUICE_DEFAULT_WORKERS,
+// --default-workers over $SLUICE_QUEUES); the worker records the queues it
+// serves.
+func TestQueuesFlagWinsOverVariable(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	pool := livePool(t, url)
+	queuesOf := func(id string) string {
+		var q string
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT queues::text FROM sluice_workers WHERE id = $1`, id).Scan(&q))
+		return q
+	}
+	startWorkerProcessArgs(t, url, []string{"--id", "by-flag", "--queues", "emails=2"}, "SLUICE_DEFAULT_WORKERS=3")
+	require.JSONEq(t, `{"emails": 2, "maintenance": 4}`, queuesOf("by-flag"))
+	startWorkerProcessArgs(t, url, []string{"--id", "by-default-flag", "--default-workers", "3"}, "SLUICE_QUEUES=emails=2")
+	require.JSONEq(t, `{"default": 3, "maintenance": 4}`, queuesOf("by-default-flag"))
 }

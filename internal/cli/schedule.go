@@ -381,7 +381,9 @@ time or count is an input error (exit 2) naming the field.
 			}
 			w := bufio.NewWriter(cmd.OutOrStdout())
 			for range count {
-				if t = c.Next(t); t.IsZero() {
+				// RFC 3339 ends with year 9999.
+				if t = c.Next(t); t.IsZero() || t.UTC().Year() > 9999 {
+					fmt.Fprintln(cmd.ErrOrStderr(), "no further due time before the year 10000")
 					break
 				}
 				fmt.Fprintf(w, "%s  %s\n", t.UTC().Format(time.RFC3339), t.In(c.Location()).Format(localLayout))

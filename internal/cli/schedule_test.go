@@ -297,6 +297,11 @@ func TestScheduleNextCLI(t *testing.T) {
 		next("0 0 * * 5-7", "--from", "2026-05-09T12:00:00Z", "--count", "2"))
 	require.Equal(t, "2026-05-30T23:00:00Z  2026-05-31T00:00:00+01:00\n", next("0 0 L * ?", "--tz", "Europe/London", "--from", "2026-05-20T00:00:00Z", "--count", "1"))
 	require.Equal(t, "2026-06-19T09:00:00Z  2026-06-19T09:00:00+00:00\n", next("0 9 ? * 5#3", "--from", "2026-05-20T00:00:00Z", "--count", "1"))
+	// RFC 3339 ends with the year 9999: the listing stops there, saying so.
+	code, stdout, stderr := runCLI(t, "schedule", "next", "30 0 1 1 *", "--from", "9999-12-31T23:30:00Z", "--count", "3")
+	require.Equal(t, 0, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, "no further due time before the year 10000\n", stderr)
 	// It is the dispatcher's code: the same times as scheduler.Cron.
 	c, err := scheduler.ParseCron("*/7 1-3 * * 1-7", "Australia/Lord_Howe")
 	require.NoError(t, err)

@@ -81,8 +81,15 @@ cancels them and exits 0.`,
 			if cfg.DefaultWorkers < 1 || cfg.MaintenanceWorkers < 1 {
 				return usagef("--default-workers and --maintenance-workers must be at least 1")
 			}
-			if cmd.Flags().Changed("queues") || os.Getenv("SLUICE_QUEUES") != "" {
-				if cmd.Flags().Changed("default-workers") || os.Getenv("SLUICE_DEFAULT_WORKERS") != "" {
+			// A flag wins over its environment variable, and over the other
+			// setting's: --queues over $SLUICE_DEFAULT_WORKERS,
+			// --default-workers over $SLUICE_QUEUES. Both flags, or both
+			// variables, conflict.
+			queuesFlag, dwFlag := cmd.Flags().Changed("queues"), cmd.Flags().Changed("default-workers")
+			queuesEnv, dwEnv := !queuesFlag && os.Getenv("SLUICE_QUEUES") != "", !dwFlag && os.Getenv("SLUICE_DEFAULT_WORKERS") != ""
+			useQueues := queuesFlag || (queuesEnv && !dwFlag)
+			if useQueues {
+				if (queuesFlag && dwFlag) || (queuesEnv && dwEnv) {
 					return usagef("--queues (or $SLUICE_QUEUES) and --default-workers (or $SLUICE_DEFAULT_WORKERS) are both set: give the default queue's size in --queues, such as default=%d", cfg.DefaultWorkers)
 				}
 				if cfg.Queues, err = app.ParseQueues(queues); err != nil {
