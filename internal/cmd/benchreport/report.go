@@ -34,6 +34,10 @@ var specs = map[string]Spec{
 		What:   "P1 no-op jobs through a `sluice worker` process (vs raw River, same server, best of 3 rounds each)",
 		Figure: "jobs/s", Comparison: "river-jobs/s", TargetOn: "ratio", Cmp: ">=",
 	},
+	"BenchmarkMetricsOverhead": {
+		What:   "metrics: no-op jobs through the worker's middleware with the job metrics (vs without them, same run, medians of 5 rounds); the metrics issue allows P1 to drop by 0.02 at most",
+		Figure: "jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
 	"BenchmarkConcurrencyLimitOverhead": {
 		What:   "P2 concurrency limits: no-op jobs under a limit never reached (vs no limit row)",
 		Figure: "limited-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
