@@ -16,26 +16,39 @@ import (
 	"github.com/sluice-dev/sluice/modules/exports"
 )
 
-// stuckExportFloorSQL is the floor: one hand-written join that finds the
-// exports one export.stuck_jobs run fails.
+// stuckExportFloorSQL is the floor: one hand-written statement that does
+// what one export.stuck_jobs run does, finding the stuck exports and marking
+// them failed with their unfinished relation exports, and returns their ids.
 const stuckExportFloorSQL = `
-SELECT e.id
-FROM project_export_jobs e
-LEFT JOIN river_job r ON r.id = e.job_id
-WHERE e.status IN ('queued', 'started') AND e.job_id IS NOT NULL
-  AND (r.id IS NULL OR r.state IN ('completed', 'cancelled', 'discarded'))
-  AND NOT (e.created_at > now() - interval '6 hours'
-           AND EXISTS (SELECT 1 FROM project_relation_exports re WHERE re.project_export_job_id = e.id))
-ORDER BY e.id`
+WITH stuck AS (
+    SELECT e.id
+    FROM project_export_jobs e
+    LEFT JOIN river_job r ON r.id = e.job_id
+    WHERE e.status IN ('queued', 'started') AND e.job_id IS NOT NULL
+      AND (r.id IS NULL OR r.state IN ('completed', 'cancelled', 'discarded'))
+      AND NOT (e.created_at > now() - interval '6 hours'
+               AND EXISTS (SELECT 1 FROM project_relation_exports re WHERE re.project_export_job_id = e.id))
+), failed AS (
+    UPDATE project_export_jobs e
+    SET status = 'failed', error = 'stuck: floor', finished_at = now(), updated_at = now()
+    FROM stuck WHERE e.id = stuck.id
+    RETURNING e.id
+), relations AS (
+    UPDATE project_relation_exports re
+    SET status = 'failed', error = 'stuck: the export failed', updated_at = now()
+    WHERE re.project_export_job_id IN (SELECT id FROM failed) AND re.status IN ('queued', 'started')
+)
+SELECT id FROM failed ORDER BY id`
 
 // BenchmarkExportStuckJobs times one export.stuck_jobs run (through the
 // worker and the maintenance framework: lock, journal, five steps) over
 // 100,000 exports in progress of which 1,000 are stuck (and 1,000 more have
 // a finished River job but are parallel exports within their grace period),
-// against the floor: one join query that finds the same 1,000 rows. Each
-// figure is the median of 5 repetitions; stepN_*-ms are the run's own step
-// timings (maintenance_runs.details.step_ms). ratio = ms/run / floor-ms/run;
-// the target is ratio <= 2.0 (below is better).
+// against the floor: one statement that finds the same 1,000 exports and
+// marks them failed with their relation exports (the same writes; the rows
+// are reset after each side). Each figure is the median of 5 repetitions;
+// stepN_*-ms are the run's own step timings (maintenance_runs.details.step_ms).
+// ratio = ms/run / floor-ms/run; the target (P6) is ratio <= 1.5.
 func BenchmarkExportStuckJobs(b *testing.B) {
 	const (
 		active = 100_000
@@ -125,11 +138,15 @@ func BenchmarkExportStuckJobs(b *testing.B) {
 		}
 	}
 
-	// Warm-up, and both sides find the same rows.
+	// Warm-up, and both sides mark the same rows.
 	want := floor()
 	if len(want) != stuck {
 		b.Fatalf("floor found %d stuck exports, want %d", len(want), stuck)
 	}
+	if got := failedIDs(); !slices.Equal(got, want) {
+		b.Fatalf("the floor marked %d exports failed, it returned %d (or other ids)", len(got), len(want))
+	}
+	reset()
 	run()
 	if got := failedIDs(); !slices.Equal(got, want) {
 		b.Fatalf("the run failed %d exports, the floor finds %d (or other ids)", len(got), len(want))
@@ -143,6 +160,9 @@ func BenchmarkExportStuckJobs(b *testing.B) {
 			start := time.Now()
 			floor()
 			floorTimes = append(floorTimes, time.Since(start))
+			b.StopTimer()
+			reset()
+			b.StartTimer()
 
 			start = time.Now()
 			run()
@@ -159,7 +179,7 @@ func BenchmarkExportStuckJobs(b *testing.B) {
 	b.ReportMetric(runMS, "ms/run")
 	b.ReportMetric(floorMS, "floor-ms/run")
 	b.ReportMetric(runMS/floorMS, "ratio")
-	b.ReportMetric(2.0, "target")
+	b.ReportMetric(1.5, "target")
 	for step, ds := range steps {
 		// e.g. step1_read-ms: the share of each step in ms/run.
 		b.ReportMetric(jobtest.Median(ds).Seconds()*1000, "step"+step+"-ms")
