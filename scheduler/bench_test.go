@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/scheduler"
 )
@@ -123,15 +125,16 @@ func BenchmarkIdleTick(b *testing.B) {
 	}
 }
 
-// BenchmarkDispatchLag: 10,000 schedules all due at the same second,
+// BenchmarkDispatchLag (P4): 10,000 schedules all due at the same second,
 // dispatched by 2 `sluice worker` processes (built from ./cmd/sluice, each
-// with its own pool, River client working the jobs, and dispatcher; poll
-// interval 1s, batch 500). The figures are the p50, p99 and max dispatch
-// lag (last_dispatched_at - due time, per schedule); the comparison is one
-// client inserting the same 10,000 jobs directly in transactions of 500
-// (baseline-ms: the total). target is the issue's 1000 ms: p99-ms must be
-// below it (ratio = p99-ms / target below 1). Every schedule must have
-// produced exactly one job.
+// with its own pool, River client working the jobs, and dispatcher; batches
+// of 2000, the default). The figures are the p50, p99 and max dispatch lag
+// (last_dispatched_at - due time, per schedule); the comparison
+// (baseline-ms) is inserting the same 10,000 jobs directly with one River
+// InsertMany in one transaction, on the same database while the same two
+// workers run (the median of 3; each is timed from its start to its commit,
+// when the last job becomes visible). ratio = p99-ms / baseline-ms; target
+// ≤ 2.0. Every schedule must have produced exactly one job.
 func BenchmarkDispatchLag(b *testing.B) {
 	const n = 10_000
 	ctx := context.Background()
@@ -181,33 +184,40 @@ func BenchmarkDispatchLag(b *testing.B) {
 		require.Equal(b, n, jobs, "one job per schedule")
 		require.Zero(b, dups)
 
-		baseline := directInsert(b, newPoolDB(b), n)
+		var baselines []time.Duration
+		for range 3 {
+			baselines = append(baselines, directInsert(b, pool, n))
+		}
+		baseline := ms(jobtest.Median(baselines))
+		b.Logf("dispatch lag p50 %.0f ms, p99 %.0f ms, max %.0f ms; one InsertMany of %d jobs %v", p50, p99, maxLag, n, baselines)
 		b.ReportMetric(p50, "p50-ms")
 		b.ReportMetric(p99, "p99-ms")
 		b.ReportMetric(maxLag, "max-ms")
-		b.ReportMetric(ms(baseline), "baseline-ms")
-		b.ReportMetric(p99/1000, "ratio")
-		b.ReportMetric(1000, "target")
+		b.ReportMetric(baseline, "baseline-ms")
+		b.ReportMetric(p99/baseline, "ratio")
+		b.ReportMetric(2.0, "target")
 	}
 }
 
-// directInsert inserts n demo.sleep jobs in transactions of 500 with one
-// client and returns how long it took.
+// directInsert inserts n demo.sleep jobs of 0 ms (with a schedule's
+// metadata, as the dispatcher writes them) with one InsertMany in one
+// transaction and returns how long it took, from its start to its commit.
 func directInsert(b *testing.B, pool *pgxpool.Pool, n int) time.Duration {
 	ctx := context.Background()
 	client := insertClient(b, pool)
-	start := time.Now()
-	for done := 0; done < n; done += 500 {
-		params := make([]river.InsertManyParams, 500)
-		for i := range params {
-			params[i] = river.InsertManyParams{Args: demo.SleepArgs{}, InsertOpts: &river.InsertOpts{Metadata: []byte(`{"schedule": "x"}`)}}
-		}
-		tx, err := pool.Begin(ctx)
+	due := time.Now().UTC()
+	params := make([]river.InsertManyParams, n)
+	for i := range params {
+		md, err := json.Marshal(scheduler.JobMetadata{Schedule: fmt.Sprintf("baseline-%d", i), ScheduleID: int64(i), DueAt: due})
 		require.NoError(b, err)
-		_, err = client.InsertManyTx(ctx, tx, params)
-		require.NoError(b, err)
-		require.NoError(b, tx.Commit(ctx))
+		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}, InsertOpts: &river.InsertOpts{Metadata: md}}
 	}
+	start := time.Now()
+	tx, err := pool.Begin(ctx)
+	require.NoError(b, err)
+	_, err = client.InsertManyTx(ctx, tx, params)
+	require.NoError(b, err)
+	require.NoError(b, tx.Commit(ctx))
 	return time.Since(start)
 }
 

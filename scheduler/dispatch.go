@@ -199,7 +199,7 @@ func (d *Dispatcher) plan(r *db.ClaimDueSchedulesRow, set *dispatchSettings) *pl
 		p.err = err
 		return p
 	}
-	jobArgs, err := decodeArgs(d.registry, r.Kind, r.Args)
+	jobArgs, err := set.decode(d.registry, r.Kind, r.Args)
 	if err != nil {
 		p.err = err
 		return p

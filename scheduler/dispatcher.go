@@ -20,7 +20,7 @@ import (
 // Defaults of Config.
 const (
 	DefaultPollInterval = time.Second
-	DefaultBatchSize    = 500
+	DefaultBatchSize    = 2000
 	// MaxBatchSize bounds Config.BatchSize.
 	MaxBatchSize = 10_000
 	// NotifyChannel is the channel the schedules table's triggers notify
@@ -50,7 +50,7 @@ type Config struct {
 	// PollInterval is the longest the dispatcher sleeps between ticks
 	// (default 1s); it wakes earlier for the next due time and on NOTIFY.
 	PollInterval time.Duration
-	// BatchSize is how many due rows one transaction claims (default 500).
+	// BatchSize is how many due rows one transaction claims (default 2000).
 	BatchSize int
 	// Now, if set, is the dispatcher's clock instead of the database's
 	// now() (tests drive time with it).

@@ -6,7 +6,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/riverqueue/river"
+
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/kinds"
 )
 
 // Dynamic settings of the scheduler (rows of the settings table, inserted
@@ -55,6 +58,36 @@ type dispatchSettings struct {
 
 	base, maxDelay, grace *time.Duration
 	runAllCap             *int
+
+	// decoded holds the args decoded during the tick, by kind and args
+	// text: schedules with the same args (a kind's `{}`, or thousands of
+	// schedules of one kind due together) are decoded and validated once.
+	decoded map[argsKey]decodedArgs
+}
+
+// argsKey is a kind and the text of its args, as Postgres returns jsonb.
+type argsKey struct{ kind, args string }
+
+// decodedArgs is what decodeArgs returned for an argsKey.
+type decodedArgs struct {
+	args river.JobArgs
+	err  error
+}
+
+// decode is decodeArgs, once per kind and args text in the tick: the
+// decoded value is only read (marshalled by River's insert), never changed,
+// so the jobs of several schedules can share it.
+func (s *dispatchSettings) decode(registry *kinds.Registry, kind string, args []byte) (river.JobArgs, error) {
+	key := argsKey{kind, string(args)}
+	if d, ok := s.decoded[key]; ok {
+		return d.args, d.err
+	}
+	jobArgs, err := decodeArgs(registry, kind, args)
+	if s.decoded == nil {
+		s.decoded = map[argsKey]decodedArgs{}
+	}
+	s.decoded[key] = decodedArgs{jobArgs, err}
+	return jobArgs, err
 }
 
 func (s *dispatchSettings) duration(key string, def time.Duration, dst **time.Duration) time.Duration {
