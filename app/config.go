@@ -82,6 +82,10 @@ type Config struct {
 	// application that mounts Handler in its own server mounts it there with
 	// http.StripPrefix: River UI builds its URLs from it.
 	HTTPPrefix string
+	// Pprof serves Go's runtime profiles (net/http/pprof) at /debug/pprof/
+	// on the HTTP handler, behind the token like everything but /healthz
+	// and /readyz. Off by default.
+	Pprof bool
 	// ID names the process: River's client ID (river_job.attempted_by) and
 	// maintenance_runs.worker_id. Empty generates host-pid-random.
 	ID string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"path"
 	"time"
 
@@ -27,12 +28,15 @@ type httpConfig struct {
 	// nothing); prefix is where the handler is mounted.
 	token, prefix string
 	logger        *slog.Logger
+	// pprof serves net/http/pprof at /debug/pprof/.
+	pprof bool
 }
 
 // newHTTPHandler serves /healthz (the process is alive) and /readyz (the
 // database answers) to anyone, and behind the token (when set) /metrics
 // (Prometheus), /stats (stats.go), /health (checkHealth), River UI at
-// /riverui/ and sluice's pages at /ui/ (/ leads there). Requests that
+// /riverui/, sluice's pages at /ui/ (/ leads there) and, when asked,
+// Go's profiles at /debug/pprof/. Requests that
 // change something (River UI's) are refused when they come from another
 // origin.
 func newHTTPHandler(cfg httpConfig) (http.Handler, *web.RiverUI, error) {
@@ -69,6 +73,15 @@ func newHTTPHandler(cfg httpConfig) (http.Handler, *web.RiverUI, error) {
 	guarded.Handle("GET /{$}", relativeRedirect("ui/"))
 	guarded.Handle("GET "+web.PagesPath, relativeRedirect("ui/"))
 	guarded.Handle("GET "+web.RiverUIPath, relativeRedirect("riverui/"))
+	if cfg.pprof {
+		// pprof.Index serves the named profiles (heap, goroutine, allocs,
+		// …) under /debug/pprof/; the others have handlers of their own.
+		guarded.HandleFunc("GET /debug/pprof/", pprof.Index)
+		guarded.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		guarded.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		guarded.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		guarded.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

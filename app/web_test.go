@@ -346,3 +346,28 @@ func basic(user, password string) string {
 	req.SetBasicAuth(user, password)
 	return strings.TrimPrefix(req.Header.Get("Authorization"), "Basic ")
 }
+
+// TestPprof: with Pprof the worker serves Go's profiles at /debug/pprof/,
+// behind the token; without it, not at all.
+func TestPprof(t *testing.T) {
+	t.Parallel()
+
+	url := testdb.New(t)
+	const token = "pprof-token-0123456789"
+	on, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPToken: token, Pprof: true, ID: "pprof-on"})
+	off, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "pprof-off"})
+
+	base := "http://" + on.HTTPAddr()
+	code, _, _ := httpGet(t, base+"/debug/pprof/heap")
+	require.Equal(t, http.StatusUnauthorized, code, "a profile without the token")
+	code, header, body := httpGet(t, base+"/debug/pprof/heap", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "application/octet-stream", header.Get("Content-Type"))
+	require.NotEmpty(t, body, "the heap profile")
+	code, _, body = httpGet(t, base+"/debug/pprof/", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "goroutine")
+
+	code, _, _ = httpGet(t, "http://"+off.HTTPAddr()+"/debug/pprof/heap")
+	require.Equal(t, http.StatusNotFound, code, "profiles served without --pprof")
+}

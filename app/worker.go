@@ -150,7 +150,7 @@ func (w *Worker) init(ctx context.Context) error {
 	}
 	w.handler, w.riverUI, err = newHTTPHandler(httpConfig{
 		pool: w.pool, registry: w.registry, modules: w.cfg.Program.Modules, client: w.client,
-		token: w.cfg.HTTPToken, prefix: w.cfg.HTTPPrefix, logger: w.cfg.Logger,
+		token: w.cfg.HTTPToken, prefix: w.cfg.HTTPPrefix, logger: w.cfg.Logger, pprof: w.cfg.Pprof,
 	})
 	if err != nil {
 		return err

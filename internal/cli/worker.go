@@ -160,5 +160,7 @@ cancels them and exits 0.`,
 	bindEnv(f, "dead-after", "SLUICE_DEAD_AFTER")
 	f.DurationVar(&cfg.MetricsInterval, "metrics-interval", metrics.DefaultClusterInterval, "how often the worker exporting the cluster-wide gauges (River's leader) reads them from the database (at least 1s)")
 	bindEnv(f, "metrics-interval", "SLUICE_METRICS_INTERVAL")
+	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's runtime profiles (heap, CPU, goroutines) at /debug/pprof/ on the HTTP server, behind its token")
+	bindEnv(f, "pprof", "SLUICE_PPROF")
 	return cmd
 }
