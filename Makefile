@@ -13,7 +13,7 @@ PG       := scripts/pg.sh
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
 TESTFLAGS ?=
 
-.PHONY: help build run test e2e promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
+.PHONY: help build run test e2e soak promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +29,10 @@ test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else
 
 e2e: ## the fault and load suite (e2e/) alone, with the full 100,000-job load
 	@$(PG) with-server env SLUICE_E2E_LOAD_JOBS=full $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./e2e/
+
+# SOAK_DURATION (a Go duration, at least 1m) shortens or lengthens it.
+soak: ## keep a worker busy with 5,000 no-op jobs/s for SOAK_DURATION (default 5m) and fail if its memory grows (TestSoak)
+	@$(PG) with-server env SLUICE_SOAK=1 SOAK_DURATION=$${SOAK_DURATION:-5m} $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./e2e/
 
 promtool: ## install promtool if missing (Debian's prometheus package) and check the alerting rules and a live /metrics with it
 	@if ! command -v promtool >/dev/null; then \

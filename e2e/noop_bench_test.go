@@ -245,7 +245,7 @@ func asynqNoop(b *testing.B, redis asynq.RedisClientOpt) float64 {
 	return noopJobs / (time.Duration(last.Load() - first.Load())).Seconds()
 }
 
-func openBenchPool(b *testing.B, url string) *pgxpool.Pool {
+func openBenchPool(b testing.TB, url string) *pgxpool.Pool {
 	b.Helper()
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {

@@ -138,6 +138,9 @@ func StartWorker(tb testing.TB, url, id string, args ...string) *Worker {
 	return nil
 }
 
+// PID is the worker's process id.
+func (w *Worker) PID() int { return w.cmd.Process.Pid }
+
 // Healthy reports whether /healthz answers 200.
 func (w *Worker) Healthy() bool {
 	client := http.Client{Timeout: 2 * time.Second}

@@ -101,6 +101,26 @@ var specs = map[string]Spec{
 		What:   "P10/P11 fairness: tenant A's jobs started between tenant B's insert of 5 jobs and B's last finish (A: 2,000 of 50 ms waiting; per-kind and per-key limits of 4)",
 		Figure: "a-starts-during-b", Comparison: "b-ms", TargetOn: "a-starts-during-b", Cmp: "<=", Target: 40,
 	},
+	"BenchmarkScaleOut": {
+		What:   "scale-out: 40,000 no-op jobs through 2 `sluice worker` processes (vs 1, same run, best of 2 rounds each); ratio = 2w/1w; no target",
+		Figure: "2w-jobs/s", Comparison: "1w-jobs/s",
+	},
+	"BenchmarkScaleOut#4w": {
+		What:   "scale-out: the same through 4 worker processes, and 4w/1w beside it; no target",
+		Figure: "4w-jobs/s", Comparison: "4w/1w",
+	},
+	"BenchmarkScaleOut#ceiling": {
+		What:   "scale-out, best 4-worker round: the machine's CPU busy (%) and Postgres's CPU seconds per 1,000 jobs (workers' in the log); no target",
+		Figure: "4w-cpu-busy-%", Comparison: "4w-postgres-cpu-s/1k-jobs",
+	},
+	"BenchmarkWorkerMemory": {
+		What:   "memory: RSS of a stock `sluice worker` idle 10 s after start (peak RSS while it works 50,000 queued no-op jobs beside it)",
+		Figure: "idle-rss-MiB", Comparison: "load-rss-MiB", TargetOn: "idle-rss-MiB", Cmp: "<",
+	},
+	"BenchmarkWorkerMemory#heap": {
+		What:   "memory: the worker's Go heap in use, idle (peak under the 50,000-job load beside it); growth under a steady load: `make soak`",
+		Figure: "idle-heap-MiB", Comparison: "load-heap-MiB",
+	},
 	"BenchmarkIdleTick": {
 		What:   "scheduler: one dispatcher tick, 100,000 schedules, none due (vs the same check as a table scan)",
 		Figure: "ms/tick", Comparison: "seqscan-ms/check", TargetOn: "ms/tick", Cmp: "<",
