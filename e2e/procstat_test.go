@@ -125,15 +125,15 @@ type loadSample struct {
 // loadMeter measures a run: start it once the workers are up, before the
 // jobs are inserted, and stop it once they are done.
 type loadMeter struct {
-	pool              *pgxpool.Pool
-	busy0, total0     float64
-	pg0               map[int]float64
-	workers0          float64
-	commits0          float64
-	stopSampling      context.CancelFunc
-	sampled           sync.WaitGroup
-	waits             map[string]int
-	samples           int
+	pool          *pgxpool.Pool
+	busy0, total0 float64
+	pg0           map[int]float64
+	workers0      float64
+	commits0      float64
+	stopSampling  context.CancelFunc
+	sampled       sync.WaitGroup
+	waits         map[string]int
+	samples       int
 }
 
 func startLoadMeter(tb testing.TB, pool *pgxpool.Pool, workers []int) *loadMeter {
