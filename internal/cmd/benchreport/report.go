@@ -31,7 +31,7 @@ type Spec struct {
 // guessSpec).
 var specs = map[string]Spec{
 	"BenchmarkNoopSluiceWorker": {
-		What:   "P1 no-op jobs through a `sluice worker` process (vs raw River, same server, best of 3 rounds each)",
+		What:   "P1 no-op jobs through a `sluice worker` process (vs raw River decoding the same args, same server, best of 5 rounds each)",
 		Figure: "jobs/s", Comparison: "river-jobs/s", TargetOn: "ratio", Cmp: ">=",
 	},
 	"BenchmarkMetricsOverhead": {
