@@ -130,9 +130,10 @@ func scaleOutRound(b *testing.B, pool *pgxpool.Pool, url string, k int) scaleRun
 func BenchmarkWorkerMemory(b *testing.B) {
 	ctx := context.Background()
 	for range b.N {
-		// A fresh database, not emptied and analysed: River's statements
-		// planned while statistics say river_job is empty scan it whole
-		// until autovacuum analyses it again (about a minute here).
+		// A fresh database, not emptied and analysed: a worker idle on a
+		// river_job analysed empty worked the 50,000 jobs at about 500 a
+		// second for 95 s (6 s here): River's statements planned while the
+		// statistics said the table was empty scanned it.
 		url := testdb.New(b)
 		pool := openBenchPool(b, url)
 		w := proc.StartWorker(b, url, "memory", "--pprof", "--log-level", "warn")
