@@ -16,12 +16,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 // Capacity: how no-op throughput scales with worker processes on one
@@ -86,7 +83,6 @@ type scaleRun struct {
 // they are done and stops the workers.
 func scaleOutRound(b *testing.B, pool *pgxpool.Pool, url string, k int) scaleRun {
 	b.Helper()
-	ctx := context.Background()
 	resetRiverJobs(b, pool)
 	workers := make([]*proc.Worker, k)
 	pids := make([]int, k)
@@ -94,19 +90,9 @@ func scaleOutRound(b *testing.B, pool *pgxpool.Pool, url string, k int) scaleRun
 		workers[i] = proc.StartWorker(b, url, fmt.Sprintf("scale-%d-%d", k, i), "--default-workers", fmt.Sprint(noopConcurrency), "--log-level", "warn")
 		pids[i] = workers[i].PID()
 	}
-	inserter, err := app.NewInsertClient(pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	params := make([]river.InsertManyParams, scaleJobs)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
-	}
 	meter := startLoadMeter(b, pool, pids)
 	start := time.Now()
-	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
-		b.Fatal(err)
-	}
+	insertNoops(b, pool, scaleJobs)
 	waitCompleted(b, pool)
 	elapsed := time.Since(start)
 	load := meter.stop(b, pids)
@@ -144,19 +130,7 @@ func BenchmarkWorkerMemory(b *testing.B) {
 		}
 		idleHeap := heapInuseMiB(b, w)
 
-		inserter, err := app.NewInsertClient(pool)
-		if err != nil {
-			b.Fatal(err)
-		}
-		params := make([]river.InsertManyParams, memoryJobs)
-		for i := range params {
-			params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
-		}
-		loadStart := time.Now()
-		if _, err := inserter.InsertManyFast(ctx, params); err != nil {
-			b.Fatal(err)
-		}
-		fmt.Printf("inserted in %v\n", time.Since(loadStart))
+		insertNoops(b, pool, memoryJobs)
 		var peak, peakHeap float64
 		profiled := false
 		for {
@@ -172,7 +146,6 @@ func BenchmarkWorkerMemory(b *testing.B) {
 				fmt.Printf("BenchmarkWorkerMemory: the worker's Go heap (inuse_space) with %d of %d jobs left:\n%s\n", left, memoryJobs, heapTop(b, w))
 			}
 			if left == 0 {
-				fmt.Printf("load done in %v\n", time.Since(loadStart))
 				break
 			}
 			time.Sleep(100 * time.Millisecond)

@@ -174,19 +174,8 @@ func riverNoop(b *testing.B, pool *pgxpool.Pool) float64 {
 // a `sluice worker` process and returns jobs/s.
 func sluiceWorkerNoop(b *testing.B, pool *pgxpool.Pool, url string) float64 {
 	b.Helper()
-	ctx := context.Background()
-	inserter, err := app.NewInsertClient(pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	params := make([]river.InsertManyParams, noopJobs)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
-	}
 	resetRiverJobs(b, pool)
-	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
-		b.Fatal(err)
-	}
+	insertNoops(b, pool, noopJobs)
 	w := proc.StartWorker(b, url, "bench-noop", "--default-workers", fmt.Sprint(noopConcurrency), "--log-level", "warn")
 	waitCompleted(b, pool)
 	w.Signal(b, syscall.SIGTERM)
@@ -194,6 +183,22 @@ func sluiceWorkerNoop(b *testing.B, pool *pgxpool.Pool, url string) float64 {
 		b.Fatalf("worker exited %d:\n%s", code, w.Log())
 	}
 	return dbRate(b, pool)
+}
+
+// insertNoops inserts n demo.sleep jobs of 0 ms with one InsertManyFast.
+func insertNoops(tb testing.TB, pool *pgxpool.Pool, n int) {
+	tb.Helper()
+	inserter, err := app.NewInsertClient(pool)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	params := make([]river.InsertManyParams, n)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
+	}
+	if _, err := inserter.InsertManyFast(context.Background(), params); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // asynqNoop enqueues noopJobs no-op tasks into a queue of its own, works
