@@ -59,10 +59,18 @@ func startOpsWorker(t *testing.T, cfg app.Config) *opsFixture {
 	t.Cleanup(pool.Close)
 	// Limited before the worker starts, so that it knows the limit at once.
 	jobtest.SetLimit(t, pool, "demo.sleep", 1)
+	// The CI-build sweeps' own schedules (ci.drop_running_builds at the top
+	// of every hour, …) would add runs the maintenance page must not show.
+	_, err = pool.Exec(ctx, `UPDATE schedules SET enabled = false WHERE kind LIKE 'ci.drop\_%'`)
+	require.NoError(t, err)
 
 	cfg.Program = jobtest.Program()
 	cfg.DatabaseURL = url
-	cfg.ParkAfter = 10 * time.Millisecond
+	// Long enough that the running job gets its slot before it would give
+	// up waiting, even on a loaded machine: with 10ms, a job on its way to
+	// park was overtaken by the two inserted after it (they took the slot
+	// leased meanwhile), and the pages showed them finished, not parked.
+	cfg.ParkAfter = time.Second
 	// The job that ignores its cancellation must not hold up the stop.
 	cfg.ShutdownTimeout, cfg.HardStopGrace = 100*time.Millisecond, 100*time.Millisecond
 	w, _ := startWorker(t, cfg)
