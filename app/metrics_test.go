@@ -2,15 +2,10 @@ package app_test
 
 import (
 	"context"
-	"io"
-	"net/http"
-	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
@@ -27,18 +22,16 @@ var clusterFamilies = []string{
 	"sluice_task_cancellation_count_post_cancel_total",
 }
 
-// scrape fetches and parses a worker's /metrics.
+// scrape fetches and parses a worker's /metrics, by family name.
 func scrape(t *testing.T, w *app.Worker) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get("http://" + w.HTTPAddr() + "/metrics")
+	families, err := jobtest.Scraper{URL: "http://" + w.HTTPAddr() + "/metrics"}.Gather()
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	require.NoError(t, err)
-	return families
+	byName := make(map[string]*dto.MetricFamily, len(families))
+	for _, f := range families {
+		byName[f.GetName()] = f
+	}
+	return byName
 }
 
 // sumOf sums a family's values whose labels include want.

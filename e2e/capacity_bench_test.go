@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,14 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
@@ -26,9 +24,6 @@ import (
 const (
 	// scaleJobs is the no-op jobs of one scale-out round.
 	scaleJobs = 40_000
-	// scaleRounds is how many rounds each worker count runs (the best
-	// counts, as in the no-op benchmarks).
-	scaleRounds = 2
 	// memoryJobs is the backlog of the memory benchmark's load phase.
 	memoryJobs = 50_000
 	// idleRSSTarget is the issue's bound on an idle worker's RSS, in MiB.
@@ -38,8 +33,7 @@ const (
 // BenchmarkScaleOut works scaleJobs no-op jobs (demo.sleep of 0 ms) with 1,
 // 2 and 4 `sluice worker` processes (200 jobs at once each) against one
 // Postgres, the jobs inserted at once once the workers are up; each count
-// runs scaleRounds rounds, in the order 1 2 4 4 2 1, and its best round
-// counts. Figures: jobs/s with 1, 2 and 4 workers, the ratios 2w/1w and
+// runs two rounds, in the order 1 2 4 4 2 1, and its best round counts. Figures: jobs/s with 1, 2 and 4 workers, the ratios 2w/1w and
 // 4w/1w (ratio: 2w/1w), and, for the best 4-worker round, where the time
 // went: the machine's CPU busy share, the CPU seconds per 1,000 jobs of
 // the workers and of Postgres, commits per second, and the wait events of
@@ -167,31 +161,13 @@ func BenchmarkWorkerMemory(b *testing.B) {
 // in MiB.
 func heapInuseMiB(tb testing.TB, w *proc.Worker) float64 {
 	tb.Helper()
-	v, err := scrapeGauge("http://"+w.Addr+"/metrics", "go_memstats_heap_inuse_bytes")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return v / (1 << 20)
+	return workerMetric(tb, w, "go_memstats_heap_inuse_bytes") / (1 << 20)
 }
 
-// scrapeGauge reads one unlabelled sample from a Prometheus text page.
-func scrapeGauge(url, name string) (float64, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, fmt.Errorf("scrape %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("scrape %s: %w", url, err)
-	}
-	return 0, fmt.Errorf("scrape %s: no %s", url, name)
+// workerMetric is the unlabelled gauge name on the worker's /metrics.
+func workerMetric(tb testing.TB, w *proc.Worker, name string) float64 {
+	tb.Helper()
+	return jobtest.MetricValue(tb, jobtest.Scraper{URL: "http://" + w.Addr + "/metrics"}, name, nil)
 }
 
 // heapTop is the top of the worker's heap profile (inuse_space), from `go

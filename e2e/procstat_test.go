@@ -111,10 +111,6 @@ type loadSample struct {
 	// WorkerCPU and PostgresCPU are the CPU seconds of the worker
 	// processes and of Postgres's processes.
 	WorkerCPU, PostgresCPU float64
-	// Commits is the database's committed transactions (set by
-	// commitsSince once the workers have exited: a backend reports its
-	// counts to pg_stat_database up to a second late, and at its exit).
-	Commits float64
 	// Waits counts the active backends of the database by wait event
 	// (sampled every 20ms; "CPU" for none).
 	Waits map[string]int
@@ -202,7 +198,9 @@ func (m *loadMeter) stop(tb testing.TB, workers []int) loadSample {
 }
 
 // commitsSince is the number of transactions committed in the database
-// since the meter started.
+// since the meter started. Call it once the workers have exited: a backend
+// reports its counts to pg_stat_database up to a second late, and at its
+// exit.
 func (m *loadMeter) commitsSince(tb testing.TB) float64 {
 	tb.Helper()
 	return commits(tb, m.pool) - m.commits0

@@ -47,7 +47,7 @@ type soakPoint struct {
 	backlog    int64
 }
 
-// TestSoak keeps a stock `sluice worker` (--pprof, default settings) busy
+// TestSoak keeps a stock `sluice worker` (default settings) busy
 // with soakRate no-op jobs a second for SOAK_DURATION, samples its RSS,
 // Go heap in use and goroutines every soakSample, prints them, and fails
 // if the mean RSS or heap of the last fifth grew beyond soakRSSGrowth or
@@ -68,7 +68,7 @@ func TestSoak(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.New(t)
 	pool := openBenchPool(t, url)
-	w := proc.StartWorker(t, url, "soak", "--pprof", "--log-level", "warn")
+	w := proc.StartWorker(t, url, "soak", "--log-level", "warn")
 	inserter, err := app.NewInsertClient(pool)
 	if err != nil {
 		t.Fatal(err)
@@ -134,9 +134,7 @@ func TestSoak(t *testing.T) {
 			t.Fatalf("worker gone:\n%s", w.Log())
 		}
 		p.heap = heapInuseMiB(t, w)
-		if p.goroutines, err = scrapeGauge("http://"+w.Addr+"/metrics", "go_goroutines"); err != nil {
-			t.Fatal(err)
-		}
+		p.goroutines = workerMetric(t, w, "go_goroutines")
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM river_job WHERE state = 'available'").Scan(&p.backlog); err != nil {
 			t.Fatal(err)
 		}

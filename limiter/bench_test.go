@@ -9,24 +9,14 @@ import (
 
 	"github.com/riverqueue/river"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
-// benchWorkers is the default queue size of benchmark clients: large enough
-// that no-op jobs are bound by the database, not by River's fetch cadence
-// (a queue fetches at most MaxWorkers jobs per FetchCooldown).
-const benchWorkers = 1000
-
-// benchConfig configures benchmark clients like a worker, with benchWorkers.
-func benchConfig(c *river.Config) {
-	c.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: benchWorkers}}
-	c.FetchCooldown = app.DefaultFetchCooldown
-	c.FetchPollInterval = app.DefaultFetchPollInterval
-	c.TestOnly = false
-}
+// benchConfig configures benchmark clients like a worker, with
+// jobtest.BenchWorkers workers.
+var benchConfig = jobtest.BenchConfig
 
 // BenchmarkConcurrencyLimitOverhead compares the throughput of no-op jobs of
 // a kind with a limit they never reach (1,000,000 > the 1000 workers) with

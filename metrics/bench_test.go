@@ -9,7 +9,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/metrics"
@@ -34,11 +33,11 @@ func BenchmarkMetricsOverhead(b *testing.B) {
 		var cpu time.Duration
 		for range 5 {
 			without = append(without, jobtest.NoopThroughput(b, pool, n, func(c *river.Config) {
-				benchConfig(c)
+				jobtest.BenchConfig(c)
 				c.WorkerMiddleware = withoutMetrics(b, c.WorkerMiddleware)
 			}))
 			before := processCPU(b)
-			with = append(with, jobtest.NoopThroughput(b, pool, n, benchConfig))
+			with = append(with, jobtest.NoopThroughput(b, pool, n, jobtest.BenchConfig))
 			cpu += processCPU(b) - before
 		}
 		perJob := float64(cpu.Nanoseconds()) / (5 * n)
@@ -84,15 +83,6 @@ func middlewareNanos(b *testing.B) float64 {
 		}
 	}
 	return float64(time.Since(start).Nanoseconds()) / loops
-}
-
-// benchConfig configures benchmark clients as a worker does, with 1000
-// workers so that no-op jobs are bound by the database.
-func benchConfig(c *river.Config) {
-	c.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 1000}}
-	c.FetchCooldown = app.DefaultFetchCooldown
-	c.FetchPollInterval = app.DefaultFetchPollInterval
-	c.TestOnly = false
 }
 
 // withoutMetrics is mw without the job metrics middleware, which must be

@@ -156,6 +156,20 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 	return run
 }
 
+// BenchWorkers is the default queue size of benchmark clients: large enough
+// that no-op jobs are bound by the database, not by River's fetch cadence
+// (a queue fetches at most MaxWorkers jobs per FetchCooldown).
+const BenchWorkers = 1000
+
+// BenchConfig configures a benchmark client as a worker is configured
+// (its fetch cooldown and poll interval), with BenchWorkers workers.
+func BenchConfig(c *river.Config) {
+	c.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: BenchWorkers}}
+	c.FetchCooldown = app.DefaultFetchCooldown
+	c.FetchPollInterval = app.DefaultFetchPollInterval
+	c.TestOnly = false
+}
+
 // Median is the middle value of xs (the upper one for an even count).
 func Median[T cmp.Ordered](xs []T) T {
 	s := slices.Clone(xs)
