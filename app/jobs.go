@@ -180,5 +180,8 @@ func (j *Jobs) Middleware() []rivertype.WorkerMiddleware {
 }
 
 // SetClient gives the workers that insert jobs (concurrency_limit.resume)
-// the River client, once it is built.
-func (j *Jobs) SetClient(client *Client) { j.resume.SetClient(client) }
+// and the limiter the River client, once it is built.
+func (j *Jobs) SetClient(client *Client) {
+	j.resume.SetClient(client)
+	j.Limiter.SetClient(client)
+}

@@ -9,8 +9,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/limiter"
 )
 
 // Client is the River client type sluice uses.
@@ -40,7 +44,11 @@ type clientOpts struct {
 // newWorkClient builds a River client working the program's jobs, with
 // sluice's middleware, and gives it to the workers that insert jobs.
 func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts clientOpts) (*Client, error) {
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	driver, err := WorkDriver(pool, j.Limiter, j.Workers)
+	if err != nil {
+		return nil, err
+	}
+	client, err := river.NewClient(driver, &river.Config{
 		FetchCooldown:          opts.fetchCooldown,
 		FetchPollInterval:      opts.fetchPollInterval,
 		ID:                     opts.id,
@@ -59,6 +67,21 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 	}
 	j.SetClient(client)
 	return client, nil
+}
+
+// WorkDriver is the River driver of a client that works workers on pool:
+// River's pgx driver, with lim deciding the fetched jobs of limited kinds
+// together, in job-id order, right after each fetch (limiter.Driver).
+func WorkDriver(pool *pgxpool.Pool, lim *limiter.Limiter, workers *river.Workers) (riverdriver.Driver[pgx.Tx], error) {
+	ks, err := kinds.FromWorkers(workers)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(ks))
+	for i, k := range ks {
+		names[i] = k.Name
+	}
+	return lim.Driver(riverpgxv5.New(pool), names), nil
 }
 
 // riverLogger is the logger River's client logs to: sluice's, but from WARN

@@ -34,117 +34,6 @@ func (q *Queries) AddConcurrencyCounts(ctx context.Context, arg AddConcurrencyCo
 	return err
 }
 
-const admitJobs = `-- name: AdmitJobs :many
-WITH req AS (
-    SELECT r.job_id, r.kind, r.ord, (e.job_id IS NOT NULL) AS has_reserved
-    FROM (SELECT unnest($1::bigint[]) AS job_id,
-                 unnest($2::text[]) AS kind,
-                 generate_subscripts($1::bigint[], 1) AS ord) AS r
-    LEFT JOIN concurrency_executions e ON e.job_id = r.job_id AND e.reserved
-),
-lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields, l.rate_max
-    FROM concurrency_limits l
-    WHERE l.kind = ANY($2::text[])
-    ORDER BY l.kind
-    FOR UPDATE
-),
-ranked AS (
-    SELECT req.job_id, req.kind, req.ord, req.has_reserved,
-           row_number() OVER (PARTITION BY req.kind, req.has_reserved ORDER BY req.ord) AS rn
-    FROM req
-),
-decided AS (
-    SELECT ranked.job_id, ranked.kind, ranked.ord,
-           CASE
-               WHEN lim.partition_fields IS NOT NULL OR lim.rate_max IS NOT NULL THEN 'keyed'
-               WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
-               WHEN lim.max_concurrency < 0 THEN 'park'
-               WHEN ranked.has_reserved THEN 'reserved'
-               WHEN lim.has_parked OR ranked.rn > lim.max_concurrency - lim.admitted THEN 'park'
-               ELSE 'admit'
-           END AS decision
-    FROM ranked
-    LEFT JOIN lim ON lim.kind = ranked.kind
-),
-claimed AS (
-    UPDATE concurrency_executions e
-    SET reserved = false, worker_id = $3, admitted_at = now()
-    FROM decided d
-    WHERE d.decision = 'reserved' AND e.job_id = d.job_id
-    RETURNING e.job_id
-),
-slots AS (
-    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
-    SELECT d.job_id, d.kind, $3, false
-    FROM decided d
-    WHERE d.decision = 'admit'
-    ON CONFLICT (job_id) DO UPDATE
-    SET worker_id = EXCLUDED.worker_id, reserved = false, admitted_at = now()
-    RETURNING concurrency_executions.kind, (concurrency_executions.xmax::text = '0') AS inserted
-),
-counted AS (
-    -- Only rows inserted raise the count: a stale row of the job's earlier
-    -- attempt, taken over, was counted when it was inserted.
-    UPDATE concurrency_limits l
-    SET admitted = l.admitted + c.n
-    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s WHERE s.inserted GROUP BY s.kind) AS c
-    WHERE l.kind = c.kind
-    RETURNING l.kind
-)
-SELECT d.job_id::bigint AS job_id,
-       CASE
-           WHEN d.decision = 'reserved' AND d.job_id IN (SELECT c.job_id FROM claimed c) THEN 'admit'
-           WHEN d.decision = 'reserved' THEN 'park'
-           ELSE d.decision
-       END::text AS decision
-FROM decided d
-ORDER BY d.ord
-`
-
-type AdmitJobsParams struct {
-	JobIds   []int64  `json:"job_ids"`
-	Kinds    []string `json:"kinds"`
-	WorkerID *string  `json:"worker_id"`
-}
-
-type AdmitJobsRow struct {
-	JobID    int64  `json:"job_id"`
-	Decision string `json:"decision"`
-}
-
-// The admission fast path: one batch of jobs (in order) in one statement.
-// Locks the limit rows of their kinds in kind order, decides per job —
-// 'keyed' (the kind has a per-key or rate limit: decided by the keyed
-// path, limiter/keyed.go), 'run' (no limit row, or 0: no slot needed),
-// 'reserved' (a resumed job: its
-// slot was reserved when it was resumed and is now its own), 'park' (circuit
-// breaker, jobs already parked, or no free slot) or 'admit' — writes the
-// admitted jobs' slot rows and raises the kinds' admitted counts. Parking
-// happens in a second transaction.
-// A reserved slot freed meanwhile (its reservation expired while this
-// statement waited for the lock) is not claimed: that job is decided again
-// by the parking path.
-func (q *Queries) AdmitJobs(ctx context.Context, arg AdmitJobsParams) ([]*AdmitJobsRow, error) {
-	rows, err := q.db.Query(ctx, admitJobs, arg.JobIds, arg.Kinds, arg.WorkerID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*AdmitJobsRow
-	for rows.Next() {
-		var i AdmitJobsRow
-		if err := rows.Scan(&i.JobID, &i.Decision); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const clearConcurrencyLimit = `-- name: ClearConcurrencyLimit :execrows
 WITH leases AS (
     DELETE FROM concurrency_leases cl WHERE cl.kind = $1
@@ -262,36 +151,6 @@ func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg Dele
 	return items, nil
 }
 
-const hasAnyParkedJobs = `-- name: HasAnyParkedJobs :one
-SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
-`
-
-// Whether kind has parking records for any reason.
-func (q *Queries) HasAnyParkedJobs(ctx context.Context, kind string) (bool, error) {
-	row := q.db.QueryRow(ctx, hasAnyParkedJobs, kind)
-	var exists bool
-	err := row.Scan(&exists)
-	return exists, err
-}
-
-const hasParkedJobs = `-- name: HasParkedJobs :one
-SELECT EXISTS (
-    SELECT 1 FROM concurrency_parked_jobs p
-    WHERE p.kind = $1 AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
-)
-`
-
-// Whether jobs of kind wait for the kind (its limit, its rate, or older
-// jobs of the kind): parking records (pending, or completing their
-// parking) for any reason but their key's. New jobs of the kind park behind
-// them (the kind's has_parked flag).
-func (q *Queries) HasParkedJobs(ctx context.Context, kind string) (bool, error) {
-	row := q.db.QueryRow(ctx, hasParkedJobs, kind)
-	var exists bool
-	err := row.Scan(&exists)
-	return exists, err
-}
-
 const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :many
 INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
 SELECT r.job_id, r.kind, $1, $2::boolean, NULLIF(r.key, '')
@@ -348,8 +207,9 @@ func (q *Queries) InsertConcurrencyExecutions(ctx context.Context, arg InsertCon
 }
 
 const insertParkedJobs = `-- name: InsertParkedJobs :exec
-INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
-SELECT r.job_id, r.kind, r.reason, $1, NULLIF(r.key, '')
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key, ahead)
+SELECT r.job_id, r.kind, r.reason, $1, NULLIF(r.key, ''),
+       COALESCE((SELECT w.ahead FROM concurrency_waiters w WHERE w.job_id = r.job_id), false)
 FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS kind,
              unnest($4::text[]) AS reason, unnest($5::text[]) AS key) AS r
 ON CONFLICT (job_id) DO NOTHING
@@ -364,8 +224,9 @@ type InsertParkedJobsParams struct {
 }
 
 // Records why and when jobs parked, with their partition keys (job_ids,
-// kinds, reasons and keys in step; key ” or missing: none). A job already
-// parked keeps its first record.
+// kinds, reasons and keys in step; key ” or missing: none); a job that was
+// resumed ahead of a free slot and parks again is marked (ahead): it is
+// resumed next with a slot. A job already parked keeps its first record.
 func (q *Queries) InsertParkedJobs(ctx context.Context, arg InsertParkedJobsParams) error {
 	_, err := q.db.Exec(ctx, insertParkedJobs,
 		arg.WorkerID,
@@ -664,11 +525,14 @@ SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = $1)
         + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = $1),
     has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p
                          WHERE p.kind = $1 AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+              OR EXISTS (SELECT 1 FROM concurrency_waiters w
+                         WHERE w.kind = $1 AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
 WHERE kind = $1
 `
 
 // Sets the count and flag of kind's limit row from the tables they describe
-// (has_parked: jobs wait for the kind, not only for their keys).
+// (has_parked: jobs of the line wait for the kind, not only for their
+// keys).
 func (q *Queries) RecountConcurrency(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, recountConcurrency, kind)
 	return err
@@ -685,55 +549,69 @@ freed AS (
     -- The uncorrelated count makes the DELETE wait until every limit row
     -- is locked (an InitPlan runs first).
     DELETE FROM concurrency_executions e
-    WHERE e.job_id = ANY($2::bigint[])
-      AND (e.worker_id = $3::text
-           OR ($4::boolean AND e.worker_id IS NULL))
+    WHERE ((e.job_id = ANY($2::bigint[]) AND e.worker_id = $3::text)
+           OR (e.job_id = ANY($4::bigint[])
+               AND (e.worker_id = $3::text OR e.worker_id IS NULL)))
       AND (SELECT count(*) FROM lk) >= 0
-    RETURNING e.kind
+    RETURNING e.kind, e.key
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w
+    WHERE w.job_id = ANY($4::bigint[]) AND (SELECT count(*) FROM lk) >= 0
+),
+unstarted AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = ANY($4::bigint[]) AND s.reserved AND (SELECT count(*) FROM lk) >= 0
 ),
 per_kind AS (
-    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n
+    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n,
+           (SELECT COALESCE(array_agg(DISTINCT COALESCE(f.key, '')), '{}') FROM freed f WHERE f.kind = lk.kind) AS keys
     FROM lk
 )
 UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
-RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked,
+RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked, p.keys::text[] AS freed_keys,
           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
-          EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)::boolean AS any_parked
+          (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
+           OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind))::boolean AS any_waiting
 `
 
 type ReleaseJobsParams struct {
-	Kinds            []string `json:"kinds"`
-	JobIds           []int64  `json:"job_ids"`
-	WorkerID         string   `json:"worker_id"`
-	IncludeUnclaimed bool     `json:"include_unclaimed"`
+	Kinds     []string `json:"kinds"`
+	JobIds    []int64  `json:"job_ids"`
+	WorkerID  string   `json:"worker_id"`
+	ForgetIds []int64  `json:"forget_ids"`
 }
 
 type ReleaseJobsRow struct {
-	Kind           string `json:"kind"`
-	MaxConcurrency int32  `json:"max_concurrency"`
-	Admitted       int32  `json:"admitted"`
-	HasParked      bool   `json:"has_parked"`
-	Keyed          bool   `json:"keyed"`
-	AnyParked      bool   `json:"any_parked"`
+	Kind           string   `json:"kind"`
+	MaxConcurrency int32    `json:"max_concurrency"`
+	Admitted       int32    `json:"admitted"`
+	HasParked      bool     `json:"has_parked"`
+	FreedKeys      []string `json:"freed_keys"`
+	Keyed          bool     `json:"keyed"`
+	AnyWaiting     bool     `json:"any_waiting"`
 }
 
-// The release fast path: frees the slots of jobs that ended, lowers the
-// kinds' admitted counts (limit rows locked in kind order first), and
-// returns the state of the kinds released (keyed: a per-key or rate limit;
-// any_parked: jobs of the kind wait, for the kind or for their keys), so the
-// caller can resume parked jobs into the free slots. Only the
-// caller's slots go (worker_id), and with include_unclaimed a reservation
-// not claimed yet: a job rescued and running on another worker keeps the
-// slot of its new attempt when the old attempt's worker releases late.
+// The release fast path: frees the slots of jobs that ended (job_ids: the
+// caller's slots only, worker_id) and of jobs that gave up waiting
+// (forget_ids: the caller's, or a grant not claimed yet; those also leave
+// the waiters, with any start reserved for them), lowers the kinds'
+// admitted counts (limit rows locked in kind order first), and returns the
+// state of the kinds released (freed_keys: the keys whose slots freed, ”
+// without a partition; keyed: a per-key or rate limit; any_waiting: jobs
+// of the kind's line wait, for the kind or for their keys), so the caller
+// can grant the free slots. A job rescued and running
+// on another worker keeps the slot of its new attempt when the old
+// attempt's worker releases late.
 func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*ReleaseJobsRow, error) {
 	rows, err := q.db.Query(ctx, releaseJobs,
 		arg.Kinds,
 		arg.JobIds,
 		arg.WorkerID,
-		arg.IncludeUnclaimed,
+		arg.ForgetIds,
 	)
 	if err != nil {
 		return nil, err
@@ -747,8 +625,9 @@ func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*Re
 			&i.MaxConcurrency,
 			&i.Admitted,
 			&i.HasParked,
+			&i.FreedKeys,
 			&i.Keyed,
-			&i.AnyParked,
+			&i.AnyWaiting,
 		); err != nil {
 			return nil, err
 		}
@@ -770,15 +649,20 @@ WITH RECURSIVE kinds AS (
 )
 SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
 UNION
+SELECT DISTINCT w.kind FROM concurrency_waiters w
+UNION
 SELECT DISTINCT e.kind FROM concurrency_executions e WHERE e.reserved
+UNION
+SELECT DISTINCT s.kind FROM concurrency_starts s WHERE s.reserved
 UNION
 SELECT DISTINCT cl.kind FROM concurrency_leases cl WHERE cl.slots > 0
 ORDER BY 1
 `
 
-// The kinds concurrency_limit.resume looks after: those with parked jobs
-// (a loose index scan of (kind, job_id)), with slots reserved for resumed
-// jobs (which may be orphaned), or with leases (which may have expired).
+// The kinds concurrency_limit.resume looks after: those with jobs in their
+// line, parked (a loose index scan of (kind, job_id)) or waiting, with
+// reserved slots or starts (grants, which may be orphaned), or with leases
+// (which may have expired).
 func (q *Queries) ResumableKinds(ctx context.Context) ([]string, error) {
 	rows, err := q.db.Query(ctx, resumableKinds)
 	if err != nil {
@@ -804,22 +688,11 @@ UPDATE river_job j
 SET state = 'available'
 WHERE j.id IN (
     SELECT r.id FROM river_job r
-    WHERE r.id IN (
-        SELECT x.job_id FROM (
-            SELECT p.job_id,
-                   bool_and(q.state = 'pending' OR p.parked_at < now() - interval '5 seconds')
-                       OVER (ORDER BY p.job_id) AS ready
-            FROM concurrency_parked_jobs p
-            JOIN river_job q ON q.id = p.job_id
-            WHERE p.kind = $1
-            ORDER BY p.job_id
-            LIMIT $2
-        ) x
-        WHERE x.ready
-    )
-    AND r.state = 'pending'
+    JOIN concurrency_parked_jobs p ON p.job_id = r.id
+    WHERE p.kind = $1 AND r.state = 'pending'
     ORDER BY r.id
-    FOR UPDATE SKIP LOCKED
+    LIMIT $2
+    FOR UPDATE OF r SKIP LOCKED
 )
 RETURNING j.id, j.queue
 `
@@ -835,12 +708,10 @@ type ResumeParkedJobsRow struct {
 }
 
 // Moves the oldest max_rows parked jobs of kind from pending to available,
-// in job-id order (FIFO), skipping rows another transaction holds, and
-// returns them. Their parking records go with them (trigger sluice_unpark).
-// A job still completing its parking (running) is not resumable yet, and
-// holds up the younger ones: they never start before it (unless its
-// completion is more than 5 s late: its worker is gone, and it waits for a
-// rescue).
+// in job-id order, skipping rows another transaction holds, and returns
+// them: a kind whose limits are gone lets every job it held go (a job
+// still completing its parking is resumed by the recheck that follows it).
+// Their parking records go with them (trigger sluice_unpark).
 func (q *Queries) ResumeParkedJobs(ctx context.Context, arg ResumeParkedJobsParams) ([]*ResumeParkedJobsRow, error) {
 	rows, err := q.db.Query(ctx, resumeParkedJobs, arg.Kind, arg.MaxRows)
 	if err != nil {

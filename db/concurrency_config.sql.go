@@ -10,22 +10,20 @@ import (
 )
 
 const deleteEmptyLimit = `-- name: DeleteEmptyLimit :execrows
-WITH gone AS (
-    DELETE FROM concurrency_limits l
-    WHERE l.kind = $1 AND l.max_concurrency = 0 AND l.key_max IS NULL AND l.rate_max IS NULL
-      AND l.max_source IS NULL
-    RETURNING l.kind
-),
-leases AS (
-    DELETE FROM concurrency_leases cl WHERE cl.kind IN (SELECT gone.kind FROM gone)
-)
-SELECT count(*) FROM gone
+DELETE FROM concurrency_limits l
+WHERE l.kind = $1 AND l.max_concurrency = 0 AND l.key_max IS NULL AND l.rate_max IS NULL
+  AND l.max_source IS NULL
+  AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_leases cl WHERE cl.kind = l.kind AND cl.slots > 0)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind)
 `
 
 // Removes kind's limit row when it holds no limit any more (and no SQL
-// override), with the leases counted against it (workers find their
-// leases gone and stop using them). Slot rows of running jobs stay until
-// their jobs end.
+// override) and nothing of the kind is held or waits: no slot, lease,
+// parked or waiting job. A row without limits that still has some stays
+// (workers treat the kind as unlimited) until the safety net finds it
+// empty.
 func (q *Queries) DeleteEmptyLimit(ctx context.Context, kind string) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteEmptyLimit, kind)
 	if err != nil {

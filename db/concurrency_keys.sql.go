@@ -20,16 +20,31 @@ slots AS (
     SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
     FROM river_job j
     WHERE e.kind = $1 AND e.key IS NULL AND j.id = e.job_id AND EXISTS (SELECT 1 FROM lim)
+),
+waiting AS (
+    UPDATE concurrency_waiters w
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE w.kind = $1 AND w.key IS NULL AND j.id = w.job_id AND EXISTS (SELECT 1 FROM lim)
+    RETURNING w.key
+),
+parked AS (
+    UPDATE concurrency_parked_jobs p
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE p.kind = $1 AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim)
+    RETURNING p.key
 )
-UPDATE concurrency_parked_jobs p
-SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-FROM river_job j
-WHERE p.kind = $1 AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim)
+INSERT INTO concurrency_key_turns (kind, key, served_at)
+SELECT DISTINCT $1, k.key, NULL::timestamptz
+FROM (SELECT key FROM waiting UNION SELECT key FROM parked) k
+WHERE k.key IS NOT NULL
+ON CONFLICT (kind, key) DO NOTHING
 `
 
-// Gives the slots and parked jobs of kind without a key theirs, when the
-// kind has a partition: rows left from before a partition that plain SQL
-// set (the CLI repartitions at once). The safety net runs it.
+// Gives the slots, waiting and parked jobs of kind without a key theirs,
+// when the kind has a partition: rows left from before a partition that
+// plain SQL set (the CLI repartitions at once). The safety net runs it.
 func (q *Queries) BackfillPartitionKeys(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, backfillPartitionKeys, kind)
 	return err
@@ -54,21 +69,13 @@ func (q *Queries) ClaimReservedSlots(ctx context.Context, arg ClaimReservedSlots
 
 const claimReservedStarts = `-- name: ClaimReservedStarts :exec
 UPDATE concurrency_starts s
-SET reserved = false, started_at = r.started_at
-FROM (SELECT unnest($1::bigint[]) AS job_id,
-             unnest($2::timestamptz[]) AS started_at) AS r
-WHERE s.job_id = r.job_id AND s.reserved
+SET reserved = false, started_at = clock_timestamp()
+WHERE s.job_id = ANY($1::bigint[]) AND s.reserved
 `
 
-type ClaimReservedStartsParams struct {
-	JobIds     []int64     `json:"job_ids"`
-	StartedAts []time.Time `json:"started_ats"`
-}
-
-// Resumed jobs take their reserved starts as their own, at their
-// attempted_at (started_ats in step with job_ids).
-func (q *Queries) ClaimReservedStarts(ctx context.Context, arg ClaimReservedStartsParams) error {
-	_, err := q.db.Exec(ctx, claimReservedStarts, arg.JobIds, arg.StartedAts)
+// Granted jobs take their reserved starts as their own, started now.
+func (q *Queries) ClaimReservedStarts(ctx context.Context, jobIds []int64) error {
+	_, err := q.db.Exec(ctx, claimReservedStarts, jobIds)
 	return err
 }
 
@@ -76,12 +83,23 @@ const deleteIdleKeyTurns = `-- name: DeleteIdleKeyTurns :exec
 DELETE FROM concurrency_key_turns t
 WHERE t.kind = $1
   AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = t.kind AND p.key = t.key)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = t.kind AND w.key = t.key)
 `
 
 // Forgets the turns of kind's keys without waiting jobs: a key that waits
 // again joins the round as a new key.
 func (q *Queries) DeleteIdleKeyTurns(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, deleteIdleKeyTurns, kind)
+	return err
+}
+
+const deleteReservedStarts = `-- name: DeleteReservedStarts :exec
+DELETE FROM concurrency_starts WHERE kind = $1 AND reserved
+`
+
+// Drops the starts reserved for granted jobs of kind, whose rate is gone.
+func (q *Queries) DeleteReservedStarts(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, deleteReservedStarts, kind)
 	return err
 }
 
@@ -126,28 +144,26 @@ func (q *Queries) DeleteStaleStarts(ctx context.Context, arg DeleteStaleStartsPa
 
 const insertConcurrencyStarts = `-- name: InsertConcurrencyStarts :exec
 INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved)
-SELECT $1, NULLIF(r.key, ''), r.job_id, r.started_at, $2::boolean
-FROM (SELECT unnest($3::bigint[]) AS job_id, unnest($4::text[]) AS key,
-             unnest($5::timestamptz[]) AS started_at) AS r
+SELECT $1, NULLIF(r.key, ''), r.job_id, clock_timestamp(), $2::boolean
+FROM (SELECT unnest($3::bigint[]) AS job_id, unnest($4::text[]) AS key) AS r
 `
 
 type InsertConcurrencyStartsParams struct {
-	Kind       string      `json:"kind"`
-	Reserved   bool        `json:"reserved"`
-	JobIds     []int64     `json:"job_ids"`
-	Keys       []string    `json:"keys"`
-	StartedAts []time.Time `json:"started_ats"`
+	Kind     string   `json:"kind"`
+	Reserved bool     `json:"reserved"`
+	JobIds   []int64  `json:"job_ids"`
+	Keys     []string `json:"keys"`
 }
 
-// Logs starts of kind (job_ids, keys and started_ats in step; key ”:
-// none), reserved for resumed jobs or not.
+// Logs starts of kind now, by the database's clock (job_ids and keys in
+// step; key ”: none), reserved for granted jobs that have not started yet
+// or not.
 func (q *Queries) InsertConcurrencyStarts(ctx context.Context, arg InsertConcurrencyStartsParams) error {
 	_, err := q.db.Exec(ctx, insertConcurrencyStarts,
 		arg.Kind,
 		arg.Reserved,
 		arg.JobIds,
 		arg.Keys,
-		arg.StartedAts,
 	)
 	return err
 }
@@ -169,8 +185,8 @@ type JobPartitionKeysRow struct {
 	Key   string `json:"key"`
 }
 
-// Per-key concurrency limits, rate limits and the round across keys: the
-// keyed admission and resume of limiter/keyed.go. Every statement here runs
+// Per-key concurrency limits, rate limits and the round across keys
+// (limiter/keys.go, line.go, grant.go). Every statement here runs
 // after LockConcurrencyLimits has locked the kind's limit row, in the same
 // transaction, so they all see and change a kind's keys one transaction at
 // a time across every worker.
@@ -196,223 +212,41 @@ func (q *Queries) JobPartitionKeys(ctx context.Context, arg JobPartitionKeysPara
 	return items, nil
 }
 
-const keyStates = `-- name: KeyStates :many
-SELECT k.key::text AS key,
-       (SELECT count(*) FROM concurrency_executions e
-        WHERE e.kind = $1 AND e.key = k.key)::integer AS slots,
-       EXISTS (SELECT 1 FROM concurrency_parked_jobs p
-               WHERE p.kind = $1 AND p.key = k.key) AS waiting,
-       w.starts::integer AS starts,
-       w.oldest_us::bigint AS oldest_us
-FROM unnest($2::text[]) AS k(key)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS starts,
-           COALESCE((extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)) * 1000000)::bigint, 0) AS oldest_us
-    FROM concurrency_starts s
-    WHERE s.kind = $1 AND s.key = k.key
-      AND (s.reserved OR s.started_at > $3::timestamptz)
-) w
-`
-
-type KeyStatesParams struct {
-	Kind  string    `json:"kind"`
-	Keys  []string  `json:"keys"`
-	Since time.Time `json:"since"`
-}
-
-type KeyStatesRow struct {
-	Key      string `json:"key"`
-	Slots    int32  `json:"slots"`
-	Waiting  bool   `json:"waiting"`
-	Starts   int32  `json:"starts"`
-	OldestUs int64  `json:"oldest_us"`
-}
-
-// Per key of kind: its slots taken (admitted and reserved), whether jobs of
-// the key wait (they go first: FIFO within a key), its starts since since
-// (plus the starts reserved for resumed jobs not fetched yet), and the
-// oldest of those not reserved in Unix microseconds (0: none).
-func (q *Queries) KeyStates(ctx context.Context, arg KeyStatesParams) ([]*KeyStatesRow, error) {
-	rows, err := q.db.Query(ctx, keyStates, arg.Kind, arg.Keys, arg.Since)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*KeyStatesRow
-	for rows.Next() {
-		var i KeyStatesRow
-		if err := rows.Scan(
-			&i.Key,
-			&i.Slots,
-			&i.Waiting,
-			&i.Starts,
-			&i.OldestUs,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const keyedReservations = `-- name: KeyedReservations :many
-SELECT r.job_id::bigint AS job_id, bool_or(r.slot)::boolean AS slot, bool_or(r.start)::boolean AS start
-FROM (
-    SELECT e.job_id, true AS slot, false AS start
-    FROM concurrency_executions e
-    WHERE e.job_id = ANY($1::bigint[]) AND e.reserved
-    UNION ALL
-    SELECT s.job_id, false, true
-    FROM concurrency_starts s
-    WHERE s.job_id = ANY($1::bigint[]) AND s.reserved
-) r
-GROUP BY r.job_id
-`
-
-type KeyedReservationsRow struct {
-	JobID int64 `json:"job_id"`
-	Slot  bool  `json:"slot"`
-	Start bool  `json:"start"`
-}
-
-// Which of jobs hold a reservation made when they were resumed: a slot, a
-// start, or both.
-func (q *Queries) KeyedReservations(ctx context.Context, jobIds []int64) ([]*KeyedReservationsRow, error) {
-	rows, err := q.db.Query(ctx, keyedReservations, jobIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*KeyedReservationsRow
-	for rows.Next() {
-		var i KeyedReservationsRow
-		if err := rows.Scan(&i.JobID, &i.Slot, &i.Start); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const parkedKeyCandidates = `-- name: ParkedKeyCandidates :many
-WITH RECURSIVE keys AS (
-    (SELECT p.key FROM concurrency_parked_jobs p
-     WHERE p.kind = $1 AND p.key IS NOT NULL
-     ORDER BY p.key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT p.key FROM concurrency_parked_jobs p
-            WHERE p.kind = $1 AND p.key IS NOT NULL AND p.key > keys.key
-            ORDER BY p.key LIMIT 1)
-    FROM keys
-    WHERE keys.key IS NOT NULL
-)
-SELECT k.key::text AS key, c.job_id, c.rn::integer AS rn, t.served_at
-FROM keys k
-LEFT JOIN concurrency_key_turns t ON t.kind = $1 AND t.key = k.key
-CROSS JOIN LATERAL (
-    SELECT x.job_id, x.rn
-    FROM (
-        SELECT y.job_id, y.pending,
-               row_number() OVER (ORDER BY y.job_id) AS rn,
-               bool_and(y.pending OR y.stale) OVER (ORDER BY y.job_id) AS ready
-        FROM (
-            SELECT p.job_id, (j.state = 'pending') AS pending, p.parked_at < now() - interval '5 seconds' AS stale
-            FROM concurrency_parked_jobs p
-            JOIN river_job j ON j.id = p.job_id
-            WHERE p.kind = $1 AND p.key = k.key
-            ORDER BY p.job_id
-            LIMIT $2
-        ) y
-    ) x
-    -- A job still completing its parking (running) holds up the younger
-    -- jobs of its key: they never start before it (unless its completion
-    -- is more than 5 s late: its worker is gone, and it waits for a
-    -- rescue).
-    WHERE x.ready AND x.pending
-) c
-WHERE k.key IS NOT NULL
-ORDER BY c.rn, t.served_at NULLS FIRST, k.key
-`
-
-type ParkedKeyCandidatesParams struct {
-	Kind   string `json:"kind"`
-	PerKey int32  `json:"per_key"`
-}
-
-type ParkedKeyCandidatesRow struct {
-	Key      string     `json:"key"`
-	JobID    int64      `json:"job_id"`
-	Rn       int32      `json:"rn"`
-	ServedAt *time.Time `json:"served_at"`
-}
-
-// The jobs a resume of kind may make available, per key with waiting jobs
-// (a loose index scan of (kind, key, job_id)): each key's oldest per_key
-// waiting jobs up to the first still completing its parking, numbered (rn)
-// in job-id order, with when the key was last served (NULL: not since it
-// started waiting). The resume serves them in
-// rounds: rn first, then the keys least recently served first.
-func (q *Queries) ParkedKeyCandidates(ctx context.Context, arg ParkedKeyCandidatesParams) ([]*ParkedKeyCandidatesRow, error) {
-	rows, err := q.db.Query(ctx, parkedKeyCandidates, arg.Kind, arg.PerKey)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*ParkedKeyCandidatesRow
-	for rows.Next() {
-		var i ParkedKeyCandidatesRow
-		if err := rows.Scan(
-			&i.Key,
-			&i.JobID,
-			&i.Rn,
-			&i.ServedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const rateWindow = `-- name: RateWindow :one
 WITH gone AS (
     DELETE FROM concurrency_starts s
-    WHERE s.kind = $1 AND NOT s.reserved AND s.started_at < $3::timestamptz
+    WHERE s.kind = $2 AND NOT s.reserved
+      AND s.started_at < statement_timestamp() - make_interval(secs => $1::bigint / 1000.0) - interval '1 second'
 )
 SELECT count(*)::integer AS starts,
-       COALESCE((extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)) * 1000000)::bigint, 0)::bigint AS oldest_us
+       COALESCE(ceil(extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)
+                                        + make_interval(secs => $1::bigint / 1000.0)
+                                        - statement_timestamp()) * 1000),
+                $1::bigint)::bigint AS frees_in_ms
 FROM concurrency_starts s
-WHERE s.kind = $1 AND (s.reserved OR s.started_at > $2::timestamptz)
+WHERE s.kind = $2
+  AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => $1::bigint / 1000.0))
 `
 
 type RateWindowParams struct {
-	Kind   string    `json:"kind"`
-	Since  time.Time `json:"since"`
-	Cutoff time.Time `json:"cutoff"`
+	PeriodMs int64  `json:"period_ms"`
+	Kind     string `json:"kind"`
 }
 
 type RateWindowRow struct {
-	Starts   int32 `json:"starts"`
-	OldestUs int64 `json:"oldest_us"`
+	Starts    int32 `json:"starts"`
+	FreesInMs int64 `json:"frees_in_ms"`
 }
 
-// The kind's starts since since (plus those reserved), and the oldest of
-// them not reserved, in Unix microseconds (0: none; the window next frees
-// a start at oldest + rate_period). Deletes the starts older than cutoff, which no window
-// counts any more.
+// The kind's starts in the window of period_ms ending now (with those
+// reserved), and in how many ms the window next frees a start: when its
+// oldest start (not reserved) leaves it, or a period from now when every
+// start in it is reserved. Deletes the starts that no window counts any
+// more (older than the period and a second).
 func (q *Queries) RateWindow(ctx context.Context, arg RateWindowParams) (*RateWindowRow, error) {
-	row := q.db.QueryRow(ctx, rateWindow, arg.Kind, arg.Since, arg.Cutoff)
+	row := q.db.QueryRow(ctx, rateWindow, arg.PeriodMs, arg.Kind)
 	var i RateWindowRow
-	err := row.Scan(&i.Starts, &i.OldestUs)
+	err := row.Scan(&i.Starts, &i.FreesInMs)
 	return &i, err
 }
 
@@ -426,18 +260,34 @@ slots AS (
     FROM river_job j
     WHERE e.kind = $1 AND j.id = e.job_id
 ),
+waiting AS (
+    UPDATE concurrency_waiters w
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE w.kind = $1 AND j.id = w.job_id
+    RETURNING w.key
+),
+parked AS (
+    UPDATE concurrency_parked_jobs p
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE p.kind = $1 AND j.id = p.job_id
+    RETURNING p.key
+),
 turns AS (
     DELETE FROM concurrency_key_turns t WHERE t.kind = $1
 )
-UPDATE concurrency_parked_jobs p
-SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-FROM river_job j
-WHERE p.kind = $1 AND j.id = p.job_id
+INSERT INTO concurrency_key_turns (kind, key, served_at)
+SELECT DISTINCT $1, k.key, NULL::timestamptz
+FROM (SELECT key FROM waiting UNION SELECT key FROM parked) k
+WHERE k.key IS NOT NULL
+ON CONFLICT (kind, key) DO UPDATE SET served_at = NULL
 `
 
-// Sets the keys of kind's slots and parked jobs from their River rows and
-// the kind's partition_fields (NULL: none), after the partition changed,
-// and forgets the round.
+// Sets the keys of kind's slots, waiting and parked jobs from their River
+// rows and the kind's partition_fields (NULL: none), after the partition
+// changed, and starts the round afresh: every key with waiting jobs, not
+// served yet.
 func (q *Queries) RepartitionKind(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, repartitionKind, kind)
 	return err
@@ -476,53 +326,6 @@ func (q *Queries) ResumeJobsByID(ctx context.Context, ids []int64) ([]*ResumeJob
 			return nil, err
 		}
 		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const transferSlots = `-- name: TransferSlots :many
-UPDATE concurrency_executions e
-SET job_id = t.to_id, admitted_at = now()
-FROM (SELECT unnest($2::bigint[]) AS from_id, unnest($3::bigint[]) AS to_id) AS t,
-     concurrency_limits l
-WHERE e.job_id = t.from_id AND e.worker_id = $1::text AND NOT e.reserved
-  AND l.kind = e.kind AND NOT l.has_parked AND l.rate_max IS NULL AND l.key_max IS NOT NULL
-  AND (l.max_concurrency = 0 OR l.admitted <= l.max_concurrency)
-  AND (SELECT count(*) FROM concurrency_executions x WHERE x.kind = e.kind AND x.key = e.key) <= l.key_max
-  AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = t.to_id)
-  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = e.kind AND p.key = e.key)
-RETURNING t.from_id::bigint AS from_id
-`
-
-type TransferSlotsParams struct {
-	WorkerID string  `json:"worker_id"`
-	FromIds  []int64 `json:"from_ids"`
-	ToIds    []int64 `json:"to_ids"`
-}
-
-// Hands the slots of ended jobs (from_ids) of this worker to jobs of the
-// same key waiting in it (to_ids, in step), without freeing them: a slot
-// passes only while it is still the ended job's, the waiter holds none,
-// nothing of the kind or the key is parked (they go first), the kind has
-// no rate (every start is counted), and neither the key's nor the kind's
-// slots exceed their limits (lowered meanwhile: the slot is freed
-// instead). Returns the ended jobs whose slots passed.
-func (q *Queries) TransferSlots(ctx context.Context, arg TransferSlotsParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, transferSlots, arg.WorkerID, arg.FromIds, arg.ToIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []int64
-	for rows.Next() {
-		var from_id int64
-		if err := rows.Scan(&from_id); err != nil {
-			return nil, err
-		}
-		items = append(items, from_id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

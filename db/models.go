@@ -89,9 +89,9 @@ type ConcurrencyExecution struct {
 }
 
 type ConcurrencyKeyTurn struct {
-	Kind     string    `json:"kind"`
-	Key      string    `json:"key"`
-	ServedAt time.Time `json:"served_at"`
+	Kind     string     `json:"kind"`
+	Key      string     `json:"key"`
+	ServedAt *time.Time `json:"served_at"`
 }
 
 // Concurrency slots held in bulk by a worker, per kind; counted in concurrency_limits.admitted.
@@ -101,6 +101,7 @@ type ConcurrencyLease struct {
 	Slots     int32      `json:"slots"`
 	WantedAt  *time.Time `json:"wanted_at"`
 	RenewedAt time.Time  `json:"renewed_at"`
+	Waiting   []int64    `json:"waiting"`
 }
 
 // Limits per job kind: max_concurrency (> 0 limit, 0 none, < 0 circuit breaker), key_max per partition key (partition_fields), rate_max starts per rate_period (per key when rate_per_key). Workers read changes within a second.
@@ -140,6 +141,7 @@ type ConcurrencyParkedJob struct {
 	Reason   string    `json:"reason"`
 	WorkerID *string   `json:"worker_id"`
 	Key      *string   `json:"key"`
+	Ahead    bool      `json:"ahead"`
 }
 
 // Starts of rate-limited kinds within their rate window (reserved: for a resumed job not fetched yet).
@@ -150,6 +152,17 @@ type ConcurrencyStart struct {
 	JobID     int64     `json:"job_id"`
 	StartedAt time.Time `json:"started_at"`
 	Reserved  bool      `json:"reserved"`
+}
+
+// Jobs of the line that are not parked: fetched and waiting in worker_id for a slot (river_job running), or resumed ahead of a free slot and not fetched yet (worker_id NULL, river_job available).
+type ConcurrencyWaiter struct {
+	JobID    int64     `json:"job_id"`
+	Kind     string    `json:"kind"`
+	Key      *string   `json:"key"`
+	WorkerID *string   `json:"worker_id"`
+	Reason   string    `json:"reason"`
+	Since    time.Time `json:"since"`
+	Ahead    bool      `json:"ahead"`
 }
 
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
@@ -300,6 +313,9 @@ type SluiceConcurrencyOverview struct {
 	RatePerKey      *bool           `json:"rate_per_key"`
 	ParkedKeys      int64           `json:"parked_keys"`
 	StartsInWindow  int64           `json:"starts_in_window"`
+	Running         int64           `json:"running"`
+	Working         int32           `json:"working"`
+	Waiting         int64           `json:"waiting"`
 }
 
 type SluiceParkedJob struct {
@@ -353,6 +369,17 @@ type SluiceTaskCancellationStat struct {
 	Kind                   string `json:"kind"`
 	CurrentCountPostCancel int64  `json:"current_count_post_cancel"`
 	TotalCountPostCancel   int64  `json:"total_count_post_cancel"`
+}
+
+// Running River jobs that wait in their worker for a concurrency slot (they do no work yet); every other running job of a limited kind works.
+type SluiceWaitingJob struct {
+	JobID    int64     `json:"job_id"`
+	Kind     string    `json:"kind"`
+	Key      *string   `json:"key"`
+	WorkerID *string   `json:"worker_id"`
+	Reason   string    `json:"reason"`
+	Since    time.Time `json:"since"`
+	Waiting  int32     `json:"waiting"`
 }
 
 // Live sluice workers: each refreshes heartbeat_at every heartbeat_interval and deletes its row on a clean shutdown. id = River client ID (river_job.attempted_by).

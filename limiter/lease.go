@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +41,10 @@ const (
 	// leaseWantedWindow is how long a worker that asked for more slots than
 	// it got counts as wanting: the other holders keep to a fair share.
 	leaseWantedWindow = 50 * time.Millisecond
+	// leasePublish is how often, at most, a keeper writes the jobs waiting
+	// for its kind's leased slots to its lease row (sluice_waiting_jobs):
+	// at once when none waits any more.
+	leasePublish = 20 * time.Millisecond
 )
 
 // leaser is a worker's side of slot leases: per limited kind, the slots it
@@ -77,6 +82,10 @@ type kindLease struct {
 	waiters  waiterHeap
 	keeper   bool
 	wake     chan struct{}
+	// published are the waiting jobs last written to the lease row, at
+	// publishedAt (the keeper's own).
+	published   []int64
+	publishedAt time.Time
 }
 
 // leaseWaiter is a job waiting in its worker for a slot.
@@ -136,7 +145,9 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 		// word on it.
 		k.limit, k.fast = st.limit, st.fast()
 	}
-	if !k.fast {
+	if !k.fast || s.l.waits.has(st.kind) {
+		// Not on leased slots, or jobs of the kind wait in the line in this
+		// worker: it queues behind them.
 		s.mu.Unlock()
 		return false
 	}
@@ -153,9 +164,11 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 
 	timer := time.NewTimer(s.parkAfter)
 	defer timer.Stop()
+	timedOut := false
 	select {
 	case <-w.ready:
 	case <-timer.C:
+		timedOut = true
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
@@ -166,6 +179,13 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 	default:
 	}
 	heap.Remove(&k.waiters, w.index)
+	if timedOut {
+		// It goes to the line (to park, most likely): until the keeper
+		// looks again, new jobs of the kind queue behind it rather than
+		// take a leased slot ahead of it, and freed slots go back.
+		k.fast = false
+		s.dismissWaiters(k)
+	}
 	return false
 }
 
@@ -320,7 +340,8 @@ func (s *leaser) keep(k *kindLease) {
 			needRenew = true
 			continue
 		}
-		if idle && !needRenew {
+		s.publish(k)
+		if idle && !needRenew && len(k.published) == 0 {
 			s.mu.Lock()
 			if k.leased == 0 && k.inUse == 0 && len(k.waiters) == 0 && k.toReturn == 0 {
 				k.keeper = false
@@ -345,6 +366,28 @@ func (s *leaser) keep(k *kindLease) {
 			needRenew = true
 		}
 	}
+}
+
+// publish writes the jobs waiting for k's leased slots to the worker's
+// lease row when they changed, at most every leasePublish (at once when
+// none waits any more): SQL tells them from the jobs that work.
+func (s *leaser) publish(k *kindLease) {
+	s.mu.Lock()
+	ids := make([]int64, len(k.waiters))
+	for i, w := range k.waiters {
+		ids[i] = w.jobID
+	}
+	s.mu.Unlock()
+	slices.Sort(ids)
+	if slices.Equal(ids, k.published) || (len(ids) > 0 && time.Since(k.publishedAt) < leasePublish) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	if err := s.l.q.SetLeaseWaiting(ctx, db.SetLeaseWaitingParams{Kind: k.kind, WorkerID: s.l.workerID, JobIds: ids}); err != nil {
+		return // next round
+	}
+	k.published, k.publishedAt = ids, time.Now()
 }
 
 // renew marks the worker's lease of k alive and checks that the database

@@ -29,8 +29,9 @@ func TestLeaserCapsAtLimit(t *testing.T) {
 	st := limitState{kind: "k", limit: 2}
 	s, k := newTestLease(2, 10, 3)
 	require.False(t, s.acquire(ctx, st, 1), "3 run under a limit of 2: no new start")
+	require.False(t, k.fast, "a job that waited in vain goes to the line, and new jobs follow it")
 
-	k.inUse = 1
+	k.inUse, k.fast = 1, true // the keeper's next look: nothing waits in the line
 	require.True(t, s.acquire(ctx, st, 2))
 	require.False(t, s.acquire(ctx, st, 3), "2 run under a limit of 2")
 

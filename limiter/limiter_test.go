@@ -59,6 +59,13 @@ func (p *probeTracker) enter(seq int) {
 
 func (p *probeTracker) leave() { p.running.Add(-1) }
 
+// workedOf is how many times seq was worked.
+func (p *probeTracker) workedOf(seq int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.worked[seq]
+}
+
 func (p *probeTracker) snapshot() ([]int, map[int]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -361,9 +368,10 @@ func TestConcurrencyLimitFIFO(t *testing.T) {
 		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'") == n
 	}, time.Minute, 20*time.Millisecond)
 
-	// With one slot the resumed jobs ran one after the other, in job-id
-	// order.
-	rows, err := pool.Query(ctx, `SELECT id FROM river_job WHERE kind = 'demo.sleep' ORDER BY attempted_at`)
+	// With one slot the resumed jobs ran one after the other (each ended
+	// before the next started), in job-id order. (Fetch times say less:
+	// jobs resumed ahead of the slot are fetched together, and wait.)
+	rows, err := pool.Query(ctx, `SELECT id FROM river_job WHERE kind = 'demo.sleep' ORDER BY finalized_at`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -407,13 +415,14 @@ func TestConcurrencyLimitParkingIsAtomic(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	// Fail the first insert of a parking record, after the River job was
-	// marked for parking in the same transaction.
+	// Fail the first two inserts of a parking record, after the River job
+	// was marked for parking in the same transaction: the decision made at
+	// the fetch, and the middleware's own when it finds none.
 	_, err := pool.Exec(ctx, `
 		CREATE SEQUENCE test_fail_once; -- not transactional: survives the rollback
 		CREATE FUNCTION test_fail_park() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			IF nextval('test_fail_once') = 1 THEN
+			IF nextval('test_fail_once') <= 2 THEN
 				RAISE EXCEPTION 'injected crash while parking';
 			END IF;
 			RETURN NEW;
@@ -594,23 +603,19 @@ func TestSlotCountsEqualRows(t *testing.T) {
 	}
 
 	// A stale slot row of the job's earlier attempt on worker a.
-	rows, err := q.AdmitJobs(ctx, db.AdmitJobsParams{JobIds: []int64{7}, Kinds: []string{"demo.sleep"}, WorkerID: ptrTo("a")})
-	require.NoError(t, err)
-	require.Equal(t, "admit", rows[0].Decision)
+	admitSlotRow(t, pool, 7, "a")
 	admitted, n := counted()
 	require.Equal(t, 1, admitted)
 	require.Equal(t, 1, n)
 
 	// Admitted again on worker b (rescued and fetched there).
-	rows, err = q.AdmitJobs(ctx, db.AdmitJobsParams{JobIds: []int64{7}, Kinds: []string{"demo.sleep"}, WorkerID: ptrTo("b")})
-	require.NoError(t, err)
-	require.Equal(t, "admit", rows[0].Decision)
+	admitSlotRow(t, pool, 7, "b")
 	admitted, n = counted()
 	require.Equal(t, n, admitted, "the count equals the rows")
 	require.Equal(t, 1, n)
 
 	// a releases late: b's slot stays.
-	_, err = q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{7}, WorkerID: "a"})
+	_, err := q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{7}, WorkerID: "a"})
 	require.NoError(t, err)
 	admitted, n = counted()
 	require.Equal(t, 1, n, "another worker's slot is not released")
@@ -642,3 +647,30 @@ func TestSlotCountsEqualRows(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// admitSlotRow gives job id a slot of demo.sleep on worker, as an
+// admission writes it: the slot row (a job that has one keeps it) and the
+// kind's count raised by the rows added, under the kind's lock.
+func admitSlotRow(t *testing.T, pool *pgxpool.Pool, id int64, worker string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if _, err := q.LockConcurrencyLimits(ctx, []string{"demo.sleep"}); err != nil {
+			return err
+		}
+		rows, err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
+			JobIds: []int64{id}, Kinds: []string{"demo.sleep"}, Keys: []string{""}, WorkerID: &worker,
+		})
+		if err != nil {
+			return err
+		}
+		added := int32(0)
+		if rows[0].Inserted {
+			added = 1
+		}
+		return q.AddConcurrencyCounts(ctx, db.AddConcurrencyCountsParams{
+			Kinds: []string{"demo.sleep"}, Admitted: []int32{added}, HasParked: []bool{false},
+		})
+	}))
+}

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
@@ -332,9 +331,11 @@ func TestParkInPlaceRescuedWhileParking(t *testing.T) {
 	require.Zero(t, count(t, pool, "SELECT attempt FROM river_job WHERE id = $1", id2))
 }
 
-// TestAdmitLostReservation: a resumed job whose reservation is freed while
-// its admission waits for the kind's lock (the reservation expired) is not
-// admitted on it: admission says park, and the parking path decides again.
+// TestAdmitLostReservation: a resumed job whose grant is freed while its
+// admission waits for the kind's lock (the reservation expired) is not
+// admitted on it: the admission reads the line under the lock, and decides
+// the job as a new one (here: a slot is free), the kind's count equal to
+// its slot rows.
 func TestAdmitLostReservation(t *testing.T) {
 	t.Parallel()
 
@@ -344,7 +345,7 @@ func TestAdmitLostReservation(t *testing.T) {
 	id := jobtest.InsertRunning(t, pool, "demo.sleep", `{"ms": 1}`, 1, 5, []string{"w1"}, `{}`, "running")
 	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, reserved) VALUES ($1, 'demo.sleep', true)`, id)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = 'demo.sleep'`)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1, has_parked = true WHERE kind = 'demo.sleep'`)
 	require.NoError(t, err)
 
 	// Another transaction holds the kind's lock and frees the reservation.
@@ -354,29 +355,30 @@ func TestAdmitLostReservation(t *testing.T) {
 	for _, sql := range []string{
 		`SELECT 1 FROM concurrency_limits WHERE kind = 'demo.sleep' AND $1::bigint > 0 FOR UPDATE`,
 		`DELETE FROM concurrency_executions WHERE job_id = $1`,
-		`UPDATE concurrency_limits SET admitted = 0 WHERE kind = 'demo.sleep' AND $1::bigint > 0`,
+		`UPDATE concurrency_limits SET admitted = 0, has_parked = false WHERE kind = 'demo.sleep' AND $1::bigint > 0`,
 	} {
 		_, err = tx.Exec(ctx, sql, id)
 		require.NoError(t, err)
 	}
 
-	type result struct {
-		rows []*db.AdmitJobsRow
-		err  error
-	}
-	done := make(chan result, 1)
+	lim, err := limiter.New(limiter.Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	job := &rivertype.JobRow{ID: id, Kind: "demo.sleep", Attempt: 1, EncodedArgs: []byte(`{"ms": 1}`)}
+	ran := make(chan int, 1)
+	done := make(chan error, 1)
 	go func() {
-		rows, err := db.New(pool).AdmitJobs(ctx, db.AdmitJobsParams{JobIds: []int64{id}, Kinds: []string{"demo.sleep"}})
-		done <- result{rows, err}
+		done <- lim.Work(ctx, job, func(context.Context) error {
+			ran <- count(t, pool, "SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND NOT reserved", id)
+			return nil
+		})
 	}()
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%AdmitJobs%'") == 1
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockConcurrencyLimits%'") == 1
 	}, 10*time.Second, 5*time.Millisecond, "admission waits for the lock")
 	require.NoError(t, tx.Commit(ctx))
-	res := <-done
-	require.NoError(t, res.err)
-	require.Len(t, res.rows, 1)
-	require.Equal(t, "park", res.rows[0].Decision, "no slot to claim: not admitted")
+	require.NoError(t, <-done)
+	require.Equal(t, 1, <-ran, "admitted as a new job, on a slot of its own")
+	lim.Flush()
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_executions"))
 	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 }

@@ -11,14 +11,14 @@ import (
 // once rather than one per start.
 const minRateWake = 2 * time.Millisecond
 
-// rateWakes resume a kind's jobs parked for a rate limit when its rate
-// window frees a start: after a parking or a resume that left such jobs,
-// the Limiter sets a timer for the moment the oldest start in the window
-// leaves it; when it fires, the kind's parked jobs are resumed into what
-// the window then allows (releaseRequest without a job). One timer per
-// kind, set to the earliest moment asked for. concurrency_limit.resume,
-// every second while jobs are parked, is the safety net of a worker that
-// stops before its timer fires.
+// rateWakes run a grant round for a kind whose line waits for a rate
+// window when the window frees a start: after a decision or a grant round
+// that left such jobs, the Limiter sets a timer for the moment the oldest
+// start in the window leaves it (as the database's clock counts it); when
+// it fires, the front of the kind's line gets what the window then allows
+// (releaseRequest without a job). One timer per kind, set to the earliest
+// moment asked for. concurrency_limit.resume, every second while jobs
+// wait, is the safety net of a worker that stops before its timer fires.
 type rateWakes struct {
 	l *Limiter
 
@@ -30,6 +30,12 @@ type rateWakes struct {
 type rateTimer struct {
 	at    time.Time
 	timer *time.Timer
+}
+
+// after sets kind's wake to d from now, unless it is already set to fire
+// sooner.
+func (w *rateWakes) after(kind string, d time.Duration) {
+	w.at(kind, time.Now().Add(d))
 }
 
 // at sets kind's wake to at, unless it is already set to fire sooner.

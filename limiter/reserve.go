@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river/rivertype"
@@ -27,55 +28,37 @@ type SlotReservation struct {
 	Why string
 }
 
-// ReserveSlot reserves a slot of kind for the job jobID, as a resume does
-// for a parked job, if one is free and no parked job of the kind waits for
-// it (they are older: FIFO). The job's admission then takes the reserved
-// slot as its own; a reservation whose job never starts is freed by
+// ReserveSlot reserves a slot of kind for the job jobID (and its start,
+// under a rate), as a grant does for a parked job, if the job could start
+// now: every limit has room and no job waits ahead of it (older jobs of
+// its key, jobs waiting for the kind). The job's admission then claims the
+// reservation; one whose job never starts is freed by
 // concurrency_limit.resume after ReservedSlotTTL. sluice run uses it to
-// take a slot as a worker would, without ever parking.
+// take a slot as a worker would, without ever waiting in the line.
 func (l *Limiter) ReserveSlot(ctx context.Context, kind string, jobID int64) (SlotReservation, error) {
 	var res SlotReservation
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		res = SlotReservation{}
 		q := db.New(tx)
 		counts, err := lockKinds(ctx, q, []string{kind})
 		if err != nil {
 			return err
 		}
 		c, ok := counts[kind]
-		if !ok || (c.limit == 0 && !c.keyed()) {
+		if !ok || c.unlimited() {
 			return nil
 		}
 		res = SlotReservation{Needed: true, Limit: c.limit, Taken: c.taken, Parked: c.hasParked}
-		if c.keyed() {
-			req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: jobID, Kind: kind}}
-			held, why, _, err := l.decideKeyed(ctx, q, kind, c, []*admitRequest{req}, true, nil)
-			if err != nil {
-				return err
-			}
-			if len(held) > 0 {
-				res.Why = why[0]
-				return nil
-			}
-			res.Reserved, res.Taken = true, c.taken
+		req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: jobID, Kind: kind}, reserve: true, deadline: time.Now()}
+		out := &lineOutcome{wakes: map[string]time.Duration{}, local: map[int64]admission{}}
+		recs := map[int64]*db.LineRecordsRow{}
+		if _, err := l.decideLine(ctx, q, kind, c, []*admitRequest{req}, recs, out); err != nil {
+			return err
+		}
+		if req.decision == admitRun && req.reason != "" {
+			res.Why = req.reason
 			return saveCounts(ctx, q, counts)
 		}
-		switch {
-		case c.limit < 0:
-			res.Why = reasonBreaker
-			return nil
-		case c.hasParked:
-			res.Why = reasonFIFO
-			return nil
-		case c.taken >= c.limit:
-			res.Why = reasonLimit
-			return nil
-		}
-		if err := insertSlots(ctx, q, counts, db.InsertConcurrencyExecutionsParams{
-			JobIds: []int64{jobID}, Kinds: []string{kind}, Reserved: true,
-		}); err != nil {
-			return fmt.Errorf("reserve a slot: %w", err)
-		}
-		c.taken++
 		res.Reserved, res.Taken = true, c.taken
 		return saveCounts(ctx, q, counts)
 	})

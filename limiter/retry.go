@@ -78,23 +78,26 @@ func (l *Limiter) cleanUpAfterFailure(kinds []string, jobIDs []int64) bool {
 
 // cleanUpKind is the safety net's work on kind (concurrency_limit.resume,
 // and a Limiter after a failed release), in one transaction with the kind's
-// limit row locked: it frees the slots of jobs no longer running (and those
-// reserved for resumed jobs not fetched in time) and expired leases,
-// recounts the kind's slots, and resumes parked jobs into the free ones. It
-// returns how many jobs it resumed and whether jobs remain parked; who
-// names the caller in the log lines.
+// limit row locked: it frees the slots of jobs no longer running (and
+// grants whose job was not fetched in time), expired leases, stale starts
+// and waiters whose job no longer waits, recounts the kind's slots, and
+// grants the free room to the line (a kind without limits lets its line
+// go, and loses its row once nothing of it is left). It returns how many
+// jobs it resumed and whether jobs remain in the line; who names the
+// caller in the log lines. Grants it claimed for jobs waiting in this
+// worker wake them once it committed.
 func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Logger, who string) (resumed int, remaining bool, err error) {
+	local := map[int64]admission{}
+	var wakeIn time.Duration
 	err = pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+		resumed, remaining, wakeIn = 0, false, 0
+		clear(local)
 		q := db.New(tx)
 		counts, err := lockKinds(ctx, q, []string{kind})
 		if err != nil {
 			return err
 		}
 		c, limited := counts[kind]
-		if limited && c.limit < 0 {
-			logger.Info(who+": circuit breaker is on; nothing resumed", "limit", c.limit)
-			return nil
-		}
 		stale, err := q.DeleteStaleConcurrencyExecutions(ctx, db.DeleteStaleConcurrencyExecutionsParams{
 			Kind: kind, ReservedTtlMs: ReservedSlotTTL.Milliseconds(),
 		})
@@ -102,7 +105,7 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 			return fmt.Errorf("clean up stale slots: %w", err)
 		}
 		if len(stale) > 0 {
-			logger.Warn(who+": freed slots of jobs no longer running, or reserved and not started", "job_ids", stale)
+			logger.Warn(who+": freed slots of jobs no longer running, or granted and not started", "job_ids", stale)
 		}
 		expired, err := q.DeleteStaleLeases(ctx, db.DeleteStaleLeasesParams{Kind: kind, TtlMs: LeaseTTL.Milliseconds()})
 		if err != nil {
@@ -115,6 +118,13 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 			Kind: kind, KeepMs: startsKeep(c).Milliseconds(), ReservedTtlMs: ReservedSlotTTL.Milliseconds(),
 		}); err != nil {
 			return fmt.Errorf("clean up stale starts: %w", err)
+		}
+		gone, err := q.DeleteStaleWaiters(ctx, kind)
+		if err != nil {
+			return fmt.Errorf("clean up stale waiters: %w", err)
+		}
+		if len(gone) > 0 {
+			logger.Info(who+": dropped waiters whose jobs no longer wait", "job_ids", gone)
 		}
 		if limited && c.fields != nil {
 			if err := q.BackfillPartitionKeys(ctx, kind); err != nil {
@@ -130,41 +140,64 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 				return err
 			}
 			c = counts[kind]
-		} else {
-			// Unlimited (no row): resume in batches of MaxResumeBatch,
-			// whatever the jobs waited for.
-			has, err := q.HasAnyParkedJobs(ctx, kind)
+		}
+		switch {
+		case !limited || c.unlimited():
+			// No limit: whatever waits goes.
+			if resumed, err = l.letGo(ctx, q, kind); err != nil {
+				return err
+			}
+			if limited {
+				if _, err := q.DeleteEmptyLimit(ctx, kind); err != nil {
+					return fmt.Errorf("remove the limit row: %w", err)
+				}
+			}
+		case c.limit < 0:
+			// Nothing resumes until the breaker is lifted, which grants
+			// what the new limit lets start.
+			logger.Info(who+": circuit breaker is on; nothing resumed", "limit", c.limit)
+			return saveCounts(ctx, q, counts)
+		default:
+			res, err := l.grantRound(ctx, q, kind, c, nil, nil)
 			if err != nil {
-				return fmt.Errorf("look for parked jobs: %w", err)
+				return err
 			}
-			c = &kindCounts{hasParked: has}
-		}
-		waiting := c.hasParked
-		if c.keyed() {
-			// Jobs may wait for their keys only.
-			if waiting, err = q.HasAnyParkedJobs(ctx, kind); err != nil {
-				return fmt.Errorf("look for parked jobs: %w", err)
+			resumed, wakeIn = res.resumed, res.wakeIn
+			for id, d := range res.local {
+				local[id] = d
 			}
-		}
-		if !waiting {
-			return nil
-		}
-		logger.Info(who, "limit", c.limit, "current", c.taken)
-		if resumed, err = l.resumeInto(ctx, q, kind, c); err != nil {
-			return err
-		}
-		// Fresh either way: resumeInto looked again after resuming, and
-		// when it had no slot to fill, the recount just did.
-		remaining = c.hasParked
-		if c.keyed() {
-			if remaining, err = q.HasAnyParkedJobs(ctx, kind); err != nil {
-				return fmt.Errorf("look for parked jobs: %w", err)
+			if err := saveCounts(ctx, q, counts); err != nil {
+				return err
 			}
 		}
-		if limited {
-			return saveCounts(ctx, q, map[string]*kindCounts{kind: c})
+		if resumed > 0 {
+			logger.Info(who, "resumed", resumed, "limit", limitOf(c), "slots_taken", takenOf(c))
+		}
+		remaining, err = q.HasAnyLine(ctx, kind)
+		if err != nil {
+			return fmt.Errorf("look at the line: %w", err)
 		}
 		return nil
 	})
+	if err == nil {
+		l.waits.grant(local)
+		if wakeIn > 0 {
+			l.wakes.after(kind, wakeIn)
+		}
+	}
 	return resumed, remaining, err
+}
+
+func limitOf(c *kindCounts) int32 {
+	if c == nil {
+		return 0
+	}
+	return c.limit
+}
+
+func takenOf(c *kindCounts) int32 {
+	if c == nil {
+		return 0
+	}
+	return c.taken
 }

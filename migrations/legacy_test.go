@@ -114,7 +114,8 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for _, s := range steps {
 		applied = append(applied, s.Component+" "+s.Name)
 	}
-	require.Equal(t, []string{"sluice 00009_schema.sql", "sluice 00010_keyed_limits.sql", "sluice 00011_worker_queues.sql", "taskcancel 00002_pin_search_path.sql"}, applied,
+	require.Equal(t, []string{"sluice 00009_schema.sql", "sluice 00010_keyed_limits.sql", "sluice 00011_worker_queues.sql", "sluice 00012_limiter_line.sql",
+		"taskcancel 00002_pin_search_path.sql"}, applied,
 		"the moved versions count as applied; only what came after the old layout runs")
 
 	// Every row kept, now in schema sluice.
@@ -169,7 +170,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for _, c := range []string{"river", "sluice", "cibuilds", "exports", "taskcancel"} {
 		require.Positive(t, components[c], "%s in %v", c, components)
 	}
-	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11}, versions(t, pool, "sluice.goose_db_version"))
+	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11, 12}, versions(t, pool, "sluice.goose_db_version"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_cibuilds"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_exports"))
 	require.Equal(t, []int64{0, 1, 2}, versions(t, pool, "sluice.goose_db_version_taskcancel"))

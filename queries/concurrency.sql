@@ -51,12 +51,15 @@ WHERE l.kind = d.kind;
 
 -- name: RecountConcurrency :exec
 -- Sets the count and flag of kind's limit row from the tables they describe
--- (has_parked: jobs wait for the kind, not only for their keys).
+-- (has_parked: jobs of the line wait for the kind, not only for their
+-- keys).
 UPDATE concurrency_limits
 SET admitted = (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind))
         + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = sqlc.arg(kind)),
     has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p
                          WHERE p.kind = sqlc.arg(kind) AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+              OR EXISTS (SELECT 1 FROM concurrency_waiters w
+                         WHERE w.kind = sqlc.arg(kind) AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
 WHERE kind = sqlc.arg(kind);
 
 -- name: InsertConcurrencyExecutions :many
@@ -88,58 +91,33 @@ RETURNING j.id;
 
 -- name: InsertParkedJobs :exec
 -- Records why and when jobs parked, with their partition keys (job_ids,
--- kinds, reasons and keys in step; key '' or missing: none). A job already
--- parked keeps its first record.
-INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
-SELECT r.job_id, r.kind, r.reason, sqlc.narg(worker_id), NULLIF(r.key, '')
+-- kinds, reasons and keys in step; key '' or missing: none); a job that was
+-- resumed ahead of a free slot and parks again is marked (ahead): it is
+-- resumed next with a slot. A job already parked keeps its first record.
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key, ahead)
+SELECT r.job_id, r.kind, r.reason, sqlc.narg(worker_id), NULLIF(r.key, ''),
+       COALESCE((SELECT w.ahead FROM concurrency_waiters w WHERE w.job_id = r.job_id), false)
 FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,
              unnest(sqlc.arg(reasons)::text[]) AS reason, unnest(sqlc.arg(keys)::text[]) AS key) AS r
 ON CONFLICT (job_id) DO NOTHING;
 
 -- name: ResumeParkedJobs :many
 -- Moves the oldest max_rows parked jobs of kind from pending to available,
--- in job-id order (FIFO), skipping rows another transaction holds, and
--- returns them. Their parking records go with them (trigger sluice_unpark).
--- A job still completing its parking (running) is not resumable yet, and
--- holds up the younger ones: they never start before it (unless its
--- completion is more than 5 s late: its worker is gone, and it waits for a
--- rescue).
+-- in job-id order, skipping rows another transaction holds, and returns
+-- them: a kind whose limits are gone lets every job it held go (a job
+-- still completing its parking is resumed by the recheck that follows it).
+-- Their parking records go with them (trigger sluice_unpark).
 UPDATE river_job j
 SET state = 'available'
 WHERE j.id IN (
     SELECT r.id FROM river_job r
-    WHERE r.id IN (
-        SELECT x.job_id FROM (
-            SELECT p.job_id,
-                   bool_and(q.state = 'pending' OR p.parked_at < now() - interval '5 seconds')
-                       OVER (ORDER BY p.job_id) AS ready
-            FROM concurrency_parked_jobs p
-            JOIN river_job q ON q.id = p.job_id
-            WHERE p.kind = sqlc.arg(kind)
-            ORDER BY p.job_id
-            LIMIT sqlc.arg(max_rows)
-        ) x
-        WHERE x.ready
-    )
-    AND r.state = 'pending'
+    JOIN concurrency_parked_jobs p ON p.job_id = r.id
+    WHERE p.kind = sqlc.arg(kind) AND r.state = 'pending'
     ORDER BY r.id
-    FOR UPDATE SKIP LOCKED
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE OF r SKIP LOCKED
 )
 RETURNING j.id, j.queue;
-
--- name: HasParkedJobs :one
--- Whether jobs of kind wait for the kind (its limit, its rate, or older
--- jobs of the kind): parking records (pending, or completing their
--- parking) for any reason but their key's. New jobs of the kind park behind
--- them (the kind's has_parked flag).
-SELECT EXISTS (
-    SELECT 1 FROM concurrency_parked_jobs p
-    WHERE p.kind = sqlc.arg(kind) AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
-);
-
--- name: HasAnyParkedJobs :one
--- Whether kind has parking records for any reason.
-SELECT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind));
 
 -- name: DeleteStaleConcurrencyExecutions :many
 -- Frees the slots of kind whose River job no longer holds them: the job is
@@ -158,9 +136,10 @@ WHERE e.kind = sqlc.arg(kind)
 RETURNING e.job_id;
 
 -- name: ResumableKinds :many
--- The kinds concurrency_limit.resume looks after: those with parked jobs
--- (a loose index scan of (kind, job_id)), with slots reserved for resumed
--- jobs (which may be orphaned), or with leases (which may have expired).
+-- The kinds concurrency_limit.resume looks after: those with jobs in their
+-- line, parked (a loose index scan of (kind, job_id)) or waiting, with
+-- reserved slots or starts (grants, which may be orphaned), or with leases
+-- (which may have expired).
 WITH RECURSIVE kinds AS (
     (SELECT p.kind FROM concurrency_parked_jobs p ORDER BY p.kind LIMIT 1)
     UNION ALL
@@ -170,7 +149,11 @@ WITH RECURSIVE kinds AS (
 )
 SELECT kinds.kind::text AS kind FROM kinds WHERE kinds.kind IS NOT NULL
 UNION
+SELECT DISTINCT w.kind FROM concurrency_waiters w
+UNION
 SELECT DISTINCT e.kind FROM concurrency_executions e WHERE e.reserved
+UNION
+SELECT DISTINCT s.kind FROM concurrency_starts s WHERE s.reserved
 UNION
 SELECT DISTINCT cl.kind FROM concurrency_leases cl WHERE cl.slots > 0
 ORDER BY 1;
@@ -206,94 +189,18 @@ SELECT pg_notify(
     json_build_object('queue', q)::text)
 FROM unnest(sqlc.arg(queues)::text[]) AS q;
 
--- name: AdmitJobs :many
--- The admission fast path: one batch of jobs (in order) in one statement.
--- Locks the limit rows of their kinds in kind order, decides per job —
--- 'keyed' (the kind has a per-key or rate limit: decided by the keyed
--- path, limiter/keyed.go), 'run' (no limit row, or 0: no slot needed),
--- 'reserved' (a resumed job: its
--- slot was reserved when it was resumed and is now its own), 'park' (circuit
--- breaker, jobs already parked, or no free slot) or 'admit' — writes the
--- admitted jobs' slot rows and raises the kinds' admitted counts. Parking
--- happens in a second transaction.
-WITH req AS (
-    SELECT r.job_id, r.kind, r.ord, (e.job_id IS NOT NULL) AS has_reserved
-    FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
-                 unnest(sqlc.arg(kinds)::text[]) AS kind,
-                 generate_subscripts(sqlc.arg(job_ids)::bigint[], 1) AS ord) AS r
-    LEFT JOIN concurrency_executions e ON e.job_id = r.job_id AND e.reserved
-),
-lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields, l.rate_max
-    FROM concurrency_limits l
-    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
-    ORDER BY l.kind
-    FOR UPDATE
-),
-ranked AS (
-    SELECT req.*,
-           row_number() OVER (PARTITION BY req.kind, req.has_reserved ORDER BY req.ord) AS rn
-    FROM req
-),
-decided AS (
-    SELECT ranked.job_id, ranked.kind, ranked.ord,
-           CASE
-               WHEN lim.partition_fields IS NOT NULL OR lim.rate_max IS NOT NULL THEN 'keyed'
-               WHEN lim.kind IS NULL OR lim.max_concurrency = 0 THEN 'run'
-               WHEN lim.max_concurrency < 0 THEN 'park'
-               WHEN ranked.has_reserved THEN 'reserved'
-               WHEN lim.has_parked OR ranked.rn > lim.max_concurrency - lim.admitted THEN 'park'
-               ELSE 'admit'
-           END AS decision
-    FROM ranked
-    LEFT JOIN lim ON lim.kind = ranked.kind
-),
-claimed AS (
-    UPDATE concurrency_executions e
-    SET reserved = false, worker_id = sqlc.narg(worker_id), admitted_at = now()
-    FROM decided d
-    WHERE d.decision = 'reserved' AND e.job_id = d.job_id
-    RETURNING e.job_id
-),
-slots AS (
-    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved)
-    SELECT d.job_id, d.kind, sqlc.narg(worker_id), false
-    FROM decided d
-    WHERE d.decision = 'admit'
-    ON CONFLICT (job_id) DO UPDATE
-    SET worker_id = EXCLUDED.worker_id, reserved = false, admitted_at = now()
-    RETURNING concurrency_executions.kind, (concurrency_executions.xmax::text = '0') AS inserted
-),
-counted AS (
-    -- Only rows inserted raise the count: a stale row of the job's earlier
-    -- attempt, taken over, was counted when it was inserted.
-    UPDATE concurrency_limits l
-    SET admitted = l.admitted + c.n
-    FROM (SELECT s.kind, count(*)::integer AS n FROM slots s WHERE s.inserted GROUP BY s.kind) AS c
-    WHERE l.kind = c.kind
-    RETURNING l.kind
-)
--- A reserved slot freed meanwhile (its reservation expired while this
--- statement waited for the lock) is not claimed: that job is decided again
--- by the parking path.
-SELECT d.job_id::bigint AS job_id,
-       CASE
-           WHEN d.decision = 'reserved' AND d.job_id IN (SELECT c.job_id FROM claimed c) THEN 'admit'
-           WHEN d.decision = 'reserved' THEN 'park'
-           ELSE d.decision
-       END::text AS decision
-FROM decided d
-ORDER BY d.ord;
-
 -- name: ReleaseJobs :many
--- The release fast path: frees the slots of jobs that ended, lowers the
--- kinds' admitted counts (limit rows locked in kind order first), and
--- returns the state of the kinds released (keyed: a per-key or rate limit;
--- any_parked: jobs of the kind wait, for the kind or for their keys), so the
--- caller can resume parked jobs into the free slots. Only the
--- caller's slots go (worker_id), and with include_unclaimed a reservation
--- not claimed yet: a job rescued and running on another worker keeps the
--- slot of its new attempt when the old attempt's worker releases late.
+-- The release fast path: frees the slots of jobs that ended (job_ids: the
+-- caller's slots only, worker_id) and of jobs that gave up waiting
+-- (forget_ids: the caller's, or a grant not claimed yet; those also leave
+-- the waiters, with any start reserved for them), lowers the kinds'
+-- admitted counts (limit rows locked in kind order first), and returns the
+-- state of the kinds released (freed_keys: the keys whose slots freed, ''
+-- without a partition; keyed: a per-key or rate limit; any_waiting: jobs
+-- of the kind's line wait, for the kind or for their keys), so the caller
+-- can grant the free slots. A job rescued and running
+-- on another worker keeps the slot of its new attempt when the old
+-- attempt's worker releases late.
 WITH lk AS (
     SELECT l.kind FROM concurrency_limits l
     WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
@@ -304,23 +211,33 @@ freed AS (
     -- The uncorrelated count makes the DELETE wait until every limit row
     -- is locked (an InitPlan runs first).
     DELETE FROM concurrency_executions e
-    WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[])
-      AND (e.worker_id = sqlc.arg(worker_id)::text
-           OR (sqlc.arg(include_unclaimed)::boolean AND e.worker_id IS NULL))
+    WHERE ((e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.worker_id = sqlc.arg(worker_id)::text)
+           OR (e.job_id = ANY(sqlc.arg(forget_ids)::bigint[])
+               AND (e.worker_id = sqlc.arg(worker_id)::text OR e.worker_id IS NULL)))
       AND (SELECT count(*) FROM lk) >= 0
-    RETURNING e.kind
+    RETURNING e.kind, e.key
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w
+    WHERE w.job_id = ANY(sqlc.arg(forget_ids)::bigint[]) AND (SELECT count(*) FROM lk) >= 0
+),
+unstarted AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = ANY(sqlc.arg(forget_ids)::bigint[]) AND s.reserved AND (SELECT count(*) FROM lk) >= 0
 ),
 per_kind AS (
-    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n
+    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n,
+           (SELECT COALESCE(array_agg(DISTINCT COALESCE(f.key, '')), '{}') FROM freed f WHERE f.kind = lk.kind) AS keys
     FROM lk
 )
 UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
-RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked,
+RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked, p.keys::text[] AS freed_keys,
           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
-          EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)::boolean AS any_parked;
+          (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
+           OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind))::boolean AS any_waiting;
 
 -- name: CountSlotsOf :one
 -- How many slot rows jobs job_ids hold (a Limiter retrying a failed release

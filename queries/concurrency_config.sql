@@ -41,19 +41,17 @@ WHERE kind = sqlc.arg(kind);
 
 -- name: DeleteEmptyLimit :execrows
 -- Removes kind's limit row when it holds no limit any more (and no SQL
--- override), with the leases counted against it (workers find their
--- leases gone and stop using them). Slot rows of running jobs stay until
--- their jobs end.
-WITH gone AS (
-    DELETE FROM concurrency_limits l
-    WHERE l.kind = sqlc.arg(kind) AND l.max_concurrency = 0 AND l.key_max IS NULL AND l.rate_max IS NULL
-      AND l.max_source IS NULL
-    RETURNING l.kind
-),
-leases AS (
-    DELETE FROM concurrency_leases cl WHERE cl.kind IN (SELECT gone.kind FROM gone)
-)
-SELECT count(*) FROM gone;
+-- override) and nothing of the kind is held or waits: no slot, lease,
+-- parked or waiting job. A row without limits that still has some stays
+-- (workers treat the kind as unlimited) until the safety net finds it
+-- empty.
+DELETE FROM concurrency_limits l
+WHERE l.kind = sqlc.arg(kind) AND l.max_concurrency = 0 AND l.key_max IS NULL AND l.rate_max IS NULL
+  AND l.max_source IS NULL
+  AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_leases cl WHERE cl.kind = l.kind AND cl.slots > 0)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind);
 
 -- name: DeleteLimitLeases :exec
 -- Removes the leases of kind (its per-kind limit went, or it got a per-key

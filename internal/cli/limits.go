@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
@@ -297,6 +298,13 @@ func openLimiter(g *globals, cmd *cobra.Command) (*limiter.Limiter, *pgxpool.Poo
 		pool.Close()
 		return nil, nil, err
 	}
+	// A change schedules the safety net for the jobs it leaves waiting.
+	client, err := app.NewInsertClient(pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	lim.SetClient(client)
 	return lim, pool, nil
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/app"
@@ -105,7 +104,11 @@ func Start(tb testing.TB, pool *pgxpool.Pool, j *app.Jobs, cfg Config) *Client {
 	if cfg.Configure != nil {
 		cfg.Configure(riverCfg)
 	}
-	client, err := river.NewClient(riverpgxv5.New(pool), riverCfg)
+	driver, err := app.WorkDriver(pool, j.Limiter, riverCfg.Workers)
+	if err != nil {
+		tb.Fatalf("jobtest: driver: %v", err)
+	}
+	client, err := river.NewClient(driver, riverCfg)
 	if err != nil {
 		tb.Fatalf("jobtest: client: %v", err)
 	}

@@ -105,7 +105,11 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 		if clients > 1 {
 			cfg.ID = fmt.Sprintf("%s-%d", cmp.Or(cfg.ID, "noop"), i)
 		}
-		client, err := river.NewClient(riverpgxv5.New(clientPool), cfg)
+		driver, err := app.WorkDriver(clientPool, j.Limiter, cfg.Workers)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		client, err := river.NewClient(driver, cfg)
 		if err != nil {
 			tb.Fatal(err)
 		}

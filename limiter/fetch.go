@@ -1,0 +1,163 @@
+package limiter
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river/riverdriver"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+)
+
+// decidedTTL is how long a decision made at a fetch waits for its job to
+// reach the middleware; a decision no job claims (River never ran it) is
+// undone then: its slot released, its place in the line given up.
+const decidedTTL = time.Minute
+
+// Driver returns River's pgx driver d with the limiter watching the
+// fetches of the client built on it: the jobs of kinds (the kinds the
+// client works) whose decisions belong to the line (a per-key or rate
+// limit, or jobs waiting for the kind) are decided together, in job-id
+// order, in one transaction right after the fetch, before River hands them
+// to its goroutines; the middleware then finds each job's decision made.
+// Without it, jobs fetched together would reach the limiter in the order
+// Go schedules their goroutines (the newest often first), and a free slot
+// could go to a younger job of a key while older ones fetched with it had
+// not reached the limiter yet. Every other call of the driver is River's
+// own.
+func (l *Limiter) Driver(d *riverpgxv5.Driver, kinds []string) riverdriver.Driver[pgx.Tx] {
+	return &fetchDriver{Driver: d, l: l, kinds: slices.Clone(kinds)}
+}
+
+// fetchDriver is River's pgx driver whose executors report fetches.
+type fetchDriver struct {
+	*riverpgxv5.Driver
+	l     *Limiter
+	kinds []string
+}
+
+// GetExecutor returns River's executor, watched.
+func (d *fetchDriver) GetExecutor() riverdriver.Executor {
+	return &fetchExecutor{Executor: d.Driver.GetExecutor(), d: d}
+}
+
+// fetchExecutor is River's executor that reports the jobs it fetches.
+type fetchExecutor struct {
+	riverdriver.Executor
+	d *fetchDriver
+}
+
+// JobGetAvailable fetches as River does, then has the limiter decide the
+// jobs of kinds in their line.
+func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, error) {
+	res, err := e.Executor.JobGetAvailable(ctx, params)
+	if err == nil && res != nil && len(res.Jobs) > 0 {
+		e.d.l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)
+	}
+	return res, err
+}
+
+// decisions holds the decisions made at fetches until their jobs reach the
+// middleware.
+type decisions struct {
+	mu   sync.Mutex
+	byID map[int64]*admitRequest
+	at   map[int64]time.Time
+}
+
+// fetched decides, in one line transaction, the fetched jobs of kinds that
+// go through the line (not those on leased slots, nor those of kinds
+// without limits), and keeps the decisions for the middleware. A job of a
+// kind on leased slots that the line holds something for goes through the
+// line too.
+func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeErrs map[int64]error, kinds []string) {
+	if l.ignoreLimits || l.neverPark || l.isStopped() {
+		return
+	}
+	now := time.Now()
+	var reqs, leased []*admitRequest
+	for _, job := range jobs {
+		if job.Kind == ResumeKind || decodeErrs[job.ID] != nil || !slices.Contains(kinds, job.Kind) {
+			continue
+		}
+		st, ok, err := l.stateOf(ctx, job.Kind)
+		if err != nil || !ok || (st.limit == 0 && !st.keyed) {
+			continue // not limited
+		}
+		r := &admitRequest{ctx: context.WithoutCancel(ctx), job: job, deadline: now.Add(l.parkAfter), done: make(chan struct{})}
+		if st.fast() {
+			leased = append(leased, r)
+			continue
+		}
+		reqs = append(reqs, r)
+	}
+	if len(leased) > 0 {
+		// A kind on leased slots, as this worker last read it: its jobs
+		// take leased slots, but those the line holds something for (a job
+		// resumed ahead, or granted a slot: the kind's line formed since)
+		// go through the line, which knows them.
+		recs, err := l.lineRecords(ctx, l.q, leased)
+		if err != nil {
+			return
+		}
+		for _, r := range leased {
+			if rec := recs[r.job.ID]; rec != nil && (rec.Waiter || rec.SlotReserved || rec.StartReserved) {
+				reqs = append(reqs, r)
+			}
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	l.lineBatch(reqs)
+	d := &l.decided
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byID == nil {
+		d.byID, d.at = map[int64]*admitRequest{}, map[int64]time.Time{}
+	}
+	for _, r := range reqs {
+		if r.err != nil {
+			continue // decided again in the middleware
+		}
+		d.byID[r.job.ID], d.at[r.job.ID] = r, now
+	}
+	l.dropUnclaimed(now)
+}
+
+// takeDecided returns the decision made at the fetch of job id (nil: none),
+// for the middleware.
+func (l *Limiter) takeDecided(id int64) *admitRequest {
+	d := &l.decided
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.byID[id]
+	if r != nil {
+		delete(d.byID, id)
+		delete(d.at, id)
+	}
+	return r
+}
+
+// dropUnclaimed undoes the decisions no job claimed within decidedTTL;
+// d.mu is held.
+func (l *Limiter) dropUnclaimed(now time.Time) {
+	d := &l.decided
+	for id, at := range d.at {
+		if now.Sub(at) < decidedTTL {
+			continue
+		}
+		r := d.byID[id]
+		delete(d.byID, id)
+		delete(d.at, id)
+		switch r.decision {
+		case admitSlot:
+			l.release(r.ctx, r.job)
+		case admitWait:
+			l.forget(r)
+		}
+	}
+}

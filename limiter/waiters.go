@@ -1,0 +1,169 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// LinePoll is how often a worker with jobs waiting in the line takes the
+// grants another process gave them (a release in another worker, a limit
+// raised by the CLI, the safety net): one statement for all of them.
+const LinePoll = 5 * time.Millisecond
+
+// waitOutcome is how a job's wait in the line ended.
+type waitOutcome int
+
+const (
+	waitGranted   waitOutcome = iota // it got a grant: it runs (admitRequest.decision)
+	waitGone                         // its place in the line went without a grant: decide again
+	waitTimedOut                     // its park-after time passed
+	waitCancelled                    // its context ended
+)
+
+// waitList is the worker's side of the line: its jobs that wait for a
+// grant, each in its own goroutine (River's), until a grant comes, their
+// place goes, their park-after time passes or their context ends. A grant
+// from a transaction of this worker wakes its job at once (grant); while
+// any job waits, a poller takes every LinePoll the grants other processes
+// gave (ClaimGrants, without the kind's lock: a grant is counted already).
+type waitList struct {
+	l *Limiter
+
+	mu      sync.Mutex
+	waiting map[int64]*waiter
+	polling bool
+	stopped bool
+}
+
+// waiter is one waiting job.
+type waiter struct {
+	req  *admitRequest
+	wake chan waitOutcome // the poller's or a grant's word, once
+}
+
+// wait blocks until the wait of req ends and says how; a granted job's
+// decision is set.
+func (ws *waitList) wait(req *admitRequest) waitOutcome {
+	w := &waiter{req: req, wake: make(chan waitOutcome, 1)}
+	ws.mu.Lock()
+	if ws.waiting == nil {
+		ws.waiting = map[int64]*waiter{}
+	}
+	ws.waiting[req.job.ID] = w
+	if !ws.polling && !ws.stopped {
+		ws.polling = true
+		go ws.poll()
+	}
+	ws.mu.Unlock()
+
+	timer := time.NewTimer(time.Until(req.deadline))
+	defer timer.Stop()
+	out := waitTimedOut
+	select {
+	case o := <-w.wake:
+		return o
+	case <-timer.C:
+	case <-req.ctx.Done():
+		out = waitCancelled
+	}
+	ws.mu.Lock()
+	if ws.waiting[req.job.ID] != w {
+		// A grant or the poller took it meanwhile: their word stands.
+		ws.mu.Unlock()
+		return <-w.wake
+	}
+	delete(ws.waiting, req.job.ID)
+	ws.mu.Unlock()
+	return out
+}
+
+// has reports whether a job of kind waits in the line in this worker.
+func (ws *waitList) has(kind string) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	for _, w := range ws.waiting {
+		if w.req.job.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// finish ends the wait of job id with o (a granted job runs as decision);
+// false if it no longer waits.
+func (ws *waitList) finish(id int64, o waitOutcome, decision admission) bool {
+	ws.mu.Lock()
+	w := ws.waiting[id]
+	if w != nil {
+		delete(ws.waiting, id)
+	}
+	ws.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	if o == waitGranted {
+		w.req.decision = decision
+	}
+	w.wake <- o
+	return true
+}
+
+// grant wakes the jobs a transaction of this worker granted a slot (or a
+// start) and claimed for them. A job no longer waiting (its wait just
+// ended) finds the grant when it is decided again.
+func (ws *waitList) grant(granted map[int64]admission) {
+	for id, decision := range granted {
+		ws.finish(id, waitGranted, decision)
+	}
+}
+
+// poll takes, every LinePoll while jobs wait, the grants they got from
+// other processes, and sends the jobs whose place went to be decided again.
+func (ws *waitList) poll() {
+	ticker := time.NewTicker(LinePoll)
+	defer ticker.Stop()
+	var warned time.Time
+	for range ticker.C {
+		ws.mu.Lock()
+		if len(ws.waiting) == 0 || ws.stopped {
+			ws.polling = false
+			ws.mu.Unlock()
+			return
+		}
+		ids := make([]int64, 0, len(ws.waiting))
+		for id := range ws.waiting {
+			ids = append(ids, id)
+		}
+		ws.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		rows, err := ws.l.q.ClaimGrants(ctx, db.ClaimGrantsParams{WorkerID: ws.l.workerID, JobIds: ids})
+		cancel()
+		if err != nil {
+			if time.Since(warned) > time.Second {
+				ws.l.logger.Warn("concurrency line: grants not taken; trying again", "error", err)
+				warned = time.Now()
+			}
+			continue
+		}
+		for _, row := range rows {
+			switch {
+			case row.Gone:
+				ws.finish(row.JobID, waitGone, admitRun)
+			case row.Slot:
+				ws.finish(row.JobID, waitGranted, admitSlot)
+			default:
+				ws.finish(row.JobID, waitGranted, admitRun)
+			}
+		}
+	}
+}
+
+// stop ends the polling (the worker stops; its jobs have ended).
+func (ws *waitList) stop() {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.stopped = true
+}
