@@ -247,8 +247,14 @@ func checkHealth(ctx context.Context, pool *pgxpool.Pool) *HealthReport {
 	switch {
 	case workers.DispatchersFresh == 0 && len(stale) > 0:
 		r.add("dispatcher", HealthCritical, "no live dispatcher has ticked recently: %s", listNames(stale, workers.DispatchersStale))
+	case workers.DispatchersFresh == 0 && workers.AnyTickAt != nil:
+		// The last tick was a worker's that is no longer live (killed,
+		// not reaped yet): name it, and when it ticked.
+		r.add("dispatcher", HealthCritical, "no live dispatcher has ticked recently: the last tick was %.1fs ago by %s on %s, which is %s (heartbeat %.0fs ago)",
+			workers.DbNow.Sub(*workers.AnyTickAt).Seconds(), workers.AnyTickWorker, workers.AnyTickHost, workers.AnyTickStatus,
+			workers.AnyTickHeartbeatAgeSeconds)
 	case workers.DispatchersFresh == 0:
-		r.add("dispatcher", HealthCritical, "no live dispatcher has ticked recently (last tick %s)", age)
+		r.add("dispatcher", HealthCritical, "no live dispatcher has ticked recently, and no worker row records a tick (no worker with a dispatcher runs)")
 	case workers.DispatchersStale > 0:
 		r.add("dispatcher", HealthWarning, "last tick %s; %d of %d live dispatchers have not ticked recently: %s",
 			age, workers.DispatchersStale, workers.DispatchersFresh+workers.DispatchersStale, listNames(stale, workers.DispatchersStale))

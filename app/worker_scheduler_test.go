@@ -206,5 +206,17 @@ func TestHealth(t *testing.T) {
 		r = check(app.HealthCritical)
 		require.Regexp(t, `w2 on h \(never ticked, worker up 36\d\ds\)`, r.Summary())
 		require.True(t, strings.HasPrefix(r.Summary(), "CRITICAL: "))
+		// The only dispatcher's worker was killed (dead, not reaped yet):
+		// named, with its last tick, a second before its last heartbeat.
+		exec(`DELETE FROM sluice_workers`)
+		exec(`INSERT INTO sluice_workers (id, host, pid, started_at, heartbeat_at, heartbeat_interval, dispatcher_tick_at, poll_interval)
+		      VALUES ('gone', 'h9', 5, now() - interval '1 hour', now() - interval '40 seconds', '5s', now() - interval '41 seconds', '1s')`)
+		r = check(app.HealthCritical)
+		require.Regexp(t, `dispatcher: no live dispatcher has ticked recently: the last tick was 41\.\ds ago by gone on h9, which is dead \(heartbeat 40s ago\)`,
+			r.Summary())
+		// No worker row at all: said so, not "never".
+		exec(`DELETE FROM sluice_workers`)
+		r = check(app.HealthCritical)
+		require.Contains(t, r.Summary(), "dispatcher: no live dispatcher has ticked recently, and no worker row records a tick")
 	})
 }

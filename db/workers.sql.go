@@ -199,6 +199,11 @@ SELECT
     c.dispatchers_fresh,
     c.dispatchers_stale,
     t.dispatcher_tick_at AS last_tick_at,
+    COALESCE(a.id, '')::text AS any_tick_worker,
+    COALESCE(a.host, '')::text AS any_tick_host,
+    COALESCE(a.status, '')::text AS any_tick_status,
+    a.dispatcher_tick_at AS any_tick_at,
+    COALESCE(extract(epoch FROM a.heartbeat_age), 0)::float8 AS any_tick_heartbeat_age_seconds,
     now()::timestamptz AS db_now
 FROM (
     SELECT
@@ -215,20 +220,33 @@ LEFT JOIN LATERAL (
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
 ) AS t ON true
+LEFT JOIN LATERAL (
+    SELECT l.id, l.host, l.status, l.dispatcher_tick_at, l.heartbeat_age FROM sluice_worker_status l
+    WHERE l.dispatcher_tick_at IS NOT NULL
+    ORDER BY l.dispatcher_tick_at DESC
+    LIMIT 1
+) AS a ON true
 `
 
 type WorkerHealthRow struct {
-	Live             int64      `json:"live"`
-	Stale            int64      `json:"stale"`
-	Dead             int64      `json:"dead"`
-	DispatchersFresh int64      `json:"dispatchers_fresh"`
-	DispatchersStale int64      `json:"dispatchers_stale"`
-	LastTickAt       *time.Time `json:"last_tick_at"`
-	DbNow            time.Time  `json:"db_now"`
+	Live                       int64      `json:"live"`
+	Stale                      int64      `json:"stale"`
+	Dead                       int64      `json:"dead"`
+	DispatchersFresh           int64      `json:"dispatchers_fresh"`
+	DispatchersStale           int64      `json:"dispatchers_stale"`
+	LastTickAt                 *time.Time `json:"last_tick_at"`
+	AnyTickWorker              string     `json:"any_tick_worker"`
+	AnyTickHost                string     `json:"any_tick_host"`
+	AnyTickStatus              string     `json:"any_tick_status"`
+	AnyTickAt                  *time.Time `json:"any_tick_at"`
+	AnyTickHeartbeatAgeSeconds float64    `json:"any_tick_heartbeat_age_seconds"`
+	DbNow                      time.Time  `json:"db_now"`
 }
 
-// Counts for health checks (liveness as in sluice_worker_status), and the
-// latest dispatcher tick of a live worker.
+// Counts for health checks (liveness as in sluice_worker_status), the
+// latest dispatcher tick of a live worker, and the latest tick of any
+// worker with a row, whatever its status (a dead worker's, not reaped
+// yet): which worker, on which host, its status and heartbeat's age.
 func (q *Queries) WorkerHealth(ctx context.Context) (*WorkerHealthRow, error) {
 	row := q.db.QueryRow(ctx, workerHealth)
 	var i WorkerHealthRow
@@ -239,6 +257,11 @@ func (q *Queries) WorkerHealth(ctx context.Context) (*WorkerHealthRow, error) {
 		&i.DispatchersFresh,
 		&i.DispatchersStale,
 		&i.LastTickAt,
+		&i.AnyTickWorker,
+		&i.AnyTickHost,
+		&i.AnyTickStatus,
+		&i.AnyTickAt,
+		&i.AnyTickHeartbeatAgeSeconds,
 		&i.DbNow,
 	)
 	return &i, err

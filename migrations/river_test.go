@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -56,4 +57,21 @@ func TestRiverSchemaTooNew(t *testing.T) {
 	err = migrations.Check(ctx, pool, stock)
 	require.ErrorIs(t, err, migrations.ErrRiverUnsupported)
 	require.ErrorContains(t, err, "it is at version 99, and this sluice supports River's schema versions 6 to")
+}
+
+// TestRiverSchemaTooOld: River's schema older than the oldest version sluice
+// supports is refused at start, naming the version found and the versions
+// supported, and `migrate up` is the way out.
+func TestRiverSchemaTooOld(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	_, err := pool.Exec(ctx, `DELETE FROM river_migration WHERE version >= $1`, migrations.MinRiverVersion)
+	require.NoError(t, err)
+	err = migrations.Check(ctx, pool, stock)
+	require.ErrorIs(t, err, migrations.ErrNotMigrated)
+	require.ErrorContains(t, err, fmt.Sprintf("River's schema is at version %d, and this sluice supports River's schema versions %d to",
+		migrations.MinRiverVersion-1, migrations.MinRiverVersion))
+	require.ErrorContains(t, err, "run `sluice migrate up`")
 }

@@ -22,8 +22,11 @@ const MinRiverVersion = 6
 var ErrRiverUnsupported = errors.New("River's schema is at a version this sluice does not support")
 
 // checkRiverVersion refuses River's schema when it is newer than the
-// newest version this sluice's River knows (a newer River migrated it).
-// One older than that is pending, which Check reports as ErrNotMigrated.
+// newest version this sluice's River knows (a newer River migrated it,
+// ErrRiverUnsupported), or older than MinRiverVersion (ErrNotMigrated:
+// `migrate up` brings it up), naming the version found and those
+// supported. One older than the newest but supported is pending, which
+// Check reports as ErrNotMigrated.
 func checkRiverVersion(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	migrator, err := newRiverMigrator(pool, opts.Logger)
 	if err != nil {
@@ -45,6 +48,10 @@ func checkRiverVersion(ctx context.Context, pool *pgxpool.Pool, opts Options) er
 	version, err := db.New(pool).RiverSchemaVersion(ctx)
 	if err != nil {
 		return fmt.Errorf("read River schema version: %w", err)
+	}
+	if version < MinRiverVersion {
+		return fmt.Errorf("%w (River's schema is at version %d, and this sluice supports River's schema versions %d to %d)",
+			ErrNotMigrated, version, MinRiverVersion, known)
 	}
 	if version > int64(known) {
 		return fmt.Errorf("%w: it is at version %d, and this sluice supports River's schema versions %d to %d: upgrade sluice (its River) before starting it",

@@ -44,8 +44,10 @@ FROM sluice_workers
 WHERE id = sqlc.arg(id);
 
 -- name: WorkerHealth :one
--- Counts for health checks (liveness as in sluice_worker_status), and the
--- latest dispatcher tick of a live worker.
+-- Counts for health checks (liveness as in sluice_worker_status), the
+-- latest dispatcher tick of a live worker, and the latest tick of any
+-- worker with a row, whatever its status (a dead worker's, not reaped
+-- yet): which worker, on which host, its status and heartbeat's age.
 SELECT
     c.live,
     c.stale,
@@ -53,6 +55,11 @@ SELECT
     c.dispatchers_fresh,
     c.dispatchers_stale,
     t.dispatcher_tick_at AS last_tick_at,
+    COALESCE(a.id, '')::text AS any_tick_worker,
+    COALESCE(a.host, '')::text AS any_tick_host,
+    COALESCE(a.status, '')::text AS any_tick_status,
+    a.dispatcher_tick_at AS any_tick_at,
+    COALESCE(extract(epoch FROM a.heartbeat_age), 0)::float8 AS any_tick_heartbeat_age_seconds,
     now()::timestamptz AS db_now
 FROM (
     SELECT
@@ -68,7 +75,13 @@ LEFT JOIN LATERAL (
     WHERE l.live AND l.dispatcher_tick_at IS NOT NULL
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
-) AS t ON true;
+) AS t ON true
+LEFT JOIN LATERAL (
+    SELECT l.id, l.host, l.status, l.dispatcher_tick_at, l.heartbeat_age FROM sluice_worker_status l
+    WHERE l.dispatcher_tick_at IS NOT NULL
+    ORDER BY l.dispatcher_tick_at DESC
+    LIMIT 1
+) AS a ON true;
 
 -- name: WorkerStatusList :many
 -- Every worker with its liveness and running jobs (sluice_worker_status),
