@@ -148,7 +148,9 @@ func checkPages(t *testing.T, f *opsFixture, rows pageRows) {
 
 	limits := rows(t, "limits")
 	limit := findRow(t, limits, "demo.sleep")
-	require.Equal(t, []string{"demo.sleep", "1 (sql)", "—", "—", "1 / 1", "2", "0"}, limit[:7])
+	// Slots in use, working, waiting in workers, parked: the running job
+	// works, the two others parked.
+	require.Equal(t, []string{"demo.sleep", "1 (sql)", "—", "—", "1 / 1", "1", "0", "2"}, limit[:8])
 	for _, id := range f.parked {
 		parked := findRow(t, limits, job(id))
 		require.Equal(t, []string{job(id), "demo.sleep", "—", "default", "pending"}, parked[:5])

@@ -755,3 +755,49 @@ func (q *Queries) SetConcurrencyLimit(ctx context.Context, arg SetConcurrencyLim
 	err := row.Scan(&i.Kind, &i.MaxConcurrency)
 	return &i, err
 }
+
+const waitingJobs = `-- name: WaitingJobs :many
+SELECT w.job_id::bigint AS job_id, w.reason::text AS reason, w.worker_id::text AS worker_id,
+       w.since::timestamptz AS since,
+       extract(epoch FROM w.waiting)::float8 AS waiting_seconds
+FROM sluice_waiting_jobs w
+WHERE w.job_id = ANY($1::bigint[])
+ORDER BY w.job_id
+`
+
+type WaitingJobsRow struct {
+	JobID          int64     `json:"job_id"`
+	Reason         string    `json:"reason"`
+	WorkerID       string    `json:"worker_id"`
+	Since          time.Time `json:"since"`
+	WaitingSeconds float64   `json:"waiting_seconds"`
+}
+
+// Which of the jobs ids are running to River but do no work yet: they wait
+// in their worker for a concurrency slot (sluice_waiting_jobs; sluice jobs
+// list and show). One statement per listing, whatever its length.
+func (q *Queries) WaitingJobs(ctx context.Context, ids []int64) ([]*WaitingJobsRow, error) {
+	rows, err := q.db.Query(ctx, waitingJobs, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*WaitingJobsRow
+	for rows.Next() {
+		var i WaitingJobsRow
+		if err := rows.Scan(
+			&i.JobID,
+			&i.Reason,
+			&i.WorkerID,
+			&i.Since,
+			&i.WaitingSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -57,6 +57,18 @@ func (q *Queries) DeleteLimitLeases(ctx context.Context, kind string) error {
 	return err
 }
 
+const deleteReservedSlots = `-- name: DeleteReservedSlots :exec
+DELETE FROM concurrency_executions WHERE kind = $1 AND reserved
+`
+
+// Drops the slots reserved for granted jobs of kind not started yet, whose
+// limits are all gone: nothing holds the jobs any more, and they run
+// without a slot when fetched.
+func (q *Queries) DeleteReservedSlots(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, deleteReservedSlots, kind)
+	return err
+}
+
 const ensureLimitRow = `-- name: EnsureLimitRow :exec
 INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ($1, 0)
 ON CONFLICT (kind) DO NOTHING
@@ -211,7 +223,8 @@ SELECT o.kind::text AS kind,
        COALESCE(l.rate_per_key, false)::boolean AS rate_per_key, l.rate_source,
        o.admitted::bigint AS admitted, o.parked::bigint AS parked,
        COALESCE(extract(epoch FROM o.oldest_parked_age), 0)::float8 AS oldest_parked_seconds,
-       o.parked_keys::bigint AS parked_keys, o.starts_in_window::bigint AS starts_in_window
+       o.parked_keys::bigint AS parked_keys, o.starts_in_window::bigint AS starts_in_window,
+       o.running::bigint AS running, o.working::bigint AS working, o.waiting::bigint AS waiting
 FROM sluice_concurrency_overview o
 LEFT JOIN concurrency_limits l ON l.kind = o.kind
 ORDER BY o.kind
@@ -233,10 +246,15 @@ type ListLimitsRow struct {
 	OldestParkedSeconds float64  `json:"oldest_parked_seconds"`
 	ParkedKeys          int64    `json:"parked_keys"`
 	StartsInWindow      int64    `json:"starts_in_window"`
+	Running             int64    `json:"running"`
+	Working             int64    `json:"working"`
+	Waiting             int64    `json:"waiting"`
 }
 
 // Every kind with a limit, slots or parked jobs, its limits with their
-// sources, and what they hold (sluice_concurrency_overview).
+// sources, and what they hold (sluice_concurrency_overview): slots taken,
+// parked jobs, and its running jobs, those that work and those that wait
+// in their worker for a slot.
 func (q *Queries) ListLimits(ctx context.Context) ([]*ListLimitsRow, error) {
 	rows, err := q.db.Query(ctx, listLimits)
 	if err != nil {
@@ -262,6 +280,9 @@ func (q *Queries) ListLimits(ctx context.Context) ([]*ListLimitsRow, error) {
 			&i.OldestParkedSeconds,
 			&i.ParkedKeys,
 			&i.StartsInWindow,
+			&i.Running,
+			&i.Working,
+			&i.Waiting,
 		); err != nil {
 			return nil, err
 		}

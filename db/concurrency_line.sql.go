@@ -203,17 +203,29 @@ func (q *Queries) HasKindLine(ctx context.Context, kind string) (bool, error) {
 
 const keyLines = `-- name: KeyLines :many
 SELECT k.key::text AS key,
-       (SELECT count(*) FROM concurrency_executions e
-        WHERE e.kind = $1 AND COALESCE(e.key, '') = k.key)::integer AS slots,
+       ((SELECT count(*) FROM concurrency_executions e
+         WHERE e.kind = $1 AND e.key = k.key)
+        + (SELECT count(*) FROM concurrency_executions e
+           WHERE e.kind = $1 AND e.key IS NULL AND k.key = ''))::integer AS slots,
        w.starts::integer AS starts,
        w.frees_in_ms::bigint AS frees_in_ms,
        COALESCE(LEAST(
-           (SELECT min(p.job_id) FROM concurrency_parked_jobs p
-            WHERE p.kind = $1 AND COALESCE(p.key, '') = k.key),
-           (SELECT min(cw.job_id) FROM concurrency_waiters cw
+           (SELECT p.job_id FROM concurrency_parked_jobs p
+            WHERE p.kind = $1 AND p.key = k.key
+            ORDER BY p.job_id LIMIT 1),
+           (SELECT p.job_id FROM concurrency_parked_jobs p
+            WHERE p.kind = $1 AND p.key IS NULL AND k.key = ''
+            ORDER BY p.job_id LIMIT 1),
+           (SELECT cw.job_id FROM concurrency_waiters cw
             JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
-            WHERE cw.kind = $1 AND COALESCE(cw.key, '') = k.key
-              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id))
+            WHERE cw.kind = $1 AND cw.key = k.key
+              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
+            ORDER BY cw.job_id LIMIT 1),
+           (SELECT cw.job_id FROM concurrency_waiters cw
+            JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
+            WHERE cw.kind = $1 AND cw.key IS NULL AND k.key = ''
+              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
+            ORDER BY cw.job_id LIMIT 1)
        ), 0)::bigint AS oldest
 FROM unnest($2::text[]) AS k(key)
 CROSS JOIN LATERAL (
@@ -223,7 +235,7 @@ CROSS JOIN LATERAL (
                                             - statement_timestamp()) * 1000),
                     $3::bigint) AS frees_in_ms
     FROM concurrency_starts s
-    WHERE s.kind = $1 AND COALESCE(s.key, '') = k.key
+    WHERE s.kind = $1 AND (s.key = k.key OR (s.key IS NULL AND k.key = ''))
       AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => $3::bigint / 1000.0))
 ) w
 `
@@ -247,7 +259,10 @@ type KeyLinesRow struct {
 // window of period_ms ending now (with those reserved), in how many ms the
 // window next frees a start (when its oldest start leaves it; period_ms
 // when every start in it is reserved), and the oldest job of its line still
-// waiting, parked or in the waiters without a grant (0: none).
+// waiting, parked or in the waiters without a grant (0: none). Each table
+// is read by its (kind, key) index: a key's rows match key = k.key, and
+// the one line of a kind without a partition, NULL keys (two branches, so
+// that neither hides the index behind a COALESCE).
 func (q *Queries) KeyLines(ctx context.Context, arg KeyLinesParams) ([]*KeyLinesRow, error) {
 	rows, err := q.db.Query(ctx, keyLines, arg.Kind, arg.Keys, arg.PeriodMs)
 	if err != nil {
@@ -285,7 +300,16 @@ CROSS JOIN LATERAL (
                 (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
          FROM concurrency_parked_jobs p
          JOIN river_job j ON j.id = p.job_id
-         WHERE p.kind = $2 AND COALESCE(p.key, '') = k.key
+         WHERE p.kind = $2 AND p.key = k.key
+         ORDER BY p.job_id
+         LIMIT $3)
+        UNION ALL
+        (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
+                (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
+                (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
+         FROM concurrency_parked_jobs p
+         JOIN river_job j ON j.id = p.job_id
+         WHERE p.kind = $2 AND p.key IS NULL AND k.key = ''
          ORDER BY p.job_id
          LIMIT $3)
         UNION ALL
@@ -293,7 +317,16 @@ CROSS JOIN LATERAL (
          FROM concurrency_waiters w
          JOIN river_job j ON j.id = w.job_id
              AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
-         WHERE w.kind = $2 AND COALESCE(w.key, '') = k.key
+         WHERE w.kind = $2 AND w.key = k.key
+           AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+         ORDER BY w.job_id
+         LIMIT $3)
+        UNION ALL
+        (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
+         FROM concurrency_waiters w
+         JOIN river_job j ON j.id = w.job_id
+             AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
+         WHERE w.kind = $2 AND w.key IS NULL AND k.key = ''
            AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
          ORDER BY w.job_id
          LIMIT $3)
@@ -329,7 +362,9 @@ type LineFrontRow struct {
 // job, or the worker a waiter waits in, NULL when resumed ahead), whether it
 // is ready (a parked job still completing its parking holds up the younger
 // ones unless it is more than 5 s late) and resumable (pending), its queue,
-// what holds it, and whether it was resumed ahead once already.
+// what holds it, and whether it was resumed ahead once already. A key's
+// rows are read in job-id order from the (kind, key, job_id) indexes: key =
+// k.key, or NULL for the one line of a kind without a partition.
 func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFrontRow, error) {
 	rows, err := q.db.Query(ctx, lineFront, arg.Keys, arg.Kind, arg.PerKey)
 	if err != nil {

@@ -417,7 +417,7 @@ func (l *Limiter) applyDeclared(ctx context.Context, lim Limit, record bool) err
 func (l *Limiter) changeLimits(ctx context.Context, kind, source string, declare *Limit,
 	change func(c *limitConfig, decl *db.LimitDeclarationRow) error) error {
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.New(db.CustomPlans(tx))
 		if err := q.SetLimitSource(ctx, source); err != nil {
 			return fmt.Errorf("limit source: %w", err)
 		}
@@ -487,7 +487,7 @@ func (l *Limiter) changeLimits(ctx context.Context, kind, source string, declare
 		}
 		c.setHasParked(has)
 		c.dirty = true
-		if _, err := l.grantRound(ctx, q, kind, c, nil, nil); err != nil {
+		if _, err := l.grantRound(ctx, q, kind, c, nil, nil, nil); err != nil {
 			return err
 		}
 		if err := saveCounts(ctx, q, counts); err != nil {
@@ -512,7 +512,7 @@ func (l *Limiter) scheduleSafetyNet(ctx context.Context, tx pgx.Tx, kind string)
 	if client == nil {
 		return nil
 	}
-	waiting, err := db.New(tx).HasAnyLine(ctx, kind)
+	waiting, err := db.New(db.CustomPlans(tx)).HasAnyLine(ctx, kind)
 	if err != nil {
 		return fmt.Errorf("look at the line: %w", err)
 	}
@@ -539,6 +539,9 @@ func (l *Limiter) liftLimits(ctx context.Context, q *db.Queries, kind string, c 
 	}
 	if err := q.DeleteReservedStarts(ctx, kind); err != nil {
 		return fmt.Errorf("drop the reserved starts: %w", err)
+	}
+	if err := q.DeleteReservedSlots(ctx, kind); err != nil {
+		return fmt.Errorf("drop the reserved slots: %w", err)
 	}
 	if err := q.RecountConcurrency(ctx, kind); err != nil {
 		return fmt.Errorf("recount: %w", err)

@@ -51,8 +51,11 @@ type fetchExecutor struct {
 }
 
 // JobGetAvailable fetches as River does, then has the limiter decide the
-// jobs of kinds in their line.
+// jobs of kinds in their line. While MaxFetchedWaiting jobs of a kind wait
+// in this worker for their turn, the fetch waits and takes fewer
+// (fetchGate).
 func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, error) {
+	params = e.d.l.gate.admit(ctx, params)
 	res, err := e.Executor.JobGetAvailable(ctx, params)
 	if err == nil && res != nil && len(res.Jobs) > 0 {
 		e.d.l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)

@@ -42,17 +42,21 @@ type grantResult struct {
 // a slot, which wait fetched in the workers and take the next slots that
 // free, sparing the resume and the fetch a slot would otherwise wait for.
 // Only under a concurrency limit and no rate (a job waiting for a rate
-// window would wait for long): at least 2 and the kind's limit (per key:
-// the key's limit), at most MaxLookahead.
+// window would wait for long): per kind at least 2 and the kind's limit
+// (MaxLookahead under a per-key limit alone), per key the key's limit, at
+// most MaxLookahead.
 func lookahead(c *kindCounts) (perKind, perKey int) {
+	perKind = MaxLookahead
+	if c.limit > 0 {
+		perKind = min(max(2, int(c.limit)), MaxLookahead)
+	}
 	switch {
 	case c.rateMax > 0 || c.limit < 0:
 		return 0, 0
 	case c.fields == nil && c.limit > 0:
-		n := min(max(2, int(c.limit)), MaxLookahead)
-		return n, n
+		return perKind, perKind
 	case c.fields != nil && c.keyMax > 0:
-		return MaxLookahead, min(int(c.keyMax), MaxLookahead)
+		return perKind, min(int(c.keyMax), MaxLookahead)
 	}
 	return 0, 0
 }
@@ -78,9 +82,12 @@ type grantEntry struct {
 // held by a job that runs for an hour. hold names, per key, an undecided
 // job that no grant may go ahead of (nil: none known). It records the
 // turns of the keys served and the kind's flag, and changes the counts in
-// c.
+// c. Under per-key limits alone (independentKeys) a key's room is its own:
+// within, when not nil, names the only keys that can have gained room
+// (those whose slots the release freed, or of the jobs just decided), and
+// the round reads only those.
 func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c *kindCounts, hold map[string]int64,
-	turnover []string) (grantResult, error) {
+	turnover, within []string) (grantResult, error) {
 	res := grantResult{local: map[int64]admission{}}
 	if c.limit < 0 {
 		return res, nil
@@ -107,7 +114,14 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	}
 
 	keys := []string{""}
-	if c.fields != nil {
+	switch {
+	case c.fields != nil && within != nil && c.independentKeys():
+		keys = within
+		if len(keys) == 0 {
+			err := l.afterGrants(ctx, q, kind, c, nil, &res)
+			return res, err
+		}
+	case c.fields != nil:
 		var err error
 		if keys, err = q.TurnKeys(ctx, db.TurnKeysParams{Kind: kind, MaxKeys: maxTurnKeys}); err != nil {
 			return res, fmt.Errorf("keys of %s in turn: %w", kind, err)
@@ -415,11 +429,15 @@ func (l *Limiter) afterGrants(ctx context.Context, q *db.Queries, kind string, c
 			return fmt.Errorf("forget idle %s keys: %w", kind, err)
 		}
 	}
-	has, err := q.HasKindLine(ctx, kind)
-	if err != nil {
-		return fmt.Errorf("look at the %s line: %w", kind, err)
+	if c.hasParked || !c.independentKeys() {
+		// Under per-key limits alone no job waits for the kind: the flag
+		// is only cleared, once what waited under earlier limits is gone.
+		has, err := q.HasKindLine(ctx, kind)
+		if err != nil {
+			return fmt.Errorf("look at the %s line: %w", kind, err)
+		}
+		c.setHasParked(has)
 	}
-	c.setHasParked(has)
 	if c.rateMax > 0 {
 		waiting, err := q.HasAnyLine(ctx, kind)
 		if err != nil {

@@ -49,10 +49,12 @@ const (
 	// the job to be fetched; concurrency_limit.resume then frees it (the job,
 	// when fetched later, waits in the line again).
 	ReservedSlotTTL = 30 * time.Second
-	// batchesInFlight is how many admission (and release) statements a
-	// worker runs at once: while one waits for the kind's row lock, the next
-	// is on its way.
-	batchesInFlight = 2
+	// batchesInFlight is how many admission (and release) transactions a
+	// worker runs at once. They all queue for the kind's row lock: one at a
+	// time lets the next batch gather every request that arrived meanwhile,
+	// fewer and larger transactions under the lock (P10: 2,100 jobs/s, 1,600
+	// with two in flight).
+	batchesInFlight = 1
 	// lineChunk caps the jobs one admission transaction decides.
 	lineChunk = 512
 	// batchTimeout bounds one admission or release transaction.
@@ -122,6 +124,7 @@ type Limiter struct {
 	releaser batcher[releaseRequest] // releases and grant rounds (release.go)
 	wakes    rateWakes               // grant rounds timed to the rate windows (rate_wake.go)
 	waits    waitList                // jobs waiting in this worker for a grant (waiters.go)
+	gate     fetchGate               // fetches no more than can start soon (fetch_gate.go)
 	decided  decisions               // decisions made at fetches, for the middleware (fetch.go)
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
@@ -217,13 +220,14 @@ func New(cfg Config) (*Limiter, error) {
 		_, _ = rand.Read(b[:])
 		workerID = "limiter-" + hex.EncodeToString(b[:])
 	}
-	l := &Limiter{pool: cfg.Pool, q: db.New(cfg.Pool), logger: cfg.Logger, metrics: cfg.Metrics, workerID: workerID,
+	l := &Limiter{pool: cfg.Pool, q: db.New(db.CustomPlans(cfg.Pool)), logger: cfg.Logger, metrics: cfg.Metrics, workerID: workerID,
 		parkAfter: cfg.ParkAfter, ignoreLimits: cfg.IgnoreLimits, neverPark: cfg.NeverPark, stopCh: make(chan struct{})}
 	l.leases = newLeaser(l, cfg.ParkAfter)
 	l.line.process, l.line.maxInFlight = l.lineBatch, batchesInFlight
 	l.releaser.process, l.releaser.maxInFlight = l.releaseBatch, batchesInFlight
 	l.wakes.l = l
 	l.waits.l = l
+	l.gate.l = l
 	return l, nil
 }
 
@@ -315,17 +319,14 @@ type limitCache struct {
 	loaded time.Time
 }
 
-// refreshCache reloads the cache, stale is the copy the caller found (nil:
-// none yet). While another job refreshes it, a stale copy is used as it is:
-// no job waits for the query but the first ones.
+// refreshCache reloads the cache; stale is the copy the caller found (nil:
+// none yet). Jobs that find the copy expired while another job reloads it
+// wait for that reload, never use the expired copy: a worker idle for a
+// while holds a copy of any age, and a kind it says has no limit would
+// otherwise run unlimited however long ago a limit was set. Only when the
+// reload fails is the last copy used, with a warning.
 func (l *Limiter) refreshCache(ctx context.Context, stale *limitCache) (*limitCache, error) {
-	if stale != nil {
-		if !l.refreshMu.TryLock() {
-			return stale, nil
-		}
-	} else {
-		l.refreshMu.Lock()
-	}
+	l.refreshMu.Lock()
 	defer l.refreshMu.Unlock()
 	if c := l.cache.Load(); c != nil && time.Since(c.loaded) <= LimitCacheTTL {
 		return c, nil // refreshed meanwhile
@@ -475,6 +476,13 @@ type kindCounts struct {
 // on leased slots, and its jobs start in job-id order within a key without
 // exception.
 func (c *kindCounts) keyed() bool { return c.fields != nil || c.rateMax > 0 }
+
+// independentKeys reports whether only per-key limits hold the kind (no
+// per-kind limit or rate): a key's room is its own, and its line is
+// decided without the others.
+func (c *kindCounts) independentKeys() bool {
+	return c.fields != nil && c.limit == 0 && (c.rateMax == 0 || c.ratePerKey)
+}
 
 // slotted reports whether an admitted job of the kind takes a slot (a
 // per-kind or per-key concurrency limit).

@@ -36,6 +36,7 @@ func (a probeArgs) Kind() string { return "test.probe." + a.K }
 type probeTracker struct {
 	running atomic.Int32
 	max     atomic.Int32
+	done    atomic.Int32
 	mu      sync.Mutex
 	order   []int
 	worked  map[int]int
@@ -57,7 +58,13 @@ func (p *probeTracker) enter(seq int) {
 	p.mu.Unlock()
 }
 
-func (p *probeTracker) leave() { p.running.Add(-1) }
+func (p *probeTracker) leave() {
+	p.running.Add(-1)
+	p.done.Add(1)
+}
+
+// doneCount is how many executions ended.
+func (p *probeTracker) doneCount() int { return int(p.done.Load()) }
 
 // workedOf is how many times seq was worked.
 func (p *probeTracker) workedOf(seq int) int {
@@ -96,7 +103,7 @@ func (w *probeWorker) Work(ctx context.Context, job *river.Job[probeArgs]) error
 // startProbeWorker starts a River client ("a worker process": its own pool,
 // deps and limiter, named id) that works the probe kind and every sluice
 // kind; a job waits parkAfter for a slot before it parks (0: the default).
-func startProbeWorker(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) *jobtest.Client {
+func startProbeWorker(t testing.TB, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) *jobtest.Client {
 	t.Helper()
 	client, _ := startProbeWorkerWith(t, url, id, kind, tracker, parkAfter, configure, false)
 	return client
@@ -105,12 +112,12 @@ func startProbeWorker(t *testing.T, url, id, kind string, tracker *probeTracker,
 // startProbeWorkerSignals is startProbeWorker that also returns the
 // worker's Limiter, its test signals initialized (for short tests only:
 // signals nobody waits for fill their channel).
-func startProbeWorkerSignals(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) (*jobtest.Client, *limiter.Limiter) {
+func startProbeWorkerSignals(t testing.TB, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config)) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
 	return startProbeWorkerWith(t, url, id, kind, tracker, parkAfter, configure, true)
 }
 
-func startProbeWorkerWith(t *testing.T, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config), signals bool) (*jobtest.Client, *limiter.Limiter) {
+func startProbeWorkerWith(t testing.TB, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config), signals bool) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
 	pool, err := db.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
@@ -134,7 +141,7 @@ func startProbeWorkerWith(t *testing.T, url, id, kind string, tracker *probeTrac
 	}), deps.Limiter
 }
 
-func insertProbes(t *testing.T, client *jobtest.Client, kind string, from, n, ms int) []int64 {
+func insertProbes(t testing.TB, client *jobtest.Client, kind string, from, n, ms int) []int64 {
 	t.Helper()
 	params := make([]river.InsertManyParams, n)
 	for i := range n {
@@ -165,7 +172,7 @@ func limitedProbes(t *testing.T, kind string, limit int32, parkAfter time.Durati
 // probeKind makes a test database whose probe kind ("test.probe." + kind)
 // is limited to limit, and returns its URL, a pool and a tracker for the
 // probe workers to start.
-func probeKind(t *testing.T, kind string, limit int32) (string, *pgxpool.Pool, *probeTracker) {
+func probeKind(t testing.TB, kind string, limit int32) (string, *pgxpool.Pool, *probeTracker) {
 	t.Helper()
 	url := testdb.New(t)
 	pool := openPool(t, url)
@@ -655,7 +662,7 @@ func admitSlotRow(t *testing.T, pool *pgxpool.Pool, id int64, worker string) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		q := db.New(tx)
+		q := db.New(db.CustomPlans(tx))
 		if _, err := q.LockConcurrencyLimits(ctx, []string{"demo.sleep"}); err != nil {
 			return err
 		}

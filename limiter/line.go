@@ -110,7 +110,7 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 		for _, r := range batch {
 			r.decision, r.reason, r.err = admitRun, "", nil
 		}
-		q := db.New(tx)
+		q := db.New(db.CustomPlans(tx))
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
 		counts, err := lockKinds(ctx, q, kinds)
 		if err != nil {
@@ -546,7 +546,13 @@ func (l *Limiter) writeLine(ctx context.Context, q *db.Queries, kind string, c *
 	}
 	wakeIn := plan.wakeIn
 	if plan.grant {
-		res, err := l.grantRound(ctx, q, kind, c, undecided, nil)
+		batchKeys := []string{}
+		for _, s := range plan.steps {
+			if !slices.Contains(batchKeys, s.r.key) {
+				batchKeys = append(batchKeys, s.r.key)
+			}
+		}
+		res, err := l.grantRound(ctx, q, kind, c, undecided, nil, batchKeys)
 		if err != nil {
 			return nil, err
 		}

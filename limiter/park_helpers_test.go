@@ -15,7 +15,7 @@ import (
 // test_parkings(job_id, kind): a parked job leaves no trace on its River row
 // once resumed, which is the point, so the tests that need to know whether
 // jobs parked keep their own log.
-func logParkings(t *testing.T, pool *pgxpool.Pool) {
+func logParkings(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
 		CREATE TABLE test_parkings (job_id bigint NOT NULL, kind text NOT NULL, reason text NOT NULL);
@@ -30,7 +30,7 @@ func logParkings(t *testing.T, pool *pgxpool.Pool) {
 }
 
 // parkings counts the parkings of kind logged by logParkings.
-func parkings(t *testing.T, pool *pgxpool.Pool, kind string) int {
+func parkings(t testing.TB, pool *pgxpool.Pool, kind string) int {
 	t.Helper()
 	return count(t, pool, "SELECT count(*) FROM test_parkings WHERE kind = $1", kind)
 }

@@ -45,7 +45,7 @@ func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, k
 	kinds = slices.Clone(kinds)
 	slices.Sort(kinds)
 	kinds = slices.Compact(kinds)
-	q := db.New(tx)
+	q := db.New(db.CustomPlans(tx))
 	counts, err := lockKinds(ctx, q, kinds)
 	if err != nil {
 		return nil, err
@@ -69,7 +69,7 @@ func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, k
 // dead worker cannot take slots any more) is locked late.
 func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseResult, error) {
 	res := SlotReleaseResult{Released: map[string]int{}, Resumed: map[string]int{}, Parked: r.parked}
-	q := db.New(r.tx)
+	q := db.New(db.CustomPlans(r.tx))
 	if jobIDs == nil {
 		jobIDs = []int64{}
 	}
@@ -130,7 +130,7 @@ func (r *SlotRelease) Release(ctx context.Context, jobIDs []int64) (SlotReleaseR
 		}
 		// The grants go to waiting jobs of live workers, which take them
 		// at their next poll, and to parked jobs, resumed.
-		g, err := r.l.grantRound(ctx, q, kind, c, nil, nil)
+		g, err := r.l.grantRound(ctx, q, kind, c, nil, nil, nil)
 		if err != nil {
 			return res, err
 		}

@@ -39,7 +39,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			p.JobIds = append(p.JobIds, r.job.ID)
 		}
 	}
-	rows, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) { return db.New(l.pool).ReleaseJobs(ctx, p) })
+	rows, err := retryDeadlock(func() ([]*db.ReleaseJobsRow, error) { return db.New(db.CustomPlans(l.pool)).ReleaseJobs(ctx, p) })
 	if err != nil {
 		l.logger.Error("concurrency slots not released; retrying", "error", err)
 		l.retryRelease(p.Kinds, append(p.JobIds, p.ForgetIds...))
@@ -97,7 +97,7 @@ func (l *Limiter) grantKinds(parent context.Context, kinds []string, turnover ma
 	var wakes map[string]time.Duration
 	err := l.withBatchTx(parent, func(ctx context.Context, tx pgx.Tx) error {
 		local, wakes = map[int64]admission{}, map[string]time.Duration{}
-		q := db.New(tx)
+		q := db.New(db.CustomPlans(tx))
 		counts, err := lockKinds(ctx, q, kinds)
 		if err != nil {
 			return err
@@ -116,7 +116,12 @@ func (l *Limiter) grantKinds(parent context.Context, kinds []string, turnover ma
 				}
 				continue
 			}
-			res, err := l.grantRound(ctx, q, kind, c, nil, turnover[kind])
+			// A recheck frees no slot: its round reads every key.
+			within := turnover[kind]
+			if len(within) == 0 {
+				within = nil
+			}
+			res, err := l.grantRound(ctx, q, kind, c, nil, turnover[kind], within)
 			if err != nil {
 				return err
 			}

@@ -39,7 +39,7 @@ func (l *Limiter) ReserveSlot(ctx context.Context, kind string, jobID int64) (Sl
 	var res SlotReservation
 	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 		res = SlotReservation{}
-		q := db.New(tx)
+		q := db.New(db.CustomPlans(tx))
 		counts, err := lockKinds(ctx, q, []string{kind})
 		if err != nil {
 			return err

@@ -92,7 +92,7 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 	err = pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 		resumed, remaining, wakeIn = 0, false, 0
 		clear(local)
-		q := db.New(tx)
+		q := db.New(db.CustomPlans(tx))
 		counts, err := lockKinds(ctx, q, []string{kind})
 		if err != nil {
 			return err
@@ -158,7 +158,7 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 			logger.Info(who+": circuit breaker is on; nothing resumed", "limit", c.limit)
 			return saveCounts(ctx, q, counts)
 		default:
-			res, err := l.grantRound(ctx, q, kind, c, nil, nil)
+			res, err := l.grantRound(ctx, q, kind, c, nil, nil, nil)
 			if err != nil {
 				return err
 			}

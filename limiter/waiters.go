@@ -76,7 +76,9 @@ func (ws *waitList) wait(req *admitRequest) waitOutcome {
 		return <-w.wake
 	}
 	delete(ws.waiting, req.job.ID)
+	left := len(ws.waiting)
 	ws.mu.Unlock()
+	ws.l.gate.left(left)
 	return out
 }
 
@@ -92,6 +94,13 @@ func (ws *waitList) has(kind string) bool {
 	return false
 }
 
+// count is how many jobs wait in this worker.
+func (ws *waitList) count() int {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return len(ws.waiting)
+}
+
 // finish ends the wait of job id with o (a granted job runs as decision);
 // false if it no longer waits.
 func (ws *waitList) finish(id int64, o waitOutcome, decision admission) bool {
@@ -100,7 +109,9 @@ func (ws *waitList) finish(id int64, o waitOutcome, decision admission) bool {
 	if w != nil {
 		delete(ws.waiting, id)
 	}
+	left := len(ws.waiting)
 	ws.mu.Unlock()
+	ws.l.gate.left(left)
 	if w == nil {
 		return false
 	}

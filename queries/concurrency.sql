@@ -267,3 +267,14 @@ FROM line l
 LEFT JOIN sluice_concurrency_overview o ON o.kind = l.kind
 WHERE l.job_id = ANY(sqlc.arg(ids)::bigint[])
 ORDER BY l.job_id;
+
+-- name: WaitingJobs :many
+-- Which of the jobs ids are running to River but do no work yet: they wait
+-- in their worker for a concurrency slot (sluice_waiting_jobs; sluice jobs
+-- list and show). One statement per listing, whatever its length.
+SELECT w.job_id::bigint AS job_id, w.reason::text AS reason, w.worker_id::text AS worker_id,
+       w.since::timestamptz AS since,
+       extract(epoch FROM w.waiting)::float8 AS waiting_seconds
+FROM sluice_waiting_jobs w
+WHERE w.job_id = ANY(sqlc.arg(ids)::bigint[])
+ORDER BY w.job_id;

@@ -86,7 +86,9 @@ WHERE kind = sqlc.arg(kind);
 
 -- name: ListLimits :many
 -- Every kind with a limit, slots or parked jobs, its limits with their
--- sources, and what they hold (sluice_concurrency_overview).
+-- sources, and what they hold (sluice_concurrency_overview): slots taken,
+-- parked jobs, and its running jobs, those that work and those that wait
+-- in their worker for a slot.
 SELECT o.kind::text AS kind,
        COALESCE(o.max_concurrency, 0)::integer AS max_concurrency, l.max_source,
        l.partition_fields, l.key_max, l.key_source,
@@ -94,7 +96,8 @@ SELECT o.kind::text AS kind,
        COALESCE(l.rate_per_key, false)::boolean AS rate_per_key, l.rate_source,
        o.admitted::bigint AS admitted, o.parked::bigint AS parked,
        COALESCE(extract(epoch FROM o.oldest_parked_age), 0)::float8 AS oldest_parked_seconds,
-       o.parked_keys::bigint AS parked_keys, o.starts_in_window::bigint AS starts_in_window
+       o.parked_keys::bigint AS parked_keys, o.starts_in_window::bigint AS starts_in_window,
+       o.running::bigint AS running, o.working::bigint AS working, o.waiting::bigint AS waiting
 FROM sluice_concurrency_overview o
 LEFT JOIN concurrency_limits l ON l.kind = o.kind
 ORDER BY o.kind;
@@ -110,3 +113,9 @@ FROM sluice_concurrency_keys
 WHERE sqlc.arg(kind)::text = '' OR kind = sqlc.arg(kind)::text
 ORDER BY kind, parked DESC, slots_in_use DESC, key
 LIMIT sqlc.arg(max_rows);
+
+-- name: DeleteReservedSlots :exec
+-- Drops the slots reserved for granted jobs of kind not started yet, whose
+-- limits are all gone: nothing holds the jobs any more, and they run
+-- without a slot when fetched.
+DELETE FROM concurrency_executions WHERE kind = sqlc.arg(kind) AND reserved;

@@ -44,7 +44,7 @@ func readLimits(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) 
 
 	limits := module.PageTable{
 		Caption: "Limits (sluice_concurrency_overview)",
-		Columns: []string{"Kind", "Limit", "Per key", "Rate", "Slots in use", "Parked", "Keys waiting", "Oldest parked"},
+		Columns: []string{"Kind", "Limit", "Per key", "Rate", "Slots in use", "Working", "Waiting in workers", "Parked", "Parked keys", "Oldest parked"},
 		Empty:   "No limits, and no job holds a slot or is parked.",
 	}
 	for _, l := range overview {
@@ -67,7 +67,8 @@ func readLimits(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) 
 			}
 			rate = text(fmt.Sprintf("%s, %d in window (%s)", v, l.StartsInWindow, source(l.RateSource)))
 		}
-		limits.Rows = append(limits.Rows, []module.PageCell{text(l.Kind), limit, perKey, rate, slots, parkedCell, num(l.ParkedKeys), oldest})
+		limits.Rows = append(limits.Rows, []module.PageCell{text(l.Kind), limit, perKey, rate, slots, num(l.Working), num(l.Waiting),
+			parkedCell, num(l.ParkedKeys), oldest})
 	}
 
 	keys := module.PageTable{

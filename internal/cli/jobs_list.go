@@ -38,9 +38,10 @@ func newJobsListCmd(g *globals) *cobra.Command {
 		Short: "List River jobs, newest first",
 		Long: `list prints River jobs, newest first (River's JobList, by id descending),
 at most --limit of them: id, kind, queue, state (a job waiting for a
-concurrency slot is "pending (parked)"), attempt, priority, when it is
-scheduled and its args. --json prints every field, errors and parking
-included, as 'jobs show --json' does.
+concurrency slot is "pending (parked)", or "running (waiting for a slot)"
+while it waits in its worker and does no work yet), attempt, priority,
+when it is scheduled and its args. --json prints every field, errors,
+parking and waiting included, as 'jobs show --json' does.
 
 --state and --kind may be given several times or as a comma-separated list;
 a job matches any of them. States are River's: ` + strings.Join(jobStateNames(), ", ") + `.

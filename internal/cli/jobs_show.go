@@ -91,6 +91,9 @@ func writeJob(out io.Writer, v *jobView) error {
 	if v.Parking != nil {
 		fmt.Fprintf(tw, "parking:\t%s\n", v.Parking.describe(v.Kind))
 	}
+	if v.Waiting != nil {
+		fmt.Fprintf(tw, "waiting:\t%s\n", v.Waiting.describe())
+	}
 	if len(v.Errors) == 0 {
 		fmt.Fprintf(tw, "errors:\tnone\n")
 	} else {

@@ -31,9 +31,23 @@ type jobView struct {
 	ScheduledAt time.Time                `json:"scheduled_at"`
 	AttemptedAt *time.Time               `json:"attempted_at"`
 	FinalizedAt *time.Time               `json:"finalized_at"`
-	// Parking is set while the job waits for a concurrency slot (null
-	// otherwise).
+	// Parking is set while the job waits parked for a concurrency slot
+	// (null otherwise).
 	Parking *parkingView `json:"parking"`
+	// Waiting is set while the job is running to River but waits in its
+	// worker for a concurrency slot: it does no work yet (null otherwise).
+	Waiting *waitingView `json:"waiting"`
+}
+
+// waitingView is why, since when and in which worker a running job waits
+// for a concurrency slot (sluice_waiting_jobs).
+type waitingView struct {
+	// Reason is what holds it, as a parked job's: limit, fifo, breaker,
+	// rate, key_limit, key_fifo or key_rate.
+	Reason         string    `json:"reason"`
+	WorkerID       string    `json:"worker_id"`
+	Since          time.Time `json:"since"`
+	WaitingSeconds float64   `json:"waiting_seconds"`
 }
 
 // parkingView is why and since when a job waits for a concurrency slot.
@@ -82,8 +96,9 @@ func newJobView(j *rivertype.JobRow) *jobView {
 	return v
 }
 
-// addParking sets the parking of the jobs that wait for a concurrency slot
-// (the limiter's records in concurrency_parked_jobs).
+// addParking sets the parking of the jobs that wait for a concurrency slot,
+// parked (concurrency_parked_jobs) or running in their worker
+// (sluice_waiting_jobs): two statements, however many jobs.
 func addParking(ctx context.Context, dbtx db.DBTX, jobs []*jobView) error {
 	if len(jobs) == 0 {
 		return nil
@@ -106,16 +121,35 @@ func addParking(ctx context.Context, dbtx db.DBTX, jobs []*jobView) error {
 			}
 		}
 	}
+	waiting, err := db.New(dbtx).WaitingJobs(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("read which running jobs wait for a slot: %w", err)
+	}
+	for _, r := range waiting {
+		if j := byID[r.JobID]; j != nil && j.State == string(rivertype.JobStateRunning) {
+			j.Waiting = &waitingView{Reason: r.Reason, WorkerID: r.WorkerID, Since: r.Since, WaitingSeconds: r.WaitingSeconds}
+		}
+	}
 	return nil
 }
 
 // stateText is a job's state for people: River's, and for a job waiting
-// for a concurrency slot, that it is parked.
+// for a concurrency slot, that it is parked, or that it runs but waits in
+// its worker.
 func (v *jobView) stateText() string {
-	if v.Parking != nil {
+	switch {
+	case v.Parking != nil:
 		return v.State + " (parked)"
+	case v.Waiting != nil:
+		return v.State + " (waiting for a slot)"
 	}
 	return v.State
+}
+
+// describe says why a running job waits in its worker, in words.
+func (w *waitingView) describe() string {
+	return fmt.Sprintf("waiting in worker %s for a concurrency slot since %s (%s), held by %s (reason %s); it does no work until it has one",
+		w.WorkerID, w.Since.UTC().Format(time.RFC3339), roundSecs(w.WaitingSeconds), heldBy(w.Reason), w.Reason)
 }
 
 // describe says why a job waits, in words.

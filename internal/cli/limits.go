@@ -35,12 +35,16 @@ func newLimitsCmd(g *globals) *cobra.Command {
                --by-args. A start is a real execution: retries count, parking
                does not.
 
-A job held by a limit is parked in place (the same River job, pending) and
-resumed when the limit lets it start: in job-id order within a key, and
-round-robin across keys when the per-kind limit or a rate is what holds them.
-A limit set here wins over one the program declares in Go until it is
-cleared. Workers pick up a change within a second; raising or clearing a
-limit resumes the jobs it held at once.`
+A job held by a limit waits: running in its worker (River's state running,
+doing no work yet: limits list counts it WAITING, jobs list marks it
+"waiting for a slot"), or parked in place (the same River job, pending).
+Jobs start in job-id order within a key, round-robin across keys when the
+per-kind limit or a rate is what holds them. A limit set here wins over one
+the program declares in Go until it is cleared. Workers pick up a change
+within a second. Raising a limit, lifting a breaker or clearing one facet
+resumes only what the new limits let start, oldest first, each with a slot
+reserved; the rest resume as slots free. Clearing every limit of a kind
+resumes all its parked jobs.`
 	var asJSON bool
 	list := &cobra.Command{
 		Use:   "list [--json]",
@@ -65,13 +69,13 @@ limit resumes the jobs it held at once.`
 				return json.NewEncoder(out).Encode(docs)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "KIND\tLIMIT\tVALUE\tSOURCE\tIN USE\tPARKED\tKEYS WAITING\tOLDEST PARKED")
+			fmt.Fprintln(tw, "KIND\tLIMIT\tVALUE\tSOURCE\tIN USE\tWORKING\tWAITING\tPARKED\tPARKED KEYS\tOLDEST PARKED")
 			for _, r := range rows {
 				oldest := "-"
 				if r.Parked > 0 {
 					oldest = (time.Duration(r.OldestParkedSeconds * float64(time.Second))).Round(time.Second).String()
 				}
-				tail := fmt.Sprintf("%d\t%d\t%d\t%s", r.Admitted, r.Parked, r.ParkedKeys, oldest)
+				tail := fmt.Sprintf("%d\t%d\t%d\t%d\t%d\t%s", r.Admitted, r.Working, r.Waiting, r.Parked, r.ParkedKeys, oldest)
 				lines := 0
 				if r.MaxConcurrency != 0 || r.MaxSource != nil {
 					fmt.Fprintf(tw, "%s\tconcurrency\t%s\t%s\t%s\n", r.Kind, describeLimit(&r.MaxConcurrency), sourceOf(r.MaxSource), tail)
@@ -242,7 +246,12 @@ type limitDoc struct {
 	PerKey      *limitFacet `json:"per_key,omitempty"`
 	Rate        *limitFacet `json:"rate,omitempty"`
 	// Admitted counts the slots taken (admitted jobs, reservations, leases).
-	Admitted            int64   `json:"admitted"`
+	Admitted int64 `json:"admitted"`
+	// Running counts the kind's River jobs in state running: Working of
+	// them do work, Waiting wait in their worker for a slot.
+	Running             int64   `json:"running"`
+	Working             int64   `json:"working"`
+	Waiting             int64   `json:"waiting"`
 	Parked              int64   `json:"parked"`
 	ParkedKeys          int64   `json:"parked_keys"`
 	OldestParkedSeconds float64 `json:"oldest_parked_seconds"`
@@ -258,7 +267,8 @@ type limitFacet struct {
 }
 
 func limitDocOf(r *db.ListLimitsRow) limitDoc {
-	d := limitDoc{Kind: r.Kind, Admitted: r.Admitted, Parked: r.Parked, ParkedKeys: r.ParkedKeys,
+	d := limitDoc{Kind: r.Kind, Admitted: r.Admitted, Running: r.Running, Working: r.Working, Waiting: r.Waiting,
+		Parked: r.Parked, ParkedKeys: r.ParkedKeys,
 		OldestParkedSeconds: r.OldestParkedSeconds, StartsInWindow: r.StartsInWindow}
 	if r.MaxConcurrency != 0 || r.MaxSource != nil {
 		d.Concurrency = &limitFacet{Max: r.MaxConcurrency, Source: sourceOf(r.MaxSource)}

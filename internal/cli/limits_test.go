@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -37,7 +38,7 @@ func TestLimitsCLI(t *testing.T) {
 
 	code, out = sluice(t, url, "limits", "list")
 	require.Equal(t, 0, code, out)
-	require.Regexp(t, `(?m)^demo\.sleep\s+concurrency\s+-1 \(circuit breaker\)\s+sql\s+0\s+0\s+0\s+-$`, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+concurrency\s+-1 \(circuit breaker\)\s+sql\s+0\s+0\s+0\s+0\s+0\s+-$`, out)
 
 	code, out = sluice(t, url, "limits", "list", "--json")
 	require.Equal(t, 0, code, out)
@@ -183,6 +184,142 @@ func TestLimitsWorkerKilled(t *testing.T) {
 	}
 	sort.Strings(ms)
 	require.Equal(t, []string{"2000", "2001", "2002", "2003", "2004", "2005"}, ms)
+}
+
+// TestRunningButWaiting: a job waiting in its worker for a slot is running
+// to River; SQL, limits list and jobs list tell it from one that works.
+// Limit 2, two workers, 12 jobs of 3 s: the workers fetch them all, 2 work
+// and the other 10 wait (park-after 20 s), and the overview, limits list
+// and jobs list all say so.
+func TestRunningButWaiting(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := livePool(t, url)
+	code, out := sluice(t, url, "limits", "set", "demo.sleep", "2")
+	require.Equal(t, 0, code, out)
+	startWorkerProcess(t, url, "SLUICE_PARK_AFTER=20s")
+	startWorkerProcess(t, url, "SLUICE_PARK_AFTER=20s")
+	const n = 12
+	for range n {
+		code, out := sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 3000}`)
+		require.Equal(t, 0, code, out)
+	}
+
+	// What the operator's SQL sees: 12 running, 2 of them working. Within
+	// a heartbeat of every fetch (a worker publishes its waiting jobs).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var running, working, waiting int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT running, working, waiting FROM sluice_concurrency_overview
+			WHERE kind = 'demo.sleep'`).Scan(&running, &working, &waiting))
+		if running == n && working == 2 && waiting == n-2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("overview: running %d, working %d, waiting %d; want %d, 2, %d", running, working, waiting, n, n-2)
+		}
+	}
+	require.Equal(t, n, qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'running'"),
+		"waiting jobs are running to River")
+	require.Equal(t, 2, qInt(t, pool, `SELECT count(*) FROM river_job j WHERE j.kind = 'demo.sleep' AND j.state = 'running'
+		AND NOT EXISTS (SELECT 1 FROM sluice_waiting_jobs w WHERE w.job_id = j.id)`), "the jobs that work")
+
+	code, out = sluice(t, url, "limits", "list")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+concurrency\s+2\s+sql\s+2\s+2\s+10\s+0\s+0\s+-$`, out)
+	code, out = sluice(t, url, "limits", "list", "--json")
+	require.Equal(t, 0, code, out)
+	var docs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &docs))
+	require.Len(t, docs, 1)
+	require.Equal(t, []any{12.0, 2.0, 10.0}, []any{docs[0]["running"], docs[0]["working"], docs[0]["waiting"]})
+
+	code, out = sluice(t, url, "jobs", "list", "--kind", "demo.sleep")
+	require.Equal(t, 0, code, out)
+	require.Len(t, regexp.MustCompile(`(?m)^\d+\s+demo\.sleep\s+default\s+running\s+1/`).FindAllString(out, -1), 2, out)
+	require.Len(t, regexp.MustCompile(`(?m)^\d+\s+demo\.sleep\s+default\s+running \(waiting for a slot\)\s+1/`).FindAllString(out, -1), n-2, out)
+	code, out = sluice(t, url, "jobs", "list", "--kind", "demo.sleep", "--json")
+	require.Equal(t, 0, code, out)
+	var views []struct {
+		ID      int64
+		Waiting *struct {
+			Reason   string `json:"reason"`
+			WorkerID string `json:"worker_id"`
+		} `json:"waiting"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &views))
+	var waitingID int64
+	for _, v := range views {
+		if v.Waiting != nil {
+			require.Equal(t, "limit", v.Waiting.Reason)
+			require.NotEmpty(t, v.Waiting.WorkerID)
+			waitingID = v.ID
+		}
+	}
+	require.NotZero(t, waitingID)
+	code, out = sluice(t, url, "jobs", "show", fmt.Sprint(waitingID))
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `(?m)^state:\s+running \(waiting for a slot\)$`, out)
+	require.Regexp(t, `(?m)^waiting:\s+waiting in worker \S+ for a concurrency slot since \S+ \(\S+\), held by concurrency \(reason limit\); it does no work until it has one$`, out)
+}
+
+// TestKilledWorkersWaitingJobsPark: a worker killed (SIGKILL) while jobs
+// wait in it for a slot: the reaper parks them in place, their attempts
+// undone (they never ran), and rescues the job that was running (an
+// attempt, with its error). Both ways a job waits: for a leased slot (a
+// per-kind limit) and in the line (a per-key limit).
+func TestKilledWorkersWaitingJobsPark(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		limit []string
+	}{
+		{"leased slots", []string{"limits", "set", "demo.sleep", "1"}},
+		{"line", []string{"limits", "set", "demo.sleep", "1", "--by-args", "ms"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			url := testdb.New(t)
+			pool := livePool(t, url)
+			code, out := sluice(t, url, tc.limit...)
+			require.Equal(t, 0, code, out)
+			fast := []string{"SLUICE_PARK_AFTER=30s", "SLUICE_HEARTBEAT_INTERVAL=200ms", "SLUICE_DEAD_AFTER=1s"}
+			a := startWorkerProcess(t, url, append(fast, "SLUICE_WORKER_ID=doomed")...)
+			const n = 4
+			for range n {
+				code, out := sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 3000}`)
+				require.Equal(t, 0, code, out)
+			}
+			// One runs, three wait in the worker (running to River).
+			require.Eventually(t, func() bool {
+				var running, waiting int
+				require.NoError(t, pool.QueryRow(ctx, `SELECT running, waiting FROM sluice_concurrency_overview
+					WHERE kind = 'demo.sleep'`).Scan(&running, &waiting))
+				return running == n && waiting == n-1
+			}, 20*time.Second, 10*time.Millisecond)
+			require.NoError(t, a.Process.Signal(syscall.SIGKILL))
+			_ = a.Wait()
+
+			startWorkerProcess(t, url, fast...)
+			require.Eventually(t, func() bool {
+				return qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'") == n
+			}, time.Minute, 50*time.Millisecond)
+			// The waiting jobs never ran in the dead worker: attempt 1 (their
+			// one run), no error. The one it ran: attempt 2, its error.
+			rows, err := pool.Query(ctx, `SELECT attempt, COALESCE(cardinality(errors), 0) FROM river_job WHERE kind = 'demo.sleep' ORDER BY attempt`)
+			require.NoError(t, err)
+			var got [][2]int
+			for rows.Next() {
+				var attempt, errs int
+				require.NoError(t, rows.Scan(&attempt, &errs))
+				got = append(got, [2]int{attempt, errs})
+			}
+			require.NoError(t, rows.Err())
+			require.Equal(t, [][2]int{{1, 0}, {1, 0}, {1, 0}, {2, 1}}, got)
+		})
+	}
 }
 
 // startWorkerProcess starts `sluice worker` on url with extra environment

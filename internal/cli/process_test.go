@@ -133,6 +133,12 @@ func TestWorkerSIGTERM(t *testing.T) {
 
 	start := time.Now()
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	// Every line up to the exit, read before Wait closes the pipe (reading
+	// after it could lose the last ones).
+	var all strings.Builder
+	for line := range logs {
+		all.WriteString(line + "\n")
+	}
 	require.NoError(t, cmd.Wait(), "a graceful stop exits 0")
 	require.Less(t, time.Since(start), 20*time.Second)
 
@@ -140,10 +146,6 @@ func TestWorkerSIGTERM(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE state = 'completed'").Scan(&completed))
 	require.Equal(t, 3, completed, "running jobs finish before the worker exits")
 
-	var all strings.Builder
-	for line := range logs {
-		all.WriteString(line + "\n")
-	}
 	require.Regexp(t, regexp.MustCompile(`"msg":"worker stopping: finishing running jobs"`), all.String())
 	require.Contains(t, all.String(), `"msg":"worker stopped"`)
 }

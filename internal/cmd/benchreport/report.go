@@ -93,6 +93,14 @@ var specs = map[string]Spec{
 		What:   "P10 per-key limits: times each job was fetched, on average (1 + parkings per job); no target",
 		Figure: "fetches/job",
 	},
+	"BenchmarkBreakerRaised": {
+		What:   "P12 concurrency limits: a circuit breaker raised to 2 over 2,000 parked jobs of 10 ms, 2 workers (vs the ideal 2 per 10 ms); ratio = ideal / achieved drain time",
+		Figure: "drain-ms", Comparison: "ideal-ms", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkBreakerRaised#parkings": {
+		What:   "P12 concurrency limits: parkings per job in all, the first one included (the most jobs available at once after the raise beside it)",
+		Figure: "parkings/job", Comparison: "max-available", TargetOn: "parkings/job", Cmp: "<=", Target: 1.05,
+	},
 	"BenchmarkRateLimit": {
 		What:   "P11 rate limits: 200 starts/s for 30 s, 2 workers, a backlog (achieved starts/s vs the configured rate)",
 		Figure: "starts/s", Comparison: "configured-starts/s", TargetOn: "ratio", Cmp: ">=",

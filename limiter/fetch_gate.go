@@ -1,0 +1,96 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/riverqueue/river/riverdriver"
+)
+
+// MaxFetchedWaiting is how many fetched jobs may wait in one worker for
+// their turn in the line: while jobs wait, a fetch takes at most the
+// difference (at least one job), and while that many wait it waits until
+// fewer do. A worker with no job waiting fetches as River asks.
+const MaxFetchedWaiting = 256
+
+// fetchGate keeps a worker from fetching more jobs than can start soon
+// while jobs of limited kinds wait in it for their turn. River fetches up
+// to a queue's free MaxWorkers at a time, and a job waiting for a slot
+// holds one of them: a backlog of a kind whose keys have room for 200 would
+// have each worker fetch its whole MaxWorkers, most of which would wait
+// past their park-after time and park, to be resumed and fetched again.
+//
+// River's producer fetches again at once only when a fetch filled what it
+// asked for, else at its poll interval or on an insert notification; so a
+// fetch the gate made smaller owes its queue a notification, sent when
+// the jobs waiting in the worker fall to half of MaxFetchedWaiting.
+type fetchGate struct {
+	l *Limiter
+
+	mu   sync.Mutex
+	owed map[string]bool // queues whose last fetch the gate made smaller
+}
+
+// admit waits while MaxFetchedWaiting jobs wait in the worker (until fewer
+// do, ctx ends, or at the latest the park-after time: they park by then),
+// and returns params with MaxToLock cut to the room left while jobs wait.
+func (g *fetchGate) admit(ctx context.Context, params *riverdriver.JobGetAvailableParams) *riverdriver.JobGetAvailableParams {
+	ws := &g.l.waits
+	if ws.count() >= MaxFetchedWaiting {
+		deadline := time.NewTimer(g.l.parkAfter + LinePoll)
+		defer deadline.Stop()
+		tick := time.NewTicker(LinePoll)
+		defer tick.Stop()
+	wait:
+		for ws.count() >= MaxFetchedWaiting {
+			select {
+			case <-ctx.Done():
+				return params
+			case <-deadline.C:
+				break wait
+			case <-tick.C:
+			}
+		}
+	}
+	waiting := ws.count()
+	room := max(MaxFetchedWaiting-waiting, 1)
+	if waiting == 0 || params.MaxToLock <= room {
+		return params
+	}
+	g.mu.Lock()
+	if g.owed == nil {
+		g.owed = map[string]bool{}
+	}
+	g.owed[params.Queue] = true
+	g.mu.Unlock()
+	p := *params
+	p.MaxToLock = room
+	return &p
+}
+
+// left is told that a job stopped waiting, waiting still do: at half of
+// MaxFetchedWaiting it wakes the producers of the queues owed a fetch.
+func (g *fetchGate) left(waiting int) {
+	if waiting > MaxFetchedWaiting/2 {
+		return
+	}
+	g.mu.Lock()
+	if len(g.owed) == 0 {
+		g.mu.Unlock()
+		return
+	}
+	queues := make([]string, 0, len(g.owed))
+	for q := range g.owed {
+		queues = append(queues, q)
+	}
+	g.owed = nil
+	g.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		defer cancel()
+		if err := g.l.q.NotifyRiverInsert(ctx, queues); err != nil {
+			g.l.logger.Warn("queues not woken after a smaller fetch; River's poll interval will", "queues", queues, "error", err)
+		}
+	}()
+}

@@ -1,0 +1,395 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// unlimited is the capacity of no limit.
+const unlimited = math.MaxInt32
+
+// run is one real execution, as its worker recorded it.
+type run struct {
+	id      int64
+	job     int64
+	kind    string
+	key     string
+	attempt int
+	worker  string
+	start   time.Time
+	// end is when it ended: as recorded, or when its worker was killed;
+	// zero if neither (still running).
+	end     time.Time
+	outcome string // ok, fail, snooze, cancelled; "" if it never ended
+}
+
+// change is one state change of a job (torture_states).
+type change struct {
+	job         int64
+	from, to    string // to is "deleted" for a deletion
+	scheduledAt time.Time
+	client      string // the worker that fetched it last
+	at          time.Time
+	query       string // the statement that resumed it (from pending)
+}
+
+// limits is a torture kind's limits at some time.
+type limits struct {
+	present    bool // a concurrency_limits row
+	max        int32
+	fields     []string
+	keyMax     int32
+	rateMax    int32
+	ratePeriod time.Duration
+	ratePerKey bool
+}
+
+// kindCap is how many jobs of the kind may run at once.
+func (l limits) kindCap() int {
+	switch {
+	case !l.present || l.max == 0:
+		return unlimited
+	case l.max < 0:
+		return 0
+	}
+	return int(l.max)
+}
+
+// keyCap is how many jobs of one key may run at once.
+func (l limits) keyCap() int {
+	if l.present && l.keyMax > 0 {
+		return int(l.keyMax)
+	}
+	return unlimited
+}
+
+// hasRate reports whether a rate limit is set.
+func (l limits) hasRate() bool { return l.present && l.rateMax > 0 }
+
+// keyed reports whether the limits have a partition (key of a job: its
+// args' "key"); else every job of the kind has the key "".
+func (l limits) keyed() bool { return l.present && len(l.fields) > 0 }
+
+// strict reports whether jobs of a key must start in job-id order without
+// exception: the kind has a per-key limit or a rate (it never uses leased
+// slots).
+func (l limits) strict() bool { return l.keyed() || l.hasRate() }
+
+// limited reports whether any limit holds.
+func (l limits) limited() bool {
+	return l.present && (l.max != 0 || l.keyMax > 0 || l.rateMax > 0)
+}
+
+func (l limits) rateEqual(o limits) bool {
+	return l.hasRate() == o.hasRate() && (!l.hasRate() ||
+		(l.rateMax == o.rateMax && l.ratePeriod == o.ratePeriod && l.ratePerKey == o.ratePerKey &&
+			(!l.ratePerKey || slices.Equal(l.fields, o.fields))))
+}
+
+func (l limits) String() string {
+	if !l.present {
+		return "none"
+	}
+	s := fmt.Sprintf("max %d", l.max)
+	if l.keyMax > 0 {
+		s += fmt.Sprintf(", %d per key", l.keyMax)
+	}
+	if l.rateMax > 0 {
+		s += fmt.Sprintf(", rate %d/%s", l.rateMax, l.ratePeriod)
+		if l.ratePerKey {
+			s += " per key"
+		}
+	}
+	return s
+}
+
+// limitChange is a change of a kind's limits.
+type limitChange struct {
+	at     time.Time
+	limits limits
+}
+
+// job is a torture job as the test inserted it, with its state at the end.
+type job struct {
+	id          int64
+	kind        string
+	args        jobArgs
+	maxAttempts int
+	// final is its state at the end ("" when deleted); attempt its River
+	// attempt count then.
+	final   string
+	attempt int
+	// errors are the errors River recorded for its attempts.
+	errors []string
+}
+
+// clientOp is a River client call of the test on a job.
+type clientOp struct {
+	op            string // cancel, delete, retry
+	job           int64
+	before, after time.Time
+	state         string // the job's state as the call returned it
+}
+
+// workerEvent is a worker process started, stopped or killed.
+type workerEvent struct {
+	worker string
+	what   string // start, stop, kill
+	at     time.Time
+}
+
+// record is everything the checks read: what really ran, what changed, and
+// what the test did.
+type record struct {
+	runs    []run
+	changes map[int64][]change // by job, in order
+	limits  map[string][]limitChange
+	jobs    map[int64]*job
+	ops     []clientOp
+	workers []workerEvent
+	// begin and end bound the observation: the first insert, and the
+	// moment every job had ended.
+	begin, end time.Time
+	// parkAfter is the longest park-after of the workers.
+	parkAfter time.Duration
+	// runsOf indexes runs by job (indexRuns).
+	runsOf map[int64][]run
+	// line is, by job, every change of its slot and waiter rows
+	// (torture_line), for diagnosis.
+	line map[int64][]lineEvent
+}
+
+// lineEvent is a change of a job's slot or waiter row.
+type lineEvent struct {
+	what     string // table and operation
+	reserved bool
+	worker   string
+	at       time.Time
+	query    string
+}
+
+// kinds are the torture kinds.
+var kinds = []string{"torture.a", "torture.b"}
+
+// limitsAt is kind's limits at t.
+func (r *record) limitsAt(kind string, t time.Time) limits {
+	var out limits
+	for _, c := range r.limits[kind] {
+		if c.at.After(t) {
+			break
+		}
+		out = c.limits
+	}
+	return out
+}
+
+// limitsDuring is every limits of kind in force at some instant of [t0, t1].
+func (r *record) limitsDuring(kind string, t0, t1 time.Time) []limits {
+	out := []limits{r.limitsAt(kind, t0)}
+	for _, c := range r.limits[kind] {
+		if c.at.After(t0) && !c.at.After(t1) {
+			out = append(out, c.limits)
+		}
+	}
+	return out
+}
+
+// killedAt is when worker was killed (zero: never).
+func (r *record) killedAt(worker string) time.Time {
+	for _, e := range r.workers {
+		if e.worker == worker && e.what == "kill" {
+			return e.at
+		}
+	}
+	return time.Time{}
+}
+
+// stateAt is the job's last change at or before t (ok false: none yet).
+func (r *record) stateAt(id int64, t time.Time) (change, bool) {
+	cs := r.changes[id]
+	i := sort.Search(len(cs), func(i int) bool { return cs[i].at.After(t) })
+	if i == 0 {
+		return change{}, false
+	}
+	return cs[i-1], true
+}
+
+// loadRecord reads the record: the executions from the workers' run logs
+// in runsDir, the rest from the database; jobs, ops and workers are the
+// test's own.
+func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserted map[int64]*job, ops []clientOp,
+	workers []workerEvent, parkAfter time.Duration) (*record, error) {
+	r := &record{changes: map[int64][]change{}, limits: map[string][]limitChange{}, jobs: inserted, ops: ops,
+		workers: workers, parkAfter: parkAfter}
+	runs, err := readRunLogs(runsDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, x := range runs {
+		if x.end.IsZero() {
+			if killed := r.killedAt(x.worker); !killed.IsZero() {
+				x.end = killed
+			}
+		}
+		r.runs = append(r.runs, x)
+	}
+	rows, err := pool.Query(ctx, `SELECT job_id, COALESCE(old_state, ''), new_state, scheduled_at, COALESCE(client, ''), at,
+		COALESCE(query, '') FROM public.torture_states ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read state changes: %w", err)
+	}
+	for rows.Next() {
+		var c change
+		var sched *time.Time
+		if err := rows.Scan(&c.job, &c.from, &c.to, &sched, &c.client, &c.at, &c.query); err != nil {
+			return nil, err
+		}
+		if sched != nil {
+			c.scheduledAt = *sched
+		}
+		r.changes[c.job] = append(r.changes[c.job], c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read state changes: %w", err)
+	}
+	for id, cs := range r.changes {
+		// Changes of one statement are logged in row order, at increasing
+		// clock times; keep them in time order whatever the log's order.
+		sort.SliceStable(cs, func(i, j int) bool { return cs[i].at.Before(cs[j].at) })
+		r.changes[id] = cs
+	}
+	r.line = map[int64][]lineEvent{}
+	rows, err = pool.Query(ctx, `SELECT job_id, what, COALESCE(reserved, false), COALESCE(worker, ''), at, COALESCE(query, '')
+		FROM public.torture_line ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read line changes: %w", err)
+	}
+	for rows.Next() {
+		var id int64
+		var e lineEvent
+		if err := rows.Scan(&id, &e.what, &e.reserved, &e.worker, &e.at, &e.query); err != nil {
+			return nil, err
+		}
+		r.line[id] = append(r.line[id], e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read line changes: %w", err)
+	}
+	rows, err = pool.Query(ctx, `SELECT kind, present, COALESCE(max_concurrency, 0), partition_fields, COALESCE(key_max, 0),
+		COALESCE(rate_max, 0), COALESCE(rate_period_ms, 0), COALESCE(rate_per_key, false), at
+		FROM public.torture_limits ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read limit changes: %w", err)
+	}
+	for rows.Next() {
+		var kind string
+		var l limits
+		var periodMS int64
+		var at time.Time
+		if err := rows.Scan(&kind, &l.present, &l.max, &l.fields, &l.keyMax, &l.rateMax, &periodMS, &l.ratePerKey, &at); err != nil {
+			return nil, err
+		}
+		l.ratePeriod = time.Duration(periodMS) * time.Millisecond
+		r.limits[kind] = append(r.limits[kind], limitChange{at: at, limits: l})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read limit changes: %w", err)
+	}
+	rows, err = pool.Query(ctx, `SELECT id, state::text, attempt,
+		COALESCE((SELECT array_agg(e->>'error') FROM unnest(errors) e), '{}')
+		FROM river_job WHERE kind LIKE 'torture.%'`)
+	if err != nil {
+		return nil, fmt.Errorf("read jobs: %w", err)
+	}
+	type final struct {
+		state   string
+		attempt int
+		errors  []string
+	}
+	finals, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct {
+		id int64
+		final
+	}, error) {
+		var x struct {
+			id int64
+			final
+		}
+		err := row.Scan(&x.id, &x.state, &x.attempt, &x.errors)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read jobs: %w", err)
+	}
+	for _, f := range finals {
+		if j, ok := r.jobs[f.id]; ok {
+			j.final, j.attempt, j.errors = f.state, f.attempt, f.errors
+		}
+	}
+	for _, j := range r.jobs {
+		if cs := r.changes[j.id]; len(cs) > 0 && (r.begin.IsZero() || cs[0].at.Before(r.begin)) {
+			r.begin = cs[0].at
+		}
+	}
+	r.end, err = dbNow(ctx, pool)
+	return r, err
+}
+
+// argsOf decodes a job's args.
+func argsOf(raw []byte) (jobArgs, error) {
+	var a jobArgs
+	err := json.Unmarshal(raw, &a)
+	return a, err
+}
+
+// readRunLogs reads the executions of every worker's run log in dir, in
+// start order.
+func readRunLogs(dir string) ([]run, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*"+runLogExt))
+	if err != nil {
+		return nil, err
+	}
+	var out []run
+	for _, path := range files {
+		worker := strings.TrimSuffix(filepath.Base(path), runLogExt)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read run log: %w", err)
+		}
+		byRun := map[int64]int{}
+		for i, line := range bytes.Split(data, []byte("\n")) {
+			if len(line) == 0 {
+				continue
+			}
+			var l runLine
+			if err := json.Unmarshal(line, &l); err != nil {
+				return nil, fmt.Errorf("run log %s line %d: %w", path, i+1, err)
+			}
+			at := time.Unix(0, l.At)
+			if l.Outcome == "" {
+				byRun[l.Run] = len(out)
+				out = append(out, run{id: int64(len(out) + 1), job: l.Job, kind: l.Kind, key: l.Key, attempt: l.Attempt,
+					worker: worker, start: at})
+				continue
+			}
+			k, ok := byRun[l.Run]
+			if !ok {
+				return nil, fmt.Errorf("run log %s line %d: the end of run %d, which never started", path, i+1, l.Run)
+			}
+			out[k].end, out[k].outcome = at, l.Outcome
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].start.Before(out[j].start) })
+	return out, nil
+}
