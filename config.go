@@ -55,6 +55,22 @@ type Config struct {
 	// its declared limits at the next start.
 	Limits []Limit
 
+	// River, if set, is your River configuration: sluice calls it on the
+	// river.Config it built for a worker, before the client is created (in
+	// New, and in Main's worker and run). Whatever it sets is used as River
+	// documents it: ErrorHandler, Middleware, Hooks, JobInsertMiddleware,
+	// RetryPolicy, MaxAttempts, the retention periods, PeriodicJobs (run as
+	// River runs them: on the leader, in memory), FetchCooldown,
+	// FetchPollInterval, JobTimeout, Plugins. The fields sluice sets are
+	// checked after the call: a change to Workers, Queues, ID, Schema,
+	// Logger, RescueStuckJobsAfter, LeaderElectionDisabled or TestOnly is
+	// refused before anything runs (New returns the error, Main exits 1),
+	// naming the field and the sluice setting to use. sluice's own worker
+	// middleware stays outermost: your Middleware and WorkerMiddleware run
+	// inside the limiter, so a job that parks never reaches them and a job
+	// that runs passes through them once (README, "Your River config").
+	River func(*river.Config)
+
 	// Schema is the Postgres schema of sluice's tables, views, functions
 	// and migration versions (default "sluice"). Main's --schema and
 	// $SLUICE_SCHEMA override it.
@@ -121,7 +137,7 @@ type Config struct {
 
 func (c Config) program() app.Program {
 	return app.Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules, Limits: c.Limits,
-		Schemas: db.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
+		Schemas: db.Schemas{Sluice: c.Schema, River: c.RiverSchema}, River: c.River}
 }
 
 func (c Config) appConfig() app.Config {

@@ -37,7 +37,8 @@ import (
 // SIGTERM stop the command gracefully.
 //
 // Main reads its settings from the command line and the environment
-// (`--help` lists them); of cfg it uses Workers, Migrations and Modules, and
+// (`--help` lists them); of cfg it uses Workers, Migrations, Modules, Limits
+// and River (for the worker and run commands), and
 // Schema and RiverSchema as the defaults of --schema and --river-schema. A
 // cfg with no workers and no modules, or with a kind registered twice, is
 // reported and exits 1 before any command runs.

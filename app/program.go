@@ -35,6 +35,12 @@ type Program struct {
 	// every worker at start (a limit set by SQL or the CLI wins until
 	// cleared).
 	Limits []limiter.Limit
+	// River, if set, is called on the River config sluice built for a
+	// worker (and for `run`) before the client is created: whatever it sets
+	// is used (ErrorHandler, Middleware, Hooks, RetryPolicy, retention,
+	// PeriodicJobs, …), but a change to a field sluice owns is refused
+	// (configureRiver), and sluice's middleware stays outermost.
+	River func(*river.Config)
 }
 
 // CheckLimits validates the declared limits against the program's kinds:

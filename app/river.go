@@ -39,6 +39,8 @@ type clientOpts struct {
 	jobTimeout           time.Duration
 	leaderElectionOff    bool
 	softStopTimeout      time.Duration
+	// configure is the program's Config.River (nil: none).
+	configure func(*river.Config)
 }
 
 // newWorkClient builds a River client working the program's jobs, with
@@ -48,7 +50,7 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 	if err != nil {
 		return nil, err
 	}
-	client, err := river.NewClient(driver, &river.Config{
+	cfg := &river.Config{
 		FetchCooldown:          opts.fetchCooldown,
 		FetchPollInterval:      opts.fetchPollInterval,
 		ID:                     opts.id,
@@ -59,9 +61,12 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 		Logger:                 riverLogger(logger),
 		Queues:                 opts.queues,
 		SoftStopTimeout:        opts.softStopTimeout,
-		WorkerMiddleware:       j.Middleware(),
 		Workers:                j.Workers,
-	})
+	}
+	if err := configureRiver(cfg, opts.configure, j.Middleware()); err != nil {
+		return nil, err
+	}
+	client, err := river.NewClient(driver, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}

@@ -89,6 +89,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 		jobTimeout:        cfg.JobTimeout,
 		leaderElectionOff: true,
 		queues:            map[string]river.QueueConfig{queue: {MaxWorkers: 1}},
+		configure:         cfg.Program.River,
 	})
 	if err != nil {
 		return nil, err

@@ -138,6 +138,7 @@ func (w *Worker) init(ctx context.Context) error {
 		id:                   w.cfg.ID,
 		jobTimeout:           w.cfg.JobTimeout,
 		queues:               riverQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers),
+		configure:            w.cfg.Program.River,
 	})
 	if err != nil {
 		return err
