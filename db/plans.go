@@ -15,11 +15,12 @@ import (
 // pgx's default prepares each statement once per connection, and after
 // five runs Postgres may settle on a generic plan chosen with the
 // statistics of that moment. The limiter's line tables swing from empty
-// to hundreds of thousands of rows and back (a breaker raised over a
+// to thousands of rows and back (a breaker raised over a
 // backlog): a generic plan made while a table looked empty scans all of it
 // once per key for as long as the connection lives — 80 ms instead of 1 ms
 // a statement, under the kind's lock. A custom plan costs a plan per
-// statement (well under a millisecond) and sees the table's real size.
+// statement (0.1 to 2 ms here for the limiter's largest) and sees the
+// table's real size.
 func CustomPlans(conn DBTX) DBTX {
 	return customPlans{conn: conn}
 }

@@ -13,10 +13,10 @@ import (
 )
 
 // TestCustomPlans: a statement sent through CustomPlans is planned at each
-// run for the table as it is: it leaves no prepared statement on the
-// connection (no cached generic plan to reuse), where pgx's default mode
-// leaves one; and after ten runs on an empty table, the eleventh, with the
-// table grown to 20,000 rows, reads it by its index instead of scanning it.
+// run for the table as it is: after ten runs on an empty table it has left
+// no prepared statement on the connection (no cached generic plan to
+// reuse), where pgx's default mode leaves one; and planned through it once
+// the table has grown to 20,000 rows, it reads the table by its index.
 func TestCustomPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -117,19 +117,15 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	switch {
 	case c.fields != nil && within != nil && c.independentKeys():
 		keys = within
-		if len(keys) == 0 {
-			err := l.afterGrants(ctx, q, kind, c, nil, &res)
-			return res, err
-		}
 	case c.fields != nil:
 		var err error
 		if keys, err = q.TurnKeys(ctx, db.TurnKeysParams{Kind: kind, MaxKeys: maxTurnKeys}); err != nil {
 			return res, fmt.Errorf("keys of %s in turn: %w", kind, err)
 		}
-		if len(keys) == 0 {
-			err := l.afterGrants(ctx, q, kind, c, nil, &res)
-			return res, err
-		}
+	}
+	if len(keys) == 0 {
+		err := l.afterGrants(ctx, q, kind, c, nil, &res)
+		return res, err
 	}
 	lines, err := keyLines(ctx, q, kind, c, keys)
 	if err != nil {

@@ -247,7 +247,7 @@ func (l *Limiter) decideLine(ctx context.Context, q *db.Queries, kind string, c 
 			plan = l.planLine(*c, reqs, recs, lines, kindStarts, kindFreesIn, undecided, now)
 		}
 	}
-	return l.writeLine(ctx, q, kind, c, plan, undecided, out)
+	return l.writeLine(ctx, q, kind, c, plan, keys, undecided, out)
 }
 
 // keyLines reads the lines of kind's keys (one, "", for a kind without a
@@ -447,8 +447,9 @@ func (c *kindCounts) blocker(r *admitRequest, member bool, ks keyLine, kindStart
 // the requests; it returns the jobs to park. When room is free while jobs
 // wait for their turn, it runs a grant round, which may give a slot to
 // jobs of plan (claimed at once: they wait in this worker) or to other
-// jobs of the line, but not ahead of the undecided jobs of a key.
-func (l *Limiter) writeLine(ctx context.Context, q *db.Queries, kind string, c *kindCounts, plan linePlan, undecided map[string]int64,
+// jobs of the line, but not ahead of the undecided jobs of a key (keys:
+// those of plan's jobs, all the round reads under per-key limits alone).
+func (l *Limiter) writeLine(ctx context.Context, q *db.Queries, kind string, c *kindCounts, plan linePlan, keys []string, undecided map[string]int64,
 	out *lineOutcome) ([]*admitRequest, error) {
 	var claimSlots, claimStarts, unwait []int64
 	var slotIDs, startIDs, waitIDs []int64
@@ -546,13 +547,7 @@ func (l *Limiter) writeLine(ctx context.Context, q *db.Queries, kind string, c *
 	}
 	wakeIn := plan.wakeIn
 	if plan.grant {
-		batchKeys := []string{}
-		for _, s := range plan.steps {
-			if !slices.Contains(batchKeys, s.r.key) {
-				batchKeys = append(batchKeys, s.r.key)
-			}
-		}
-		res, err := l.grantRound(ctx, q, kind, c, undecided, nil, batchKeys)
+		res, err := l.grantRound(ctx, q, kind, c, undecided, nil, keys)
 		if err != nil {
 			return nil, err
 		}
