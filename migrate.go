@@ -14,7 +14,7 @@ import (
 // safe to run from several processes at once. It returns the migrations it
 // applied.
 func Migrate(ctx context.Context, cfg Config) ([]migrations.Step, error) {
-	prog := cfg.program()
+	prog := cfg.Program()
 	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, "sluice migrate", prog.Schemas)
 	if err != nil {
 		return nil, err

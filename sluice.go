@@ -37,13 +37,16 @@ import (
 // SIGTERM stop the command gracefully.
 //
 // Main reads its settings from the command line and the environment
-// (`--help` lists them); of cfg it uses Workers, Migrations, Modules, Limits
-// and River (for the worker and run commands), and
-// Schema and RiverSchema as the defaults of --schema and --river-schema. A
-// cfg with no workers and no modules, or with a kind registered twice, is
-// reported and exits 1 before any command runs.
+// (`--help` lists them), with cfg's settings as their defaults: flag >
+// environment > cfg > built-in default. It uses what the program is made
+// of (Workers, Migrations, Modules, Limits, Schedules, River,
+// TracerProvider; without a TracerProvider, the standard OTEL_* variables
+// turn tracing on); DatabaseURL and Logger are its own (--database-url or
+// $DATABASE_URL; stderr). A cfg with no workers and no modules, a kind
+// registered twice, or a bad declared limit or schedule is reported and
+// exits 1 before any command runs.
 func Main(cfg Config) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return cli.Run(ctx, cfg.program(), os.Args[1:], os.Stdout, os.Stderr)
+	return cli.Run(ctx, cfg, os.Args[1:], os.Stdout, os.Stderr)
 }

@@ -39,7 +39,7 @@ type Worker struct {
 // Main has the same Migrations and Modules), and builds the worker. Nothing
 // runs until Start.
 func New(ctx context.Context, cfg Config) (*Worker, error) {
-	w, err := app.NewWorker(ctx, cfg.appConfig())
+	w, err := app.NewWorker(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -15,11 +16,14 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
+	"github.com/sluice-dev/sluice/module"
 	"github.com/sluice-dev/sluice/scheduler"
 	"github.com/sluice-dev/sluice/web"
 )
@@ -62,83 +66,182 @@ const (
 	MinDeadAfterBeats = liveness.MinDeadAfterBeats
 )
 
-// Config configures a worker process.
+// Config configures a sluice program: what it is made of (its River
+// workers, migrations, modules, declared limits and schedules, River
+// config and tracer provider) and how its workers run. sluice.Config is
+// this type. New and Migrate use every field; Main takes them as the
+// defaults of its flags and environment variables (flag > environment >
+// Config > built-in default), and DatabaseURL, Logger and HTTPToken from
+// the environment only.
 type Config struct {
-	// Program is the application's workers and migrations, and the modules
-	// turned on.
-	Program Program
-	// DatabaseURL is the pgx connection string.
+	// Workers are the application's River workers, registered with
+	// river.AddWorker. sluice works them with its middleware (concurrency
+	// limits, metrics) and knows their kinds everywhere: enqueue, run and
+	// schedule decode args strictly into each kind's args type and call its
+	// Validate() error where it has one. sluice never changes the bundle: it
+	// works a copy with its own workers added.
+	Workers *river.Workers
+	// Migrations are the application's goose migrations (such as an
+	// embed.FS of SQL files), applied by `migrate up` after sluice's own and
+	// tracked in a version table of their own.
+	Migrations fs.FS
+	// Modules are the modules to turn on. sluice's core (scheduler, limits
+	// and parking, liveness, the maintenance framework, metrics and health)
+	// is always on.
+	Modules []module.Module
+	// Limits declares limits of the program's kinds: every worker writes
+	// them at start (concurrency_limits, source "config"). A limit set by
+	// the CLI or SQL wins over the declared one until `sluice limits
+	// clear`, which falls back to it: an operator's change at runtime must
+	// outlive the next deploy. A kind the program no longer declares loses
+	// its declared limits at the next start.
+	Limits []limiter.Limit
+	// Schedules declares durable schedules in Go: every worker writes them
+	// into the schedules table at start (source "config"), where the
+	// dispatcher runs each exactly once per due time, as any other
+	// schedule. An operator's change by the CLI or SQL wins until `sluice
+	// schedule reset NAME` goes back to the declared one; a schedule the
+	// program no longer declares is removed at the next start, unless an
+	// operator changed it. Bad declarations are refused before anything
+	// runs, naming the schedule.
+	Schedules []scheduler.Declared
+	// River, if set, is your River configuration: sluice calls it on the
+	// river.Config it built for a worker, before the client is created (in
+	// New, and in Main's worker and run). Whatever it sets is used as River
+	// documents it: ErrorHandler, Middleware, Hooks, JobInsertMiddleware,
+	// RetryPolicy, MaxAttempts, the retention periods, PeriodicJobs (run as
+	// River runs them: on the leader, in memory), FetchCooldown,
+	// FetchPollInterval, JobTimeout, Plugins. The fields sluice sets are
+	// checked after the call: a change to Workers, Queues, ID, Schema,
+	// Logger, RescueStuckJobsAfter, LeaderElectionDisabled or TestOnly is
+	// refused before anything runs (New returns the error, Main exits 1),
+	// naming the field and the sluice setting to use. sluice's own worker
+	// middleware stays outermost: your Middleware and WorkerMiddleware run
+	// inside the limiter, so a job that parks never reaches them and a job
+	// that runs passes through them once (README, "Your River config").
+	River func(*river.Config)
+	// TracerProvider makes sluice's OpenTelemetry spans: the insert, the
+	// job's work (a child of the inserter's span, whose W3C trace context
+	// travels in the job's metadata), the limiter's park, resume and wait
+	// events, dispatcher ticks and maintenance runs (README, "Tracing").
+	// Nil: OpenTelemetry's global provider, a no-op unless the program sets
+	// one. Main's worker sets one from the standard OTEL_* variables.
+	TracerProvider trace.TracerProvider
+
+	// Schema is the Postgres schema of sluice's tables, views, functions
+	// and migration versions (default "sluice"; --schema, $SLUICE_SCHEMA).
+	Schema string
+	// RiverSchema is where River's tables live (River's own Config.Schema);
+	// empty: where the connection's search_path puts them, usually public
+	// (--river-schema, $SLUICE_RIVER_SCHEMA).
+	RiverSchema string
+
+	// DatabaseURL is the pgx connection string (URL or key=value); Main
+	// reads it from --database-url or $DATABASE_URL.
 	DatabaseURL string
-	// HTTPAddr is the listen address of the HTTP server; empty disables it.
-	// Off loopback (web.IsLoopback) it needs HTTPToken.
+	// Logger receives every log line (nil: none); Main logs to stderr.
+	Logger *slog.Logger
+	// ID names the worker: River's client ID (river_job.attempted_by) and
+	// maintenance_runs.worker_id (--id). Empty: host-pid-random.
+	ID string
+	// HTTPAddr, if set, is where the worker serves its HTTP endpoints
+	// (--http-addr; Main's default DefaultHTTPAddr); an application that
+	// has its own server mounts Worker.Handler instead. An address off
+	// loopback (anything but localhost, 127.0.0.0/8 and ::1; ":8089" and
+	// "0.0.0.0:8089" included) needs HTTPToken: New refuses it without one.
 	HTTPAddr string
-	// HTTPToken, when set, guards the HTTP handler (the worker's own server
-	// and Handler) but /healthz and /readyz: a request needs it as a bearer
-	// token or a basic-auth password (web.RequireToken), on loopback too.
-	// At least web.MinTokenLength characters; never logged.
+	// HTTPToken, when set, guards the worker's HTTP endpoints, on its own
+	// server and on Worker.Handler alike, wherever they listen: every
+	// request but /healthz and /readyz needs "Authorization: Bearer TOKEN"
+	// or the token as a basic-auth password (any user name), else 401. At
+	// least web.MinTokenLength (16) characters; never logged. Main reads
+	// it from $SLUICE_HTTP_TOKEN only, so it stays out of process listings.
 	HTTPToken string
-	// HTTPPrefix is the path the handler is served under, such as "/jobs"
-	// (empty: the root). The worker's own server serves it there, and an
-	// application that mounts Handler in its own server mounts it there with
-	// http.StripPrefix: River UI builds its URLs from it.
+	// HTTPPrefix is the path Worker.Handler is mounted under in the
+	// application's server, such as "/jobs" for
+	// mux.Handle("/jobs/", http.StripPrefix("/jobs", w.Handler())): River UI
+	// builds its URLs from it (sluice's pages link relatively). The worker's
+	// own server (HTTPAddr) serves under it too. Empty: the root.
 	HTTPPrefix string
 	// Pprof serves Go's runtime profiles (net/http/pprof) at /debug/pprof/
 	// on the HTTP handler, behind the token like everything but /healthz
-	// and /readyz. Off by default.
+	// and /readyz (--pprof). Off by default.
 	Pprof bool
-	// ID names the process: River's client ID (river_job.attempted_by) and
-	// maintenance_runs.worker_id. Empty generates host-pid-random.
-	ID string
-	// DefaultWorkers is the size of the default queue when Queues is empty
-	// (DefaultDefaultWorkers when 0).
+	// DefaultWorkers is how many jobs of the default queue run at once
+	// when Queues is empty (--default-workers; default
+	// DefaultDefaultWorkers). Setting both Queues and DefaultWorkers is an
+	// error: give the default queue's size in Queues.
 	DefaultWorkers int
-	// Queues are the queues the worker serves besides maintenance, each
-	// with how many of its jobs run at once (`--queues default=20,emails=5`);
-	// empty: the default queue with DefaultWorkers. Setting both Queues and
-	// DefaultWorkers is an error: give the default queue's size in Queues.
+	// Queues are the queues the worker serves besides maintenance, each with
+	// how many of its jobs run at once, such as {"default": 20, "emails": 5}
+	// (--queues default=20,emails=5). Empty: the default queue with
+	// DefaultWorkers. Names follow River's rule for queue names; each count
+	// is between 1 and MaxQueueWorkers.
 	Queues map[string]int
-	// MaintenanceWorkers is the size of the maintenance queue.
+	// MaintenanceWorkers is how many jobs of the maintenance queue, always
+	// served, run at once (--maintenance-workers; default 4).
 	MaintenanceWorkers int
-	// ShutdownTimeout is how long a stop waits for running jobs before
-	// cancelling them.
+	// JobTimeout is River's job timeout for kinds without their own
+	// (--job-timeout; default 1 minute).
+	JobTimeout time.Duration
+	// ShutdownTimeout is how long a stop lets running jobs finish before it
+	// cancels them (--shutdown-timeout; default 30 seconds).
 	ShutdownTimeout time.Duration
-	// HardStopGrace is how long cancelled jobs get to return on stop.
+	// HardStopGrace is how long cancelled jobs get to return on stop
+	// (default DefaultHardStopGrace).
 	HardStopGrace time.Duration
 	// FetchCooldown is the least time between two fetches of a queue
-	// (River's FetchCooldown).
+	// (River's FetchCooldown; --fetch-cooldown, default
+	// DefaultFetchCooldown). A Config.River that sets River's own wins.
 	FetchCooldown time.Duration
 	// FetchPollInterval is how often a queue is polled when no insert
-	// notification arrives (River's FetchPollInterval).
+	// notification arrives (River's FetchPollInterval;
+	// --fetch-poll-interval, default 1 second). A Config.River that sets
+	// River's own wins.
 	FetchPollInterval time.Duration
 	// RescueStuckJobsAfter is when River's rescuer considers a running job
-	// stuck (its worker presumed dead).
+	// stuck (--rescue-stuck-jobs-after; default 1 hour).
 	RescueStuckJobsAfter time.Duration
-	// JobTimeout is River's client-level job timeout.
-	JobTimeout time.Duration
 	// ParkAfter is how long a job of a limited kind waits in the worker for
-	// a slot before it parks (limiter.DefaultParkAfter when 0).
+	// a slot before it parks (--park-after; default 1 second).
 	ParkAfter time.Duration
-	// MaintenanceTimeout bounds a maintenance run.
+	// MaintenanceTimeout bounds a maintenance run (--maintenance-timeout;
+	// default 30 minutes).
 	MaintenanceTimeout time.Duration
-	// Logger receives every log line.
-	Logger *slog.Logger
 	// SchedulePollInterval is the longest the schedule dispatcher sleeps
-	// between ticks (it also wakes for the next due time and on NOTIFY).
+	// between ticks (--schedule-poll-interval; default 1 second); it also
+	// wakes for the next due time and on NOTIFY.
 	SchedulePollInterval time.Duration
 	// ScheduleBatchSize is how many due schedules one dispatcher
-	// transaction claims.
+	// transaction claims (--schedule-batch-size; default 100).
 	ScheduleBatchSize int
 	// HeartbeatInterval is how often the worker refreshes its
-	// sluice_workers row.
+	// sluice_workers row (--heartbeat-interval; default 5 seconds).
 	HeartbeatInterval time.Duration
-	// DeadAfter is how long after its last heartbeat the worker counts as
-	// dead to the other workers' reapers; at least MinDeadAfterBeats
-	// heartbeat intervals.
+	// DeadAfter is how long after its last heartbeat a worker counts as
+	// dead to the other workers' reapers (--dead-after; default 30
+	// seconds); at least MinDeadAfterBeats heartbeat intervals.
 	DeadAfter time.Duration
 	// MetricsInterval is how often the worker, while it exports them (as
 	// River's leader), reads the cluster-wide gauges from the database
-	// (metrics.DefaultClusterInterval when 0).
+	// (--metrics-interval; default metrics.DefaultClusterInterval).
 	MetricsInterval time.Duration
+}
+
+// Program is what c's program is made of besides its settings.
+func (c Config) Program() Program {
+	return Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules, Limits: c.Limits,
+		Schedules: c.Schedules, River: c.River, TracerProvider: c.TracerProvider,
+		Schemas: db.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
+}
+
+// WithProgram returns c made of p: p's workers, migrations, modules,
+// declarations, River config, tracer provider and schemas, c's settings.
+func (c Config) WithProgram(p Program) Config {
+	c.Workers, c.Migrations, c.Modules, c.Limits = p.Workers, p.Migrations, p.Modules, p.Limits
+	c.Schedules, c.River, c.TracerProvider = p.Schedules, p.River, p.TracerProvider
+	c.Schema, c.RiverSchema = p.Schemas.Sluice, p.Schemas.River
+	return c
 }
 
 func (c *Config) withDefaults() Config {

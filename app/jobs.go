@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/tracing"
 )
 
 // JobsConfig configures NewJobs.
@@ -60,6 +61,9 @@ type Jobs struct {
 	Env *module.Env
 	// ClusterSources are the modules' cluster-wide gauges.
 	ClusterSources []metrics.ClusterSource
+	// Tracing makes the spans of inserts, work, dispatcher ticks and
+	// maintenance runs (Program.TracerProvider).
+	Tracing *tracing.Tracing
 
 	resume *limiter.ResumeWorker
 }
@@ -106,8 +110,9 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 			maintMetrics.Init(k.Name)
 		}
 	}
+	tr := tracing.New(cfg.Program.TracerProvider)
 	runner, err := maintenance.NewRunner(maintenance.Config{
-		Pool: pool, Logger: logger, Metrics: maintMetrics, WorkerID: cfg.WorkerID,
+		Pool: pool, Logger: logger, Metrics: maintMetrics, WorkerID: cfg.WorkerID, Tracer: tr.Tracer(),
 		LockCheckInterval: cfg.LockCheckInterval, Timeout: cfg.MaintenanceTimeout,
 	})
 	if err != nil {
@@ -123,6 +128,7 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 		Limiter:     lim,
 		Maintenance: runner,
 		Metrics:     jobMetrics,
+		Tracing:     tr,
 		Env: &module.Env{
 			Pool: pool, Logger: logger, Registerer: reg, Settings: db.NewSettings(pool),
 			Maintenance: runner, Registry: registry, WorkerID: cfg.WorkerID, JobTimeout: cfg.JobTimeout,
@@ -173,10 +179,17 @@ func (j *Jobs) checkWorkers() error {
 }
 
 // Middleware is the worker middleware of every sluice client, outermost
-// first: the limiter (a job that parks never runs further), then the job
-// metrics (which so count real executions only).
+// first: the limiter (a job that parks never runs further), the work span
+// (one per job that runs), then the job metrics (which so count real
+// executions only).
 func (j *Jobs) Middleware() []rivertype.WorkerMiddleware {
-	return []rivertype.WorkerMiddleware{j.Limiter, metrics.NewMiddleware(j.Metrics)}
+	return []rivertype.WorkerMiddleware{j.Limiter, j.Tracing.WorkMiddleware(), metrics.NewMiddleware(j.Metrics)}
+}
+
+// InsertMiddleware is the insert middleware of every sluice client: the
+// insert span, whose trace context goes into the jobs' metadata.
+func (j *Jobs) InsertMiddleware() []rivertype.JobInsertMiddleware {
+	return []rivertype.JobInsertMiddleware{j.Tracing.InsertMiddleware()}
 }
 
 // SetClient gives the workers that insert jobs (concurrency_limit.resume)

@@ -45,7 +45,7 @@ func TestDeclaredLimits(t *testing.T) {
 		Rate: &limiter.Rate{Max: 100, Per: time.Minute},
 	}}
 	start := func(p app.Program) {
-		_, stop := startWorker(t, app.Config{Program: p, DatabaseURL: url})
+		_, stop := startWorker(t, app.Config{DatabaseURL: url}.WithProgram(p))
 		err, _ := stop()
 		require.NoError(t, err)
 	}
@@ -98,7 +98,7 @@ func TestDeclaredLimitsInvalid(t *testing.T) {
 	} {
 		p := jobtest.Program()
 		p.Limits = tc.limits
-		_, err := app.NewWorker(context.Background(), app.Config{Program: p, DatabaseURL: "postgres://nobody@127.0.0.1:1/none"})
+		_, err := app.NewWorker(context.Background(), app.Config{DatabaseURL: "postgres://nobody@127.0.0.1:1/none"}.WithProgram(p))
 		require.ErrorContains(t, err, tc.want)
 		require.ErrorIs(t, err, limiter.ErrInvalidLimit, "%v", tc.limits)
 	}

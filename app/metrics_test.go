@@ -83,7 +83,7 @@ func TestClusterGaugesExportedOnce(t *testing.T) {
 	require.NoError(t, err)
 
 	cfg := func(id string) app.Config {
-		return app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: id, MetricsInterval: time.Second}
+		return app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ID: id, MetricsInterval: time.Second}
 	}
 	a, _ := startWorker(t, cfg("metrics-a"))
 	b, _ := startWorker(t, cfg("metrics-b"))

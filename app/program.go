@@ -8,12 +8,14 @@ import (
 	"regexp"
 
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/scheduler"
 )
 
 // Program is what a sluice program is made of besides its settings: the
@@ -35,12 +37,17 @@ type Program struct {
 	// every worker at start (a limit set by SQL or the CLI wins until
 	// cleared).
 	Limits []limiter.Limit
+	// Schedules are the schedules the program declares, written by every
+	// worker at start (an operator's change wins until `schedule reset`).
+	Schedules []scheduler.Declared
 	// River, if set, is called on the River config sluice built for a
 	// worker (and for `run`) before the client is created: whatever it sets
 	// is used (ErrorHandler, Middleware, Hooks, RetryPolicy, retention,
 	// PeriodicJobs, …), but a change to a field sluice owns is refused
 	// (configureRiver), and sluice's middleware stays outermost.
 	River func(*river.Config)
+	// TracerProvider makes sluice's spans (nil: the global provider).
+	TracerProvider trace.TracerProvider
 }
 
 // CheckLimits validates the declared limits against the program's kinds:
@@ -57,6 +64,16 @@ func (p Program) CheckLimits(registry *kinds.Registry) error {
 		}
 	}
 	return nil
+}
+
+// CheckDeclarations validates the limits (CheckLimits) and the schedules
+// the program declares, returning the schedules compiled for the schedules
+// table (scheduler.CompileDeclared). The error names the kind or schedule.
+func (p Program) CheckDeclarations(registry *kinds.Registry) ([]scheduler.DeclaredRow, error) {
+	if err := p.CheckLimits(registry); err != nil {
+		return nil, err
+	}
+	return scheduler.CompileDeclared(registry, p.Schedules)
 }
 
 // MigrationOptions are the migrations of the program besides River's and

@@ -70,7 +70,7 @@ func TestLiveScrapePassesPromtool(t *testing.T) {
 	require.NoError(t, db.NewSettings(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
 
 	// The job that ignores its cancellation must not hold up the stop.
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, MetricsInterval: time.Second,
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, MetricsInterval: time.Second,
 		ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond})
 	id := insert(t, url, demo.SleepArgs{MS: 1})
 	waitState(t, url, id, "completed")

@@ -11,19 +11,26 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/tracing"
 )
 
 // Client is the River client type sluice uses.
 type Client = river.Client[pgx.Tx]
 
 // NewInsertClient returns a River client that only inserts and cancels jobs
-// (no queues, no workers), for CLI commands.
-func NewInsertClient(pool *pgxpool.Pool) (*Client, error) {
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
+// (no queues, no workers), for CLI commands; its inserts are traced on tp
+// (nil: OpenTelemetry's global provider).
+func NewInsertClient(pool *pgxpool.Pool, tp trace.TracerProvider) (*Client, error) {
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Schema:              db.SchemasOf(pool).River,
+		JobInsertMiddleware: []rivertype.JobInsertMiddleware{tracing.New(tp).InsertMiddleware()},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
@@ -63,7 +70,7 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 		SoftStopTimeout:        opts.softStopTimeout,
 		Workers:                j.Workers,
 	}
-	if err := configureRiver(cfg, opts.configure, j.Middleware()); err != nil {
+	if err := configureRiver(cfg, opts.configure, j.InsertMiddleware(), j.Middleware()); err != nil {
 		return nil, err
 	}
 	client, err := river.NewClient(driver, cfg)

@@ -29,11 +29,12 @@ var ownedRiverFields = []struct {
 // configureRiver calls the program's River function (nil: none) on cfg,
 // the River config sluice built, refuses a change to a field sluice owns
 // (naming the field and the sluice setting to use), then puts sluice's
-// worker middleware mw outermost: before the program's Middleware, or
-// before its WorkerMiddleware when it uses River's older pair of fields
-// (River refuses both at once). A job that parks never reaches the
-// program's middleware; one that runs passes through it once.
-func configureRiver(cfg *river.Config, configure func(*river.Config), mw []rivertype.WorkerMiddleware) error {
+// insert middleware ins and worker middleware mw outermost: before the
+// program's Middleware, or before its JobInsertMiddleware and
+// WorkerMiddleware when it uses River's older fields (River refuses both
+// at once). A job that parks never reaches the program's worker
+// middleware; one that runs passes through it once.
+func configureRiver(cfg *river.Config, configure func(*river.Config), ins []rivertype.JobInsertMiddleware, mw []rivertype.WorkerMiddleware) error {
 	if configure != nil {
 		before := make([]any, len(ownedRiverFields))
 		for i, f := range ownedRiverFields {
@@ -47,13 +48,17 @@ func configureRiver(cfg *river.Config, configure func(*river.Config), mw []river
 		}
 	}
 	if len(cfg.Middleware) > 0 {
-		all := make([]rivertype.Middleware, 0, len(mw)+len(cfg.Middleware))
+		all := make([]rivertype.Middleware, 0, len(ins)+len(mw)+len(cfg.Middleware))
+		for _, m := range ins {
+			all = append(all, m)
+		}
 		for _, m := range mw {
 			all = append(all, m)
 		}
 		cfg.Middleware = append(all, cfg.Middleware...)
 		return nil
 	}
+	cfg.JobInsertMiddleware = append(append([]rivertype.JobInsertMiddleware{}, ins...), cfg.JobInsertMiddleware...)
 	cfg.WorkerMiddleware = append(append([]rivertype.WorkerMiddleware{}, mw...), cfg.WorkerMiddleware...)
 	return nil
 }

@@ -60,16 +60,16 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice run "+cfg.ID, cfg.Program.Schemas)
+	pool, err := OpenPool(ctx, cfg.DatabaseURL, "sluice run "+cfg.ID, cfg.Program().Schemas)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := migrations.Check(ctx, pool, cfg.Program.MigrationOptions(cfg.Logger)); err != nil {
+	if err := migrations.Check(ctx, pool, cfg.Program().MigrationOptions(cfg.Logger)); err != nil {
 		return nil, err
 	}
 	j, err := NewJobs(pool, JobsConfig{
-		Program:            cfg.Program,
+		Program:            cfg.Program(),
 		Logger:             cfg.Logger,
 		WorkerID:           cfg.ID,
 		JobTimeout:         cfg.JobTimeout,
@@ -89,7 +89,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 		jobTimeout:        cfg.JobTimeout,
 		leaderElectionOff: true,
 		queues:            map[string]river.QueueConfig{queue: {MaxWorkers: 1}},
-		configure:         cfg.Program.River,
+		configure:         cfg.River,
 	})
 	if err != nil {
 		return nil, err

@@ -20,7 +20,7 @@ func TestRunOne(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, Logger: jobtest.Logger(t)}
+	cfg := app.Config{Modules: jobtest.Modules(), DatabaseURL: url, Logger: jobtest.Logger(t)}
 
 	t.Run("completes", func(t *testing.T) {
 		t.Parallel()
@@ -42,7 +42,7 @@ func TestRunOne(t *testing.T) {
 
 	t.Run("unmigrated database", func(t *testing.T) {
 		t.Parallel()
-		_, err := app.RunOne(ctx, app.Config{Program: jobtest.Program(), DatabaseURL: testdb.NewEmpty(t)}, demo.SleepArgs{}, app.RunOptions{})
+		_, err := app.RunOne(ctx, app.Config{Modules: jobtest.Modules(), DatabaseURL: testdb.NewEmpty(t)}, demo.SleepArgs{}, app.RunOptions{})
 		require.ErrorContains(t, err, "sluice migrate up")
 	})
 }
@@ -73,7 +73,7 @@ func TestRunOneLimitChangedAfterReservation(t *testing.T) {
 	}
 	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	res, err := app.RunOne(runCtx, app.Config{Program: jobtest.Program(), DatabaseURL: url, Logger: jobtest.Logger(t)}, demo.SleepArgs{MS: 1}, app.RunOptions{})
+	res, err := app.RunOne(runCtx, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, Logger: jobtest.Logger(t)}, demo.SleepArgs{MS: 1}, app.RunOptions{})
 	require.NoError(t, err, "run returns, it does not hang")
 	require.False(t, res.Succeeded())
 	require.Contains(t, res.Error, "no concurrency slot free")

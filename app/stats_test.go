@@ -31,7 +31,7 @@ func TestWorkerStats(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	// The job that ignores its cancellation must not hold up the stop.
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond, MetricsInterval: time.Second})
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond, MetricsInterval: time.Second})
 	base := "http://" + w.HTTPAddr()
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + path)

@@ -64,7 +64,7 @@ func startOpsWorker(t *testing.T, cfg app.Config) *opsFixture {
 	_, err = pool.Exec(ctx, `UPDATE schedules SET enabled = false WHERE kind LIKE 'ci.drop\_%'`)
 	require.NoError(t, err)
 
-	cfg.Program = jobtest.Program()
+	cfg.Modules = jobtest.Modules()
 	cfg.DatabaseURL = url
 	// Long enough that the running job gets its slot before it would give
 	// up waiting, even on a loaded machine: with 10ms, a job on its way to
@@ -91,7 +91,7 @@ func startOpsWorker(t *testing.T, cfg app.Config) *opsFixture {
 	// A schedule added as `sluice schedule add` does, dispatched by the
 	// worker; another, written with plain SQL for a kind nobody knows,
 	// failed at its first dispatch (max_retries 0).
-	registry, err := cfg.Program.Registry()
+	registry, err := cfg.Program().Registry()
 	require.NoError(t, err)
 	_, err = scheduler.NewStore(pool, registry).Add(ctx, scheduler.Definition{
 		Name: goodSchedule, Cron: "@every 1s", Kind: "task_cancellation.monitor", Misfire: "skip", MaxRetries: 3, Enabled: true,

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/module"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
@@ -164,7 +165,7 @@ func TestWebPagesEmpty(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	w, _ := startWorker(t, app.Config{Program: app.Program{Modules: []module.Module{demo.Module()}}, DatabaseURL: url})
+	w, _ := startWorker(t, app.Config{Modules: []module.Module{demo.Module()}, DatabaseURL: url})
 	base := "http://" + w.HTTPAddr()
 	for page, want := range map[string][]string{
 		"limits":      {"No limits, and no job holds a slot or is parked.", "No parked jobs."},
@@ -208,7 +209,7 @@ func TestHTTPToken(t *testing.T) {
 		{"127.0.0.1:0", "", "/jobs/", `invalid HTTP prefix "/jobs/"`},
 		{"127.0.0.1:0", "", "/a/../b", "no . or .. segments"},
 	} {
-		cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPAddr: tc.addr, HTTPToken: tc.token, HTTPPrefix: tc.prefix}
+		cfg := app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HTTPAddr: tc.addr, HTTPToken: tc.token, HTTPPrefix: tc.prefix}
 		require.ErrorContains(t, cfg.Validate(), tc.want, "%+v", tc)
 		_, err := app.NewWorker(context.Background(), cfg)
 		require.ErrorContains(t, err, tc.want, "%+v", tc)
@@ -219,8 +220,8 @@ func TestHTTPToken(t *testing.T) {
 	}
 
 	// A worker on every interface, with its token.
-	logs := &syncBuffer{}
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPAddr: "0.0.0.0:0", HTTPToken: token,
+	logs := &testlog.Buffer{}
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HTTPAddr: "0.0.0.0:0", HTTPToken: token,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	_, port, err := net.SplitHostPort(w.HTTPAddr())
 	require.NoError(t, err)
@@ -298,7 +299,7 @@ func TestHTTPTokenOnLoopback(t *testing.T) {
 
 	url := testdb.New(t)
 	const token = "loopback-token-0123456789"
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPToken: token})
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HTTPToken: token})
 	base := "http://" + w.HTTPAddr()
 	code, _, _ := httpGet(t, base+"/metrics")
 	require.Equal(t, http.StatusUnauthorized, code)
@@ -314,7 +315,7 @@ func TestHTTPPrefix(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPPrefix: "/ops/sluice"})
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HTTPPrefix: "/ops/sluice"})
 	base := "http://" + w.HTTPAddr()
 
 	code, header, _ := httpGet(t, base+"/ops/sluice")
@@ -354,8 +355,8 @@ func TestPprof(t *testing.T) {
 
 	url := testdb.New(t)
 	const token = "pprof-token-0123456789"
-	on, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPToken: token, Pprof: true, ID: "pprof-on"})
-	off, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "pprof-off"})
+	on, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HTTPToken: token, Pprof: true, ID: "pprof-on"})
+	off, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ID: "pprof-off"})
 
 	base := "http://" + on.HTTPAddr()
 	code, _, _ := httpGet(t, base+"/debug/pprof/heap")

@@ -41,6 +41,8 @@ type Worker struct {
 	cluster *metrics.Cluster
 	// live is the worker's heartbeat row and its reaper of dead workers.
 	live *liveness.Service
+	// schedules are the schedules the program declares, compiled.
+	schedules []scheduler.DeclaredRow
 }
 
 // NewWorker connects to the database, checks that its schema is migrated,
@@ -49,11 +51,12 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	registry, err := cfg.Program.Registry()
+	registry, err := cfg.Program().Registry()
 	if err != nil {
 		return nil, err // before connecting: a broken Config needs no database to be found
 	}
-	if err := cfg.Program.CheckLimits(registry); err != nil {
+	schedules, err := cfg.Program().CheckDeclarations(registry)
+	if err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -64,9 +67,11 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Program.Schemas, err = db.UseSchemas(ctx, config, cfg.DatabaseURL, cfg.Program.Schemas); err != nil {
+	schemas, err := db.UseSchemas(ctx, config, cfg.DatabaseURL, cfg.Program().Schemas)
+	if err != nil {
 		return nil, err
 	}
+	cfg.Schema, cfg.RiverSchema = schemas.Sluice, schemas.River
 	live.ConfigurePool(config)
 	if !db.PoolSizeSet(cfg.DatabaseURL) {
 		// Every job may hold a connection (a transaction of its own): the
@@ -93,7 +98,7 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 		pool.Close()
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, pool: pool, livePool: livePool, registry: prometheus.NewRegistry(), live: live}
+	w := &Worker{cfg: cfg, pool: pool, livePool: livePool, registry: prometheus.NewRegistry(), live: live, schedules: schedules}
 	if err := w.init(ctx); err != nil {
 		w.Close()
 		return nil, err
@@ -102,7 +107,7 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 }
 
 func (w *Worker) init(ctx context.Context) error {
-	if err := migrations.Check(ctx, w.pool, w.cfg.Program.MigrationOptions(w.cfg.Logger)); err != nil {
+	if err := migrations.Check(ctx, w.pool, w.cfg.Program().MigrationOptions(w.cfg.Logger)); err != nil {
 		return err
 	}
 	w.registry.MustRegister(
@@ -113,7 +118,7 @@ func (w *Worker) init(ctx context.Context) error {
 		return err
 	}
 	j, err := NewJobs(w.pool, JobsConfig{
-		Program:            w.cfg.Program,
+		Program:            w.cfg.Program(),
 		Logger:             w.cfg.Logger,
 		Registerer:         w.registry,
 		WorkerID:           w.cfg.ID,
@@ -138,7 +143,7 @@ func (w *Worker) init(ctx context.Context) error {
 		id:                   w.cfg.ID,
 		jobTimeout:           w.cfg.JobTimeout,
 		queues:               riverQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers),
-		configure:            w.cfg.Program.River,
+		configure:            w.cfg.River,
 	})
 	if err != nil {
 		return err
@@ -150,7 +155,7 @@ func (w *Worker) init(ctx context.Context) error {
 		return err
 	}
 	w.handler, w.riverUI, err = newHTTPHandler(httpConfig{
-		pool: w.pool, registry: w.registry, modules: w.cfg.Program.Modules, client: w.client,
+		pool: w.pool, registry: w.registry, modules: w.cfg.Modules, client: w.client,
 		token: w.cfg.HTTPToken, prefix: w.cfg.HTTPPrefix, logger: w.cfg.Logger, pprof: w.cfg.Pprof,
 	})
 	if err != nil {
@@ -238,8 +243,8 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		return err
 	}
 	w.live.Start(ctx)
-	// The limits the program declares, before its first job.
-	if err := w.jobs.Limiter.SyncDeclared(ctx, w.cfg.Program.Limits, w.jobs.Registry.Names()); err != nil {
+	// The limits and schedules the program declares, before its first job.
+	if err := w.syncDeclarations(ctx); err != nil {
 		w.live.Stop()
 		w.live.Remove()
 		if w.listener != nil {

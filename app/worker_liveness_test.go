@@ -97,7 +97,7 @@ func TestWorkerExitsWhenReaped(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	w := runWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "victim", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
+	w := runWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ID: "victim", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
 	waitRegistered(t, pool, w)
 	id := insert(t, url, demo.SleepArgs{MS: 60_000})
 	waitState(t, url, id, rivertype.JobStateRunning)
@@ -123,7 +123,7 @@ func TestWorkerLeavesRowForReaper(t *testing.T) {
 	t.Parallel()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, HeartbeatInterval: testBeat, DeadAfter: testDeadAfter,
+	cfg := app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HeartbeatInterval: testBeat, DeadAfter: testDeadAfter,
 		ShutdownTimeout: 100 * time.Millisecond, HardStopGrace: 100 * time.Millisecond}
 	first := cfg
 	first.ID = "first"
@@ -178,7 +178,7 @@ func TestWorkerTakesOverItsID(t *testing.T) {
 		VALUES ('{"ms": 1}', 'demo.sleep', 5, 'running', 'default', 1, now(), '{fixed}')
 		RETURNING id`).Scan(&job))
 
-	cfg := app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "fixed", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter}
+	cfg := app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ID: "fixed", HeartbeatInterval: testBeat, DeadAfter: testDeadAfter}
 	live := runWorker(t, cfg)
 	require.Eventually(t, func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM sluice_workers WHERE id = 'fixed' AND incarnation <> 'old'`) == 1
@@ -217,10 +217,10 @@ func TestStarvedPoolIsNotReaped(t *testing.T) {
 	ctx := context.Background()
 	url := testdb.New(t)
 	pool := openPool(t, url)
-	starved := runWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: testdb.WithParam(url, "pool_max_conns", "4"), ID: "starved",
+	starved := runWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: testdb.WithParam(url, "pool_max_conns", "4"), ID: "starved",
 		HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
 	waitRegistered(t, pool, starved)
-	other := runWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ID: "other",
+	other := runWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ID: "other",
 		HeartbeatInterval: testBeat, DeadAfter: testDeadAfter})
 	waitRegistered(t, pool, other)
 

@@ -1,6 +1,9 @@
 package app
 
 import (
+	"context"
+	"log/slog"
+
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/scheduler"
 )
@@ -20,6 +23,7 @@ func (w *Worker) initScheduler() error {
 		Metrics:      metrics,
 		PollInterval: w.cfg.SchedulePollInterval,
 		BatchSize:    w.cfg.ScheduleBatchSize,
+		Tracer:       w.jobs.Tracing.Tracer(),
 	})
 	return err
 }
@@ -40,3 +44,26 @@ func (w *Worker) initLiveness() error {
 
 // Dispatcher is the worker's schedule dispatcher.
 func (w *Worker) Dispatcher() *scheduler.Dispatcher { return w.dispatcher }
+
+// syncDeclarations writes the limits and the schedules the program
+// declares (each in a transaction of its own), and logs what changed in
+// the schedules: added, updated to a new declaration, kept as an operator
+// changed them, removed as no longer declared.
+func (w *Worker) syncDeclarations(ctx context.Context) error {
+	if err := w.jobs.Limiter.SyncDeclared(ctx, w.cfg.Limits, w.jobs.Registry.Names()); err != nil {
+		return err
+	}
+	res, err := scheduler.NewStore(w.pool, w.jobs.Registry).SyncDeclared(ctx, w.schedules, w.cfg.ID)
+	if err != nil {
+		return err
+	}
+	if len(res.Added)+len(res.Updated)+len(res.Removed) > 0 {
+		w.cfg.Logger.Info("declared schedules written", slog.Any("added", res.Added),
+			slog.Any("updated", res.Updated), slog.Any("removed", res.Removed))
+	}
+	for _, name := range res.Kept {
+		w.cfg.Logger.Info("declared schedule kept as an operator changed it; `schedule reset` restores the declared one",
+			slog.String("schedule", name))
+	}
+	return nil
+}

@@ -48,7 +48,7 @@ func TestWorkerRunsScheduler(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO schedules (name, cron, kind, args) VALUES ('canary', '@every 1s', 'demo.sleep', '{"ms": 1}')`)
 	require.NoError(t, err)
 
-	w, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, HeartbeatInterval: 200 * time.Millisecond, SchedulePollInterval: 50 * time.Millisecond})
+	w, stop := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HeartbeatInterval: 200 * time.Millisecond, SchedulePollInterval: 50 * time.Millisecond})
 
 	// The row appears at start, with the worker's id (its River client ID).
 	var host string

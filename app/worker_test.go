@@ -1,14 +1,12 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/modules/demo"
 )
 
@@ -74,7 +73,7 @@ func insert(t *testing.T, url string, args river.JobArgs) int64 {
 	pool, err := db.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
-	client, err := app.NewInsertClient(pool)
+	client, err := app.NewInsertClient(pool, nil)
 	require.NoError(t, err)
 	res, err := client.Insert(ctx, args, nil)
 	require.NoError(t, err)
@@ -102,7 +101,7 @@ func TestWorkerRefusesUnmigratedDatabase(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.NewEmpty(t)
-	_, err := app.NewWorker(context.Background(), app.Config{Program: jobtest.Program(), DatabaseURL: url, HTTPAddr: "127.0.0.1:0"})
+	_, err := app.NewWorker(context.Background(), app.Config{Modules: jobtest.Modules(), DatabaseURL: url, HTTPAddr: "127.0.0.1:0"})
 	require.ErrorContains(t, err, "sluice migrate up")
 }
 
@@ -110,7 +109,7 @@ func TestWorkerHTTP(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url})
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url})
 	base := "http://" + w.HTTPAddr()
 
 	get := func(path string) (int, string) {
@@ -144,7 +143,7 @@ func TestWorkerReadyzReportsDatabaseDown(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	w, _ := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url})
+	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url})
 
 	// Kill every connection of the worker and forbid new ones: the database
 	// is unreachable for it.
@@ -180,7 +179,7 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 	t.Run("running jobs finish", func(t *testing.T) {
 		t.Parallel()
 		url := testdb.New(t)
-		_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 10 * time.Second})
+		_, stop := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ShutdownTimeout: 10 * time.Second})
 		ids := []int64{
 			insert(t, url, demo.SleepArgs{MS: 800}),
 			insert(t, url, demo.SleepArgs{MS: 800}),
@@ -199,7 +198,7 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 	t.Run("jobs still running at the timeout are cancelled", func(t *testing.T) {
 		t.Parallel()
 		url := testdb.New(t)
-		_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 300 * time.Millisecond})
+		_, stop := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ShutdownTimeout: 300 * time.Millisecond})
 		id := insert(t, url, demo.SleepArgs{MS: 60_000})
 		waitState(t, url, id, rivertype.JobStateRunning)
 		err, took := stop()
@@ -213,7 +212,7 @@ func TestWorkerGracefulShutdown(t *testing.T) {
 	t.Run("jobs ignoring cancellation do not block the exit", func(t *testing.T) {
 		t.Parallel()
 		url := testdb.New(t)
-		_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: url, ShutdownTimeout: 200 * time.Millisecond, HardStopGrace: 300 * time.Millisecond})
+		_, stop := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ShutdownTimeout: 200 * time.Millisecond, HardStopGrace: 300 * time.Millisecond})
 		id := insert(t, url, demo.SleepArgs{MS: 60_000, IgnoreCancel: true})
 		waitState(t, url, id, rivertype.JobStateRunning)
 		err, took := stop()
@@ -229,24 +228,6 @@ func urlDatabase(t *testing.T, url string) string {
 	return cfg.ConnConfig.Database
 }
 
-// syncBuffer is a buffer a logger and a test share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestRiverLogsQuietUnlessDebug: River's own INFO lines (its client and
 // producers starting and stopping) stay out of a worker's log at the INFO
 // level, and come back at DEBUG; the worker's own lines are there either
@@ -256,9 +237,9 @@ func TestRiverLogsQuietUnlessDebug(t *testing.T) {
 	for level, wantRiver := range map[slog.Level]bool{slog.LevelInfo: false, slog.LevelDebug: true} {
 		t.Run(level.String(), func(t *testing.T) {
 			t.Parallel()
-			logs := &syncBuffer{}
+			logs := &testlog.Buffer{}
 			logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))
-			_, stop := startWorker(t, app.Config{Program: jobtest.Program(), DatabaseURL: testdb.New(t), Logger: logger})
+			_, stop := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: testdb.New(t), Logger: logger})
 			err, _ := stop()
 			require.NoError(t, err)
 			out := logs.String()

@@ -278,6 +278,27 @@ type Schedule struct {
 	UpdatedAt        time.Time       `json:"updated_at"`
 	RetryDueAt       *time.Time      `json:"retry_due_at"`
 	LastDispatchedAt *time.Time      `json:"last_dispatched_at"`
+	Priority         *int16          `json:"priority"`
+	MaxAttempts      *int32          `json:"max_attempts"`
+	Tags             []string        `json:"tags"`
+	Source           string          `json:"source"`
+}
+
+// Schedules declared in Go (sluice.Config.Schedules), written by every worker at start; schedules rows with source config follow them.
+type ScheduleDeclaration struct {
+	Name        string          `json:"name"`
+	Cron        string          `json:"cron"`
+	Timezone    string          `json:"timezone"`
+	Kind        string          `json:"kind"`
+	Args        json.RawMessage `json:"args"`
+	Queue       *string         `json:"queue"`
+	Priority    *int16          `json:"priority"`
+	MaxAttempts *int32          `json:"max_attempts"`
+	Tags        []string        `json:"tags"`
+	Misfire     string          `json:"misfire"`
+	Enabled     bool            `json:"enabled"`
+	DeclaredBy  *string         `json:"declared_by"`
+	UpdatedAt   time.Time       `json:"updated_at"`
 }
 
 // Dynamic settings: read on every use, so an UPDATE takes effect at the next run without a restart.

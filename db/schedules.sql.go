@@ -12,8 +12,8 @@ import (
 )
 
 const claimDueSchedules = `-- name: ClaimDueSchedules :many
-SELECT id, name, cron, timezone, kind, args, queue, misfire, next_run_at,
-       retry_due_at, failure_count, max_retries,
+SELECT id, name, cron, timezone, kind, args, queue, priority, max_attempts, tags,
+       misfire, next_run_at, retry_due_at, failure_count, max_retries,
        COALESCE($1::timestamptz, now())::timestamptz AS now
 FROM schedules
 WHERE enabled AND status = 'active'
@@ -36,6 +36,9 @@ type ClaimDueSchedulesRow struct {
 	Kind         string          `json:"kind"`
 	Args         json.RawMessage `json:"args"`
 	Queue        *string         `json:"queue"`
+	Priority     *int16          `json:"priority"`
+	MaxAttempts  *int32          `json:"max_attempts"`
+	Tags         []string        `json:"tags"`
 	Misfire      string          `json:"misfire"`
 	NextRunAt    *time.Time      `json:"next_run_at"`
 	RetryDueAt   *time.Time      `json:"retry_due_at"`
@@ -63,6 +66,9 @@ func (q *Queries) ClaimDueSchedules(ctx context.Context, arg ClaimDueSchedulesPa
 			&i.Kind,
 			&i.Args,
 			&i.Queue,
+			&i.Priority,
+			&i.MaxAttempts,
+			&i.Tags,
 			&i.Misfire,
 			&i.NextRunAt,
 			&i.RetryDueAt,
@@ -147,6 +153,34 @@ func (q *Queries) DBNow(ctx context.Context) (time.Time, error) {
 	return now, err
 }
 
+const deleteDeclaredSchedules = `-- name: DeleteDeclaredSchedules :many
+DELETE FROM schedules
+WHERE name = ANY ($1::text[]) AND source = 'config'
+RETURNING name
+`
+
+// Removes the schedules of names that still follow their declaration
+// (source config); one an operator changed stays. Returns those removed.
+func (q *Queries) DeleteDeclaredSchedules(ctx context.Context, names []string) ([]string, error) {
+	rows, err := q.db.Query(ctx, deleteDeclaredSchedules, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		items = append(items, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const deleteSchedule = `-- name: DeleteSchedule :one
 DELETE FROM schedules WHERE name = $1 RETURNING id
 `
@@ -158,8 +192,36 @@ func (q *Queries) DeleteSchedule(ctx context.Context, name string) (int64, error
 	return id, err
 }
 
+const deleteStaleScheduleDeclarations = `-- name: DeleteStaleScheduleDeclarations :many
+DELETE FROM schedule_declarations
+WHERE NOT (name = ANY ($1::text[]))
+RETURNING name
+`
+
+// Forgets the declarations the program no longer makes (names: those it
+// makes), returning their names.
+func (q *Queries) DeleteStaleScheduleDeclarations(ctx context.Context, names []string) ([]string, error) {
+	rows, err := q.db.Query(ctx, deleteStaleScheduleDeclarations, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		items = append(items, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const disableSchedule = `-- name: DisableSchedule :one
-UPDATE schedules SET enabled = false WHERE id = $1 RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at
+UPDATE schedules SET enabled = false WHERE id = $1 RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source
 `
 
 func (q *Queries) DisableSchedule(ctx context.Context, id int64) (*Schedule, error) {
@@ -187,6 +249,10 @@ func (q *Queries) DisableSchedule(ctx context.Context, id int64) (*Schedule, err
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
 }
@@ -200,7 +266,7 @@ SET enabled = true,
     retry_due_at = NULL,
     next_run_at = $1
 WHERE id = $2
-RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at
+RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source
 `
 
 type EnableScheduleParams struct {
@@ -235,6 +301,10 @@ func (q *Queries) EnableSchedule(ctx context.Context, arg EnableScheduleParams) 
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
 }
@@ -267,7 +337,7 @@ func (q *Queries) FailedScheduleNames(ctx context.Context, maxRows int32) ([]str
 }
 
 const getSchedule = `-- name: GetSchedule :one
-SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at FROM schedules WHERE name = $1
+SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source FROM schedules WHERE name = $1
 `
 
 func (q *Queries) GetSchedule(ctx context.Context, name string) (*Schedule, error) {
@@ -295,12 +365,16 @@ func (q *Queries) GetSchedule(ctx context.Context, name string) (*Schedule, erro
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
 }
 
 const getScheduleForUpdate = `-- name: GetScheduleForUpdate :one
-SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at FROM schedules WHERE name = $1 FOR UPDATE
+SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source FROM schedules WHERE name = $1 FOR UPDATE
 `
 
 // Locks the row for a CLI change (waits for a dispatcher holding it).
@@ -329,6 +403,10 @@ func (q *Queries) GetScheduleForUpdate(ctx context.Context, name string) (*Sched
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
 }
@@ -337,7 +415,7 @@ const insertSchedule = `-- name: InsertSchedule :one
 INSERT INTO schedules (name, cron, timezone, kind, args, queue, enabled, misfire, max_retries, next_run_at)
 VALUES ($1, $2, $3, $4, $5,
         $6, $7, $8, $9, $10)
-RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at
+RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source
 `
 
 type InsertScheduleParams struct {
@@ -389,12 +467,16 @@ func (q *Queries) InsertSchedule(ctx context.Context, arg InsertScheduleParams) 
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
 }
 
 const listSchedules = `-- name: ListSchedules :many
-SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at FROM schedules ORDER BY name
+SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source FROM schedules ORDER BY name
 `
 
 func (q *Queries) ListSchedules(ctx context.Context) ([]*Schedule, error) {
@@ -428,6 +510,10 @@ func (q *Queries) ListSchedules(ctx context.Context) ([]*Schedule, error) {
 			&i.UpdatedAt,
 			&i.RetryDueAt,
 			&i.LastDispatchedAt,
+			&i.Priority,
+			&i.MaxAttempts,
+			&i.Tags,
+			&i.Source,
 		); err != nil {
 			return nil, err
 		}
@@ -446,6 +532,22 @@ LISTEN sluice_schedules
 // Subscribes this session to the notifications of schedule changes.
 func (q *Queries) ListenSchedules(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, listenSchedules)
+	return err
+}
+
+const lockScheduleDeclarations = `-- name: LockScheduleDeclarations :exec
+
+LOCK TABLE schedule_declarations IN SHARE ROW EXCLUSIVE MODE
+`
+
+// Schedules declared in Go (scheduler/declared_store.go): every worker
+// writes its program's at start, in one transaction that holds
+// schedule_declarations locked, so that two workers starting at once write
+// one after the other.
+// Serialises the writers of declared schedules (workers starting, `schedule
+// reset`) for the rest of the transaction; readers are not blocked.
+func (q *Queries) LockScheduleDeclarations(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, lockScheduleDeclarations)
 	return err
 }
 
@@ -583,7 +685,7 @@ SET last_run_at = $1,
     last_dispatched_at = clock_timestamp(),
     run_count = run_count + 1
 WHERE id = $3
-RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at
+RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source
 `
 
 type RecordScheduleTriggerParams struct {
@@ -619,8 +721,24 @@ func (q *Queries) RecordScheduleTrigger(ctx context.Context, arg RecordScheduleT
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
+}
+
+const scheduleDeclared = `-- name: ScheduleDeclared :one
+SELECT EXISTS (SELECT 1 FROM schedule_declarations WHERE name = $1)::boolean AS declared
+`
+
+// Whether name is a declared schedule.
+func (q *Queries) ScheduleDeclared(ctx context.Context, name string) (bool, error) {
+	row := q.db.QueryRow(ctx, scheduleDeclared, name)
+	var declared bool
+	err := row.Scan(&declared)
+	return declared, err
 }
 
 const scheduleHealth = `-- name: ScheduleHealth :one
@@ -776,6 +894,17 @@ func (q *Queries) SetScheduleNextRuns(ctx context.Context, arg SetScheduleNextRu
 	return err
 }
 
+const setScheduleSource = `-- name: SetScheduleSource :exec
+SELECT set_config('sluice.schedule_source', $1::text, true)
+`
+
+// The source the transaction's schedule changes get: 'sql' or 'config'
+// (trigger schedules_source).
+func (q *Queries) SetScheduleSource(ctx context.Context, source string) error {
+	_, err := q.db.Exec(ctx, setScheduleSource, source)
+	return err
+}
+
 const updateSchedule = `-- name: UpdateSchedule :one
 UPDATE schedules
 SET cron = $1,
@@ -789,7 +918,7 @@ SET cron = $1,
     next_run_at = $9,
     retry_due_at = $10
 WHERE id = $11
-RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at
+RETURNING id, name, cron, timezone, kind, args, queue, enabled, status, misfire, next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at, retry_due_at, last_dispatched_at, priority, max_attempts, tags, source
 `
 
 type UpdateScheduleParams struct {
@@ -846,6 +975,113 @@ func (q *Queries) UpdateSchedule(ctx context.Context, arg UpdateScheduleParams) 
 		&i.UpdatedAt,
 		&i.RetryDueAt,
 		&i.LastDispatchedAt,
+		&i.Priority,
+		&i.MaxAttempts,
+		&i.Tags,
+		&i.Source,
 	)
 	return &i, err
+}
+
+const upsertScheduleDeclaration = `-- name: UpsertScheduleDeclaration :exec
+INSERT INTO schedule_declarations
+    (name, cron, timezone, kind, args, queue, priority, max_attempts, tags, misfire, enabled, declared_by, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6,
+        $7, $8, $9::text[], $10, $11,
+        $12, now())
+ON CONFLICT (name) DO UPDATE
+SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind, args = EXCLUDED.args,
+    queue = EXCLUDED.queue, priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
+    tags = EXCLUDED.tags, misfire = EXCLUDED.misfire, enabled = EXCLUDED.enabled,
+    declared_by = EXCLUDED.declared_by, updated_at = now()
+`
+
+type UpsertScheduleDeclarationParams struct {
+	Name        string          `json:"name"`
+	Cron        string          `json:"cron"`
+	Timezone    string          `json:"timezone"`
+	Kind        string          `json:"kind"`
+	Args        json.RawMessage `json:"args"`
+	Queue       *string         `json:"queue"`
+	Priority    *int16          `json:"priority"`
+	MaxAttempts *int32          `json:"max_attempts"`
+	Tags        []string        `json:"tags"`
+	Misfire     string          `json:"misfire"`
+	Enabled     bool            `json:"enabled"`
+	DeclaredBy  *string         `json:"declared_by"`
+}
+
+// Records a schedule as the program declares it.
+func (q *Queries) UpsertScheduleDeclaration(ctx context.Context, arg UpsertScheduleDeclarationParams) error {
+	_, err := q.db.Exec(ctx, upsertScheduleDeclaration,
+		arg.Name,
+		arg.Cron,
+		arg.Timezone,
+		arg.Kind,
+		arg.Args,
+		arg.Queue,
+		arg.Priority,
+		arg.MaxAttempts,
+		arg.Tags,
+		arg.Misfire,
+		arg.Enabled,
+		arg.DeclaredBy,
+	)
+	return err
+}
+
+const writeDeclaredSchedule = `-- name: WriteDeclaredSchedule :many
+INSERT INTO schedules AS s (name, cron, timezone, kind, args, queue, priority, max_attempts, tags, misfire, enabled)
+SELECT d.name, d.cron, d.timezone, d.kind, d.args, d.queue, d.priority, d.max_attempts, d.tags, d.misfire, d.enabled
+FROM schedule_declarations d
+WHERE d.name = $1
+ON CONFLICT (name) DO UPDATE
+SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind, args = EXCLUDED.args,
+    queue = EXCLUDED.queue, priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
+    tags = EXCLUDED.tags, misfire = EXCLUDED.misfire, enabled = EXCLUDED.enabled,
+    -- the trigger gives source only to a changed definition: a forced reset
+    -- of an unchanged one names it here
+    source = 'config'
+WHERE (s.source = 'config' OR $2::boolean)
+  AND ((s.cron, s.timezone, s.kind, s.args, s.queue, s.priority, s.max_attempts, s.tags, s.misfire, s.enabled, s.source)
+       IS DISTINCT FROM
+       (EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.kind, EXCLUDED.args, EXCLUDED.queue, EXCLUDED.priority,
+        EXCLUDED.max_attempts, EXCLUDED.tags, EXCLUDED.misfire, EXCLUDED.enabled, 'config'))
+RETURNING s.name, (s.xmax = 0)::boolean AS inserted
+`
+
+type WriteDeclaredScheduleParams struct {
+	Name  string `json:"name"`
+	Force bool   `json:"force"`
+}
+
+type WriteDeclaredScheduleRow struct {
+	Name     string `json:"name"`
+	Inserted bool   `json:"inserted"`
+}
+
+// Writes the declaration of name into its schedules row: inserted when
+// there is none; rewritten when its definition differs and it still follows
+// its declaration (source config), or always with force (`schedule
+// reset`). A row an operator changed (source sql) is left alone unless
+// forced. Returns the row's name when it was written, with inserted true
+// for a new row.
+func (q *Queries) WriteDeclaredSchedule(ctx context.Context, arg WriteDeclaredScheduleParams) ([]*WriteDeclaredScheduleRow, error) {
+	rows, err := q.db.Query(ctx, writeDeclaredSchedule, arg.Name, arg.Force)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*WriteDeclaredScheduleRow
+	for rows.Next() {
+		var i WriteDeclaredScheduleRow
+		if err := rows.Scan(&i.Name, &i.Inserted); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

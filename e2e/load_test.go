@@ -55,7 +55,7 @@ func TestLoadThroughLimit(t *testing.T) {
 	h := newHarness(t, testdb.New(t))
 	h.ok("limits", "set", "demo.sleep", strconv.Itoa(loadLimit))
 
-	inserter, err := app.NewInsertClient(h.pool)
+	inserter, err := app.NewInsertClient(h.pool, nil)
 	require.NoError(t, err)
 	const batch = 10_000
 	for start := 0; start < n; start += batch {

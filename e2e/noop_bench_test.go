@@ -188,7 +188,7 @@ func sluiceWorkerNoop(b *testing.B, pool *pgxpool.Pool, url string) float64 {
 // insertNoops inserts n demo.sleep jobs of 0 ms with one InsertManyFast.
 func insertNoops(tb testing.TB, pool *pgxpool.Pool, n int) {
 	tb.Helper()
-	inserter, err := app.NewInsertClient(pool)
+	inserter, err := app.NewInsertClient(pool, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

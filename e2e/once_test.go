@@ -65,7 +65,7 @@ func (h *harness) insertTagged(tag string, n, ms int) {
 // insertTaggedFrom inserts n demo.sleep jobs of ms milliseconds tagged
 // <tag>-from … <tag>-(from+n-1), in one statement (from any goroutine).
 func (h *harness) insertTaggedFrom(tag string, from, n, ms int) error {
-	client, err := app.NewInsertClient(h.pool)
+	client, err := app.NewInsertClient(h.pool, nil)
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ func TestSoak(t *testing.T) {
 	url := testdb.New(t)
 	pool := openBenchPool(t, url)
 	w := proc.StartWorker(t, url, "soak", "--log-level", "warn")
-	inserter, err := app.NewInsertClient(pool)
+	inserter, err := app.NewInsertClient(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

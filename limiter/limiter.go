@@ -256,6 +256,9 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	req := &admitRequest{ctx: ctx, job: job, deadline: time.Now().Add(l.parkAfter)}
 	if st.limit > 0 && !l.neverPark && l.leases.acquire(ctx, st, job.ID) {
 		defer l.leases.release(job.Kind)
+		if since := req.deadline.Add(-l.parkAfter); time.Since(since) >= leaseWaitShown {
+			ctx = withHeld(ctx, Held{Since: since, Reason: reasonLimit})
+		}
 		return doInner(ctx)
 	}
 	if errors.Is(context.Cause(ctx), rivertype.ErrJobCancelledRemotely) {
@@ -279,6 +282,9 @@ func (l *Limiter) run(ctx context.Context, job *rivertype.JobRow, req *admitRequ
 		return nil
 	case admitSlot:
 		defer l.release(ctx, job)
+	}
+	if req.reason != "" {
+		ctx = withHeld(ctx, Held{Since: req.deadline.Add(-l.parkAfter), Reason: req.reason})
 	}
 	return doInner(ctx)
 }

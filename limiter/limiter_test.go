@@ -327,7 +327,8 @@ func TestConcurrencyLimitCircuitBreaker(t *testing.T) {
 		require.Zero(t, job.Attempt)
 		require.Empty(t, job.AttemptedBy)
 		require.Nil(t, job.FinalizedAt)
-		require.NotContains(t, string(job.Metadata), "sluice_park")
+		require.NotContains(t, string(job.Metadata), `"sluice_park"`, "the parking marker is gone")
+		require.Equal(t, "breaker", parkingRecord(t, job.Metadata)["reason"])
 	}
 	require.Equal(t, 5, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE kind = 'demo.sleep' AND reason = 'breaker'"))
 
@@ -459,7 +460,7 @@ func TestConcurrencyLimitParkingIsAtomic(t *testing.T) {
 	require.Equal(t, 1, job.Attempt, "the parking attempt is undone, the failed one counts")
 	require.Len(t, job.Errors, 1)
 	require.Contains(t, job.Errors[0].Error, "injected crash while parking")
-	require.NotContains(t, string(job.Metadata), "sluice_park")
+	require.NotContains(t, string(job.Metadata), `"sluice_park"`, "the parking marker is gone")
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1", id))
 	require.Equal(t, 1, count(t, pool, "SELECT has_parked::int FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 }

@@ -98,7 +98,11 @@ func TestParkInPlaceRiverClient(t *testing.T) {
 		require.Equal(t, 7, job.MaxAttempts)
 		require.Equal(t, 3, job.Priority)
 		require.Equal(t, []string{"tag-one", "tag-two"}, job.Tags)
-		require.JSONEq(t, `{"app": "mine"}`, string(job.Metadata))
+		parking := parkingRecord(t, job.Metadata)
+		require.Equal(t, map[string]any{"attempt": 0.0, "parks": 1.0, "reason": "breaker"},
+			map[string]any{"attempt": parking["attempt"], "parks": parking["parks"], "reason": parking["reason"]},
+			"the job's metadata records its parking")
+		require.JSONEq(t, `{"app": "mine"}`, withoutParking(t, job.Metadata))
 		require.Equal(t, river.QueueDefault, job.Queue)
 		require.Empty(t, job.Errors)
 	}
@@ -319,7 +323,8 @@ func TestParkInPlaceRescuedWhileParking(t *testing.T) {
 	require.Equal(t, "pending", state)
 	require.Equal(t, 1, attempt, "the parking attempt undone")
 	require.Equal(t, []string{"w1"}, attemptedBy)
-	require.JSONEq(t, `{"app": 1}`, metadata)
+	require.Equal(t, 1.0, parkingRecord(t, []byte(metadata))["attempt"], "the parking recorded at the attempt undone")
+	require.JSONEq(t, `{"app": 1}`, withoutParking(t, []byte(metadata)))
 	require.JSONEq(t, string(errs), string(after), "no error for an attempt that never ran")
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1", id))
 
@@ -384,4 +389,30 @@ func TestAdmitLostReservation(t *testing.T) {
 	lim.Flush()
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_executions"))
 	require.Zero(t, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
+}
+
+// parkingRecord is metadata.sluice_parking (migration 00014), which must be
+// there.
+func parkingRecord(t *testing.T, metadata []byte) map[string]any {
+	t.Helper()
+	var md map[string]any
+	require.NoError(t, json.Unmarshal(metadata, &md))
+	rec, ok := md["sluice_parking"].(map[string]any)
+	require.True(t, ok, "no sluice_parking in %s", metadata)
+	for _, k := range []string{"first_at", "parked_at"} {
+		_, err := time.Parse(time.RFC3339Nano, rec[k].(string))
+		require.NoError(t, err, "sluice_parking.%s", k)
+	}
+	return rec
+}
+
+// withoutParking is metadata without its sluice_parking record.
+func withoutParking(t *testing.T, metadata []byte) string {
+	t.Helper()
+	var md map[string]any
+	require.NoError(t, json.Unmarshal(metadata, &md))
+	delete(md, "sluice_parking")
+	out, err := json.Marshal(md)
+	require.NoError(t, err)
+	return string(out)
 }

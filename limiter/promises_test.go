@@ -29,7 +29,7 @@ func TestSequenceStartsInOrder(t *testing.T) {
 		lim, err := limiter.New(limiter.Config{Pool: pool})
 		require.NoError(t, err)
 		require.NoError(t, lim.SetPerKey(ctx, "test.keyed.seq", []string{"tenant"}, 1))
-		inserter, err := app.NewInsertClient(pool)
+		inserter, err := app.NewInsertClient(pool, nil)
 		require.NoError(t, err)
 		const n = 5
 		for i := range n {

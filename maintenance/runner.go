@@ -10,6 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -31,6 +35,9 @@ type Config struct {
 	// Timeout bounds a run: the Timeout of every maintenance worker
 	// (default DefaultTimeout).
 	Timeout time.Duration
+	// Tracer makes a span of every run (sluice.maintenance/KIND), inside
+	// the job's work span; nil: none.
+	Tracer trace.Tracer
 }
 
 // Runner runs maintenance runs: it is what a maintenance worker's Work
@@ -61,6 +68,9 @@ func NewRunner(cfg Config) (*Runner, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = noop.NewTracerProvider().Tracer("")
+	}
 	return &Runner{cfg: cfg, queries: db.New(cfg.Pool)}, nil
 }
 
@@ -86,6 +96,18 @@ func (r *Runner) Metrics() *Metrics { return r.cfg.Metrics }
 // bounded by the job's context, whose deadline is the worker's Timeout.
 func (r *Runner) Run(ctx context.Context, job *rivertype.JobRow, fn Func) (err error) {
 	kind := job.Kind
+	ctx, span := r.cfg.Tracer.Start(ctx, "sluice.maintenance/"+kind, trace.WithAttributes(attribute.String("kind", kind)))
+	var outcome string // skipped_locked, or the run's status
+	defer func() {
+		if outcome == "" {
+			outcome = RunFailed
+		}
+		span.SetAttributes(attribute.String("outcome", outcome))
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
 	logger := r.cfg.Logger.With("kind", kind, "job_id", job.ID)
 	jobID := &job.ID
 	var workerID *string
@@ -98,6 +120,7 @@ func (r *Runner) Run(ctx context.Context, job *rivertype.JobRow, fn Func) (err e
 		return fmt.Errorf("maintenance %s: %w", kind, err)
 	}
 	if lock == nil {
+		outcome = RunSkippedLocked
 		return r.recordSkipped(ctx, logger, kind, jobID, workerID)
 	}
 	// The run works on ctx cancelled as soon as the lock's connection is
@@ -126,6 +149,7 @@ func (r *Runner) Run(ctx context.Context, job *rivertype.JobRow, fn Func) (err e
 		return fmt.Errorf("maintenance %s: record start: %w", kind, err)
 	}
 	logger = logger.With("run_id", run.ID)
+	span.SetAttributes(attribute.Int64("run_id", run.ID))
 	logger.Info("maintenance run started")
 	start := time.Now()
 
@@ -155,6 +179,8 @@ func (r *Runner) Run(ctx context.Context, job *rivertype.JobRow, fn Func) (err e
 		}); fErr != nil {
 			logger.Error("maintenance run outcome not recorded", "error", fErr)
 		}
+		outcome = status
+		span.SetAttributes(attribute.Int64("affected", res.Affected))
 		r.cfg.Metrics.Runs.WithLabelValues(kind, status).Inc()
 		r.cfg.Metrics.Affected.WithLabelValues(kind).Add(float64(res.Affected))
 		if status == RunSucceeded {

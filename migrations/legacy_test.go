@@ -115,7 +115,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 		applied = append(applied, s.Component+" "+s.Name)
 	}
 	require.Equal(t, []string{"sluice 00009_schema.sql", "sluice 00010_keyed_limits.sql", "sluice 00011_worker_queues.sql", "sluice 00012_limiter_line.sql",
-		"taskcancel 00002_pin_search_path.sql"}, applied,
+		"sluice 00013_declared_schedules.sql", "sluice 00014_parking_metadata.sql", "taskcancel 00002_pin_search_path.sql"}, applied,
 		"the moved versions count as applied; only what came after the old layout runs")
 
 	// Every row kept, now in schema sluice.
@@ -124,7 +124,12 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 		after[k] = v
 	}
 	// What came after the old layout adds: 00011 a setting, and a column
-	// of sluice_workers (NULL on the rows kept).
+	// of sluice_workers (NULL on the rows kept); 00013 the columns of
+	// schedules' insert options (NULL) and their source (sql).
+	after["schedules"] = querySum(t, pool, `SELECT id, name, cron, timezone, kind, args, queue, enabled, status, misfire,
+		next_run_at, last_run_at, last_job_id, run_count, failure_count, max_retries, last_error, created_at, updated_at,
+		retry_due_at, last_dispatched_at FROM sluice.schedules
+		WHERE priority IS NULL AND max_attempts IS NULL AND tags IS NULL AND source = 'sql'`)
 	after["settings"] = querySum(t, pool, `SELECT * FROM sluice.settings WHERE key <> 'health.queue_paused_after'`)
 	after["sluice_workers"] = querySum(t, pool, `SELECT id, host, pid, started_at, heartbeat_at, heartbeat_interval,
 		dispatcher_tick_at, poll_interval, dead_after, incarnation, backend_name FROM sluice.sluice_workers WHERE queues IS NULL`)
@@ -170,7 +175,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for _, c := range []string{"river", "sluice", "cibuilds", "exports", "taskcancel"} {
 		require.Positive(t, components[c], "%s in %v", c, components)
 	}
-	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11, 12}, versions(t, pool, "sluice.goose_db_version"))
+	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11, 12, 13, 14}, versions(t, pool, "sluice.goose_db_version"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_cibuilds"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_exports"))
 	require.Equal(t, []int64{0, 1, 2}, versions(t, pool, "sluice.goose_db_version_taskcancel"))

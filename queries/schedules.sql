@@ -33,8 +33,8 @@ FOR UPDATE SKIP LOCKED;
 -- name: ClaimDueSchedules :many
 -- Due rows in due order, locked for this transaction; rows another
 -- dispatcher (or an operator's UPDATE) holds are skipped.
-SELECT id, name, cron, timezone, kind, args, queue, misfire, next_run_at,
-       retry_due_at, failure_count, max_retries,
+SELECT id, name, cron, timezone, kind, args, queue, priority, max_attempts, tags,
+       misfire, next_run_at, retry_due_at, failure_count, max_retries,
        COALESCE(sqlc.narg(now)::timestamptz, now())::timestamptz AS now
 FROM schedules
 WHERE enabled AND status = 'active'
@@ -196,3 +196,74 @@ SELECT id, name, kind, cron, timezone, misfire, enabled, status, health,
 FROM sluice_schedule_status
 ORDER BY name
 LIMIT sqlc.arg(max_rows);
+
+-- Schedules declared in Go (scheduler/declared_store.go): every worker
+-- writes its program's at start, in one transaction that holds
+-- schedule_declarations locked, so that two workers starting at once write
+-- one after the other.
+
+-- name: LockScheduleDeclarations :exec
+-- Serialises the writers of declared schedules (workers starting, `schedule
+-- reset`) for the rest of the transaction; readers are not blocked.
+LOCK TABLE schedule_declarations IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: SetScheduleSource :exec
+-- The source the transaction's schedule changes get: 'sql' or 'config'
+-- (trigger schedules_source).
+SELECT set_config('sluice.schedule_source', sqlc.arg(source)::text, true);
+
+-- name: UpsertScheduleDeclaration :exec
+-- Records a schedule as the program declares it.
+INSERT INTO schedule_declarations
+    (name, cron, timezone, kind, args, queue, priority, max_attempts, tags, misfire, enabled, declared_by, updated_at)
+VALUES (sqlc.arg(name), sqlc.arg(cron), sqlc.arg(timezone), sqlc.arg(kind), sqlc.arg(args), sqlc.narg(queue),
+        sqlc.narg(priority), sqlc.narg(max_attempts), sqlc.narg(tags)::text[], sqlc.arg(misfire), sqlc.arg(enabled),
+        sqlc.narg(declared_by), now())
+ON CONFLICT (name) DO UPDATE
+SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind, args = EXCLUDED.args,
+    queue = EXCLUDED.queue, priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
+    tags = EXCLUDED.tags, misfire = EXCLUDED.misfire, enabled = EXCLUDED.enabled,
+    declared_by = EXCLUDED.declared_by, updated_at = now();
+
+-- name: DeleteStaleScheduleDeclarations :many
+-- Forgets the declarations the program no longer makes (names: those it
+-- makes), returning their names.
+DELETE FROM schedule_declarations
+WHERE NOT (name = ANY (sqlc.arg(names)::text[]))
+RETURNING name;
+
+-- name: DeleteDeclaredSchedules :many
+-- Removes the schedules of names that still follow their declaration
+-- (source config); one an operator changed stays. Returns those removed.
+DELETE FROM schedules
+WHERE name = ANY (sqlc.arg(names)::text[]) AND source = 'config'
+RETURNING name;
+
+-- name: WriteDeclaredSchedule :many
+-- Writes the declaration of name into its schedules row: inserted when
+-- there is none; rewritten when its definition differs and it still follows
+-- its declaration (source config), or always with force (`schedule
+-- reset`). A row an operator changed (source sql) is left alone unless
+-- forced. Returns the row's name when it was written, with inserted true
+-- for a new row.
+INSERT INTO schedules AS s (name, cron, timezone, kind, args, queue, priority, max_attempts, tags, misfire, enabled)
+SELECT d.name, d.cron, d.timezone, d.kind, d.args, d.queue, d.priority, d.max_attempts, d.tags, d.misfire, d.enabled
+FROM schedule_declarations d
+WHERE d.name = sqlc.arg(name)
+ON CONFLICT (name) DO UPDATE
+SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind, args = EXCLUDED.args,
+    queue = EXCLUDED.queue, priority = EXCLUDED.priority, max_attempts = EXCLUDED.max_attempts,
+    tags = EXCLUDED.tags, misfire = EXCLUDED.misfire, enabled = EXCLUDED.enabled,
+    -- the trigger gives source only to a changed definition: a forced reset
+    -- of an unchanged one names it here
+    source = 'config'
+WHERE (s.source = 'config' OR sqlc.arg(force)::boolean)
+  AND ((s.cron, s.timezone, s.kind, s.args, s.queue, s.priority, s.max_attempts, s.tags, s.misfire, s.enabled, s.source)
+       IS DISTINCT FROM
+       (EXCLUDED.cron, EXCLUDED.timezone, EXCLUDED.kind, EXCLUDED.args, EXCLUDED.queue, EXCLUDED.priority,
+        EXCLUDED.max_attempts, EXCLUDED.tags, EXCLUDED.misfire, EXCLUDED.enabled, 'config'))
+RETURNING s.name, (s.xmax = 0)::boolean AS inserted;
+
+-- name: ScheduleDeclared :one
+-- Whether name is a declared schedule.
+SELECT EXISTS (SELECT 1 FROM schedule_declarations WHERE name = sqlc.arg(name))::boolean AS declared;

@@ -239,10 +239,24 @@ func (d *Dispatcher) plan(r *db.ClaimDueSchedulesRow, set *dispatchSettings) *pl
 		}
 		p.params = append(p.params, river.InsertManyParams{
 			Args:       jobArgs,
-			InsertOpts: &river.InsertOpts{Queue: queue, Metadata: raw},
+			InsertOpts: jobInsertOpts(queue, r.Priority, r.MaxAttempts, r.Tags, raw),
 		})
 	}
 	return p
+}
+
+// jobInsertOpts are the insert options of a schedule's job: its row's
+// queue, priority, max attempts and tags (empty and NULL: the kind's own)
+// and the job metadata md.
+func jobInsertOpts(queue string, priority *int16, maxAttempts *int32, tags []string, md []byte) *river.InsertOpts {
+	opts := &river.InsertOpts{Queue: queue, Tags: tags, Metadata: md}
+	if priority != nil {
+		opts.Priority = int(*priority)
+	}
+	if maxAttempts != nil {
+		opts.MaxAttempts = int(*maxAttempts)
+	}
+	return opts
 }
 
 // insert inserts the jobs of every valid plan: all in one InsertManyTx

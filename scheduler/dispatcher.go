@@ -12,6 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
@@ -57,6 +61,10 @@ type Config struct {
 	Now func() time.Time
 	// DisableListen turns the LISTEN/NOTIFY wake-up off (polling only).
 	DisableListen bool
+	// Tracer makes a span (sluice.schedule.dispatch) of every tick that
+	// dispatches due schedules; the jobs' insert spans, and so their work
+	// spans, are in its trace. Nil: none.
+	Tracer trace.Tracer
 }
 
 // Dispatcher turns due schedules rows into River jobs: each tick it claims
@@ -130,6 +138,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}
 	if cfg.Metrics == nil {
 		m, err := NewMetrics(nil)
@@ -284,14 +295,8 @@ func (d *Dispatcher) tick(ctx, stop context.Context) (TickResult, error) {
 	}
 	if now := d.clock(peek.DbNow); peek.NextDue != nil && !peek.NextDue.After(now) {
 		worked = true
-		for stop.Err() == nil {
-			n, err := d.dispatchBatch(ctx, set, &res)
-			if err != nil {
-				return res, err
-			}
-			if n < d.cfg.BatchSize {
-				break
-			}
+		if err := d.dispatchDue(ctx, stop, set, &res); err != nil {
+			return res, err
 		}
 	}
 	if worked {
@@ -311,6 +316,31 @@ func (d *Dispatcher) tick(ctx, stop context.Context) (TickResult, error) {
 	d.metrics.TickDuration.Observe(time.Since(start).Seconds())
 	d.TestSignals.Ticked.Signal(res)
 	return res, nil
+}
+
+// dispatchDue dispatches due rows, batch after batch, until none is left
+// or stop is done, in a span of its own: the jobs inserted are in its
+// trace.
+func (d *Dispatcher) dispatchDue(ctx, stop context.Context, set *dispatchSettings, res *TickResult) (err error) {
+	ctx, span := d.cfg.Tracer.Start(ctx, "sluice.schedule.dispatch")
+	defer func() {
+		span.SetAttributes(attribute.Int("dispatched", res.Dispatched), attribute.Int("jobs", res.Jobs),
+			attribute.Int("failed", res.Failed))
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+	for stop.Err() == nil {
+		n, err := d.dispatchBatch(ctx, set, res)
+		if err != nil {
+			return err
+		}
+		if n < d.cfg.BatchSize {
+			break
+		}
+	}
+	return nil
 }
 
 // clock is the dispatcher's now: Config.Now, else the database's.

@@ -168,9 +168,17 @@ func (s *Store) Update(ctx context.Context, name string, p Patch) (*db.Schedule,
 	return out, err
 }
 
-// Remove deletes the schedule named name. Jobs it inserted stay.
+// Remove deletes the schedule named name. Jobs it inserted stay. A
+// schedule declared in Go is refused (*DeclaredRemoveError): disable it.
 func (s *Store) Remove(ctx context.Context, name string) error {
-	_, err := db.New(s.pool).DeleteSchedule(ctx, name)
+	declared, err := s.IsDeclared(ctx, name)
+	if err != nil {
+		return err
+	}
+	if declared {
+		return &DeclaredRemoveError{Name: name}
+	}
+	_, err = db.New(s.pool).DeleteSchedule(ctx, name)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &NotFoundError{Name: name}
 	}
@@ -243,10 +251,11 @@ func (s *Store) Trigger(ctx context.Context, client *river.Client[pgx.Tx], name 
 		if err != nil {
 			return fmt.Errorf("encode job metadata: %w", err)
 		}
-		opts := &river.InsertOpts{Metadata: md}
+		queue := ""
 		if row.Queue != nil {
-			opts.Queue = *row.Queue
+			queue = *row.Queue
 		}
+		opts := jobInsertOpts(queue, row.Priority, row.MaxAttempts, row.Tags, md)
 		res, err := client.InsertTx(ctx, q.Tx(), jobArgs, opts)
 		if err != nil {
 			return fmt.Errorf("insert %s job for schedule %q: %w", row.Kind, name, err)

@@ -7,25 +7,32 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/sluice-dev/sluice/app"
 )
 
-// Run executes the command line args of prog and returns the exit code.
-// Cancelling ctx is how a signal reaches the command. A Program whose kinds
+// Run executes the command line args of the program cfg describes and
+// returns the exit code; cfg's settings are the defaults of the flags.
+// Cancelling ctx is how a signal reaches the command. A program whose kinds
 // do not add up (none at all, or one registered twice) exits 1 before any
 // command runs.
-func Run(ctx context.Context, prog app.Program, args []string, stdout, stderr io.Writer) int {
+func Run(ctx context.Context, cfg app.Config, args []string, stdout, stderr io.Writer) int {
+	prog := cfg.Program()
 	registry, err := prog.Registry()
+	if err == nil {
+		_, err = prog.CheckDeclarations(registry)
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice: %s\n", err)
+		fmt.Fprintf(stderr, "sluice: %s\n", strings.TrimPrefix(err.Error(), "sluice: "))
 		return exitFailure
 	}
-	root := newRootCmd(stderr, prog, registry)
+	root, g := newRootCmd(stderr, cfg, registry)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err = root.ExecuteContext(ctx)
+	g.shutdownTracing()
 	code := exitCode(err)
 	if _, silent := err.(*silentExit); err != nil && !silent {
 		fmt.Fprintf(stderr, "sluice: %s\n", err)

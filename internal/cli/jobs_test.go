@@ -256,7 +256,7 @@ func TestJobsOwnKinds(t *testing.T) {
 	pool := livePool(t, url)
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &shipWorker{})
-	prog := app.Program{Workers: workers}
+	prog := app.Config{Workers: workers}
 	run := func(args ...string) (int, string, string) {
 		var stdout, stderr bytes.Buffer
 		code := Run(context.Background(), prog, append([]string{"--database-url", url}, args...), &stdout, &stderr)

@@ -309,7 +309,7 @@ func openLimiter(g *globals, cmd *cobra.Command) (*limiter.Limiter, *pgxpool.Poo
 		return nil, nil, err
 	}
 	// A change schedules the safety net for the jobs it leaves waiting.
-	client, err := app.NewInsertClient(pool)
+	client, err := app.NewInsertClient(pool, nil)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

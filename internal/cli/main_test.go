@@ -35,6 +35,6 @@ func TestMain(m *testing.M) {
 func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := Run(context.Background(), app.Program{Modules: modules.All()}, args, &stdout, &stderr)
+	code := Run(context.Background(), app.Config{Modules: modules.All()}, args, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }

@@ -2,19 +2,24 @@ package cli
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/tracing"
 )
 
 // envAnnotation is the flag annotation naming the environment variable that
@@ -23,19 +28,28 @@ const envAnnotation = module.EnvAnnotation
 
 // globals are the flags every command shares.
 type globals struct {
-	// prog is the program: the application's workers and migrations, and
-	// the modules; registry is every kind it works.
+	// base is the program's Config: its settings are the defaults of the
+	// flags. prog is the program it describes, with the schemas of the
+	// flags; registry is every kind it works.
+	base     app.Config
 	prog     app.Program
 	registry *kinds.Registry
 	// stderr receives log lines.
-	stderr      io.Writer
+	stderr io.Writer
+	// envTracer is the tracer provider of the OTEL_* variables, once built.
+	envTracer struct {
+		done     bool
+		tp       trace.TracerProvider
+		shutdown func(context.Context) error
+	}
 	databaseURL string
 	logLevel    string
 	logFormat   string
 }
 
-func newRootCmd(stderr io.Writer, prog app.Program, registry *kinds.Registry) *cobra.Command {
-	g := &globals{stderr: stderr, prog: prog, registry: registry}
+func newRootCmd(stderr io.Writer, base app.Config, registry *kinds.Registry) (*cobra.Command, *globals) {
+	prog := base.Program()
+	g := &globals{stderr: stderr, base: base, prog: prog, registry: registry}
 	root := &cobra.Command{
 		Use:   "sluice",
 		Short: "A SQL-centric job runner on a Postgres queue (River)",
@@ -94,7 +108,18 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
 	}
-	return root
+	return root, g
+}
+
+// runConfig is the Config of a command that works jobs in this process
+// without the worker's flags (run): the program's settings, with the
+// schemas, database and logger of the command line.
+func (g *globals) runConfig(ctx context.Context, logger *slog.Logger) (app.Config, error) {
+	cfg := g.base.WithProgram(g.prog)
+	cfg.DatabaseURL, cfg.Logger = g.databaseURL, logger
+	tp, err := g.tracerProvider(ctx, logger)
+	cfg.TracerProvider = tp
+	return cfg, err
 }
 
 // bindEnv makes the environment variable env the fallback for flag name.
@@ -199,12 +224,57 @@ func (g *globals) openClient(cmd *cobra.Command, appName string) (*pgxpool.Pool,
 	if err != nil {
 		return nil, nil, err
 	}
-	client, err := app.NewInsertClient(pool)
+	logger, err := g.logger(slog.LevelWarn)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	tp, err := g.tracerProvider(cmd.Context(), logger)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	client, err := app.NewInsertClient(pool, tp)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
 	return pool, client, nil
+}
+
+// tracerProvider is the tracer provider of the commands that insert or
+// work jobs: the program's Config.TracerProvider, else the one the
+// standard OTEL_* variables ask for (tracing.FromEnv; nil when they ask
+// for none), built once and flushed when the command ends. A variable that
+// makes no sense is a usage error naming it.
+func (g *globals) tracerProvider(ctx context.Context, logger *slog.Logger) (trace.TracerProvider, error) {
+	if g.base.TracerProvider != nil {
+		return g.base.TracerProvider, nil
+	}
+	if g.envTracer.done {
+		return g.envTracer.tp, nil
+	}
+	tp, shutdown, err := tracing.FromEnv(ctx, "sluice", logger)
+	var envErr *tracing.EnvError
+	if errors.As(err, &envErr) {
+		return nil, asUsage(err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	g.envTracer.done, g.envTracer.tp, g.envTracer.shutdown = true, tp, shutdown
+	return tp, nil
+}
+
+// shutdownTracing flushes the spans of the OTEL_* tracer provider, if one
+// was built, for up to 5 seconds.
+func (g *globals) shutdownTracing() {
+	if g.envTracer.shutdown == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = g.envTracer.shutdown(ctx) // an endpoint that does not answer drops its spans
 }
 
 // exactArgs is cobra.ExactArgs whose error is a usage error naming the

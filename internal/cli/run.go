@@ -45,7 +45,11 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 			if opts.Wait < 0 {
 				return usagef("invalid --wait %s: must not be negative", opts.Wait)
 			}
-			res, err := app.RunOne(ctx, app.Config{Program: g.prog, DatabaseURL: g.databaseURL, Logger: logger}, jobArgs, opts)
+			cfg, err := g.runConfig(ctx, logger)
+			if err != nil {
+				return err
+			}
+			res, err := app.RunOne(ctx, cfg, jobArgs, opts)
 			if err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,7 +24,7 @@ import (
 
 func newScheduleCmd(g *globals) *cobra.Command {
 	registry := g.registry
-	cmd := groupCmd("schedule", "Manage durable schedules (list, add, update, remove, enable, disable, trigger, next)")
+	cmd := groupCmd("schedule", "Manage durable schedules (list, add, update, remove, enable, disable, trigger, reset, next)")
 	cmd.Long = `schedule manages the rows of the schedules table, from which the dispatcher
 of every running worker inserts one River job per due time.
 
@@ -32,6 +33,13 @@ Every change is validated before anything is written: the cron expression
 @every DURATION), the IANA time zone, the kind (one this binary knows) and
 its args. An unknown NAME is an input error (exit 2). 'schedule next'
 previews the due times of any expression without a database.
+
+Schedules a program declares in Go (Config.Schedules) are rows like any
+other, written by every worker at start with source "config". A change made
+here (or with SQL) makes the row's source "sql": it wins over the
+declaration, across restarts, until 'schedule reset NAME' writes the
+declared definition back. A declared schedule cannot be removed (the next
+worker would add it back): disable it instead.
 
 Kinds: ` + strings.Join(registry.Names(), ", ")
 	cmd.AddCommand(
@@ -73,7 +81,15 @@ Kinds: ` + strings.Join(registry.Names(), ", ")
 			}),
 		newScheduleNameCmd(g, registry, "trigger", "Insert one run of a schedule now; its cadence is unchanged", triggerLong,
 			func(ctx context.Context, s *scheduler.Store, pool *pgxpool.Pool, out io.Writer, name string) error {
-				client, err := app.NewInsertClient(pool)
+				logger, err := g.logger(slog.LevelWarn)
+				if err != nil {
+					return err
+				}
+				tp, err := g.tracerProvider(ctx, logger)
+				if err != nil {
+					return err
+				}
+				client, err := app.NewInsertClient(pool, tp)
 				if err != nil {
 					return err
 				}
@@ -82,6 +98,15 @@ Kinds: ` + strings.Join(registry.Names(), ", ")
 					return err
 				}
 				fmt.Fprintf(out, "schedule %s triggered: job %d\n", name, id)
+				return nil
+			}),
+		newScheduleNameCmd(g, registry, "reset", "Undo changes to a schedule declared in Go: write its declared definition back", resetLong,
+			func(ctx context.Context, s *scheduler.Store, _ *pgxpool.Pool, out io.Writer, name string) error {
+				row, err := s.Reset(ctx, name)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "schedule %s reset to its declaration: cron %q in %s, enabled %t\n", name, row.Cron, row.Timezone, row.Enabled)
 				return nil
 			}),
 		newScheduleListCmd(g, registry),
@@ -251,6 +276,14 @@ and a disabled or failed schedule can be triggered too. The job's metadata
 names the schedule, with "trigger": true and "due_at" the time of the
 trigger.`
 
+const resetLong = `reset writes the definition a program declares in Go (Config.Schedules) for
+NAME back into its row, undoing any change made with the CLI or SQL (and
+adding the row again if it was deleted with SQL). The row's source is
+"config" again: from then on it follows the program's declaration at every
+worker start. The declaration is the one the last worker to start wrote
+(table schedule_declarations). A NAME no program declares is an input error
+(exit 2).`
+
 // newScheduleNameCmd is a subcommand taking one schedule NAME.
 func newScheduleNameCmd(g *globals, registry *kinds.Registry, use, short, long string,
 	fn func(ctx context.Context, s *scheduler.Store, pool *pgxpool.Pool, out io.Writer, name string) error) *cobra.Command {
@@ -274,7 +307,9 @@ func newScheduleListCmd(g *globals, registry *kinds.Registry) *cobra.Command {
 		Short: "List the schedules",
 		Long: `list prints every schedule: name, cron, zone, kind, enabled, status, next run
 (next_run_at, UTC: when the dispatcher acts next, a retry's time included),
-next due time, last run (UTC), run count and last error. NEXT DUE is the
+source (config: declared in Go and following its declaration; sql: written
+or changed with the CLI or SQL), next due time, last run (UTC), run count
+and last error. NEXT DUE is the
 schedule's next due time after the database's now, in the schedule's zone
 with its offset, computed by the dispatcher's code (as 'schedule next'
 does); it is - for a disabled or failed schedule, and "invalid" for a cron
@@ -315,7 +350,7 @@ and its last job's state.`,
 
 func printSchedules(out io.Writer, rows []*scheduler.Listed) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCRON\tTIMEZONE\tKIND\tENABLED\tSTATUS\tNEXT RUN\tNEXT DUE\tLAST RUN\tRUNS\tLAST ERROR")
+	fmt.Fprintln(tw, "NAME\tCRON\tTIMEZONE\tKIND\tENABLED\tSTATUS\tSOURCE\tNEXT RUN\tNEXT DUE\tLAST RUN\tRUNS\tLAST ERROR")
 	for _, r := range rows {
 		lastErr := "-"
 		if r.LastError != nil {
@@ -331,8 +366,8 @@ func printSchedules(out io.Writer, rows []*scheduler.Listed) error {
 		case r.NextDueAt != nil:
 			nextDue = r.NextDueAt.Format(localLayout)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, r.Cron, r.Timezone, r.Kind,
-			r.Enabled, r.Status, fmtTime(r.NextRunAt), nextDue, fmtTime(r.LastRunAt), r.RunCount, lastErr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Name, r.Cron, r.Timezone, r.Kind,
+			r.Enabled, r.Status, r.Source, fmtTime(r.NextRunAt), nextDue, fmtTime(r.LastRunAt), r.RunCount, lastErr)
 	}
 	return tw.Flush()
 }
@@ -417,7 +452,10 @@ func scheduleErr(err error) error {
 	var notFound *scheduler.NotFoundError
 	var exists *scheduler.ExistsError
 	var invalidRow *scheduler.InvalidRowError
-	if errors.As(err, &fieldErr) || errors.As(err, &notFound) || errors.As(err, &exists) || errors.As(err, &invalidRow) {
+	var notDeclared *scheduler.NotDeclaredError
+	var declared *scheduler.DeclaredRemoveError
+	if errors.As(err, &fieldErr) || errors.As(err, &notFound) || errors.As(err, &exists) || errors.As(err, &invalidRow) ||
+		errors.As(err, &notDeclared) || errors.As(err, &declared) {
 		return asUsage(err)
 	}
 	return err

@@ -1,20 +1,24 @@
 package cli
 
 import (
+	"cmp"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
 func newWorkerCmd(g *globals) *cobra.Command {
-	var cfg app.Config
+	// The program's Config gives the flags their defaults (flag >
+	// environment > Config > built-in default).
+	base := g.base
+	cfg := base
 	var queues string
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -65,6 +69,17 @@ worker records its queues in its sluice_workers row ('sluice queues list'
 shows who serves what, and 'sluice health' warns about available jobs in a
 queue no live worker serves).
 
+Tracing: with an OTLP endpoint in $OTEL_EXPORTER_OTLP_ENDPOINT (or
+OTEL_TRACES_EXPORTER=otlp) the worker exports OpenTelemetry spans of its
+inserts, jobs, waits and parkings, dispatcher ticks and maintenance runs
+(protocol $OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf or grpc; service
+$OTEL_SERVICE_NAME). Off by default; a value that makes no sense is exit 2;
+an endpoint that does not answer drops spans and logs a warning.
+
+A program built on the sluice library gives these flags its own defaults
+in Go (sluice.Config): a flag wins over its variable, which wins over the
+program's Config, which wins over the default shown.
+
 Any number of workers, on any number of machines, may run against one
 database. SIGINT or SIGTERM stops a worker gracefully: it stops dispatching
 and fetching, lets running jobs finish for up to --shutdown-timeout, then
@@ -88,13 +103,18 @@ cancels them and exits 0.`,
 			queuesFlag, dwFlag := cmd.Flags().Changed("queues"), cmd.Flags().Changed("default-workers")
 			queuesEnv, dwEnv := !queuesFlag && os.Getenv("SLUICE_QUEUES") != "", !dwFlag && os.Getenv("SLUICE_DEFAULT_WORKERS") != ""
 			useQueues := queuesFlag || (queuesEnv && !dwFlag)
-			if useQueues {
+			switch {
+			case useQueues:
 				if (queuesFlag && dwFlag) || (queuesEnv && dwEnv) {
 					return usagef("--queues (or $SLUICE_QUEUES) and --default-workers (or $SLUICE_DEFAULT_WORKERS) are both set: give the default queue's size in --queues, such as default=%d", cfg.DefaultWorkers)
 				}
 				if cfg.Queues, err = app.ParseQueues(queues); err != nil {
 					return usagef("invalid --queues (or $SLUICE_QUEUES) %q: %v", queues, err)
 				}
+				cfg.DefaultWorkers = 0
+			case dwFlag || dwEnv || len(base.Queues) == 0:
+				cfg.Queues = nil
+			default: // the Config's queues
 				cfg.DefaultWorkers = 0
 			}
 			if cfg.ScheduleBatchSize < 1 {
@@ -108,13 +128,16 @@ cancels them and exits 0.`,
 					return usagef("--dead-after (%s) must be at least %d heartbeat intervals (%s)", cfg.DeadAfter, app.MinDeadAfterBeats, least)
 				}
 			} else {
-				cfg.DeadAfter = 0 // the default: 30s, or 3 heartbeat intervals if that is longer
+				cfg.DeadAfter = base.DeadAfter // unset: 30s, or 3 heartbeat intervals if that is longer
 			}
-			cfg.HTTPToken = os.Getenv("SLUICE_HTTP_TOKEN")
+			cfg.HTTPToken = cmp.Or(os.Getenv("SLUICE_HTTP_TOKEN"), base.HTTPToken)
 			if err := cfg.Validate(); err != nil {
 				return asUsage(err)
 			}
-			cfg.Program = g.prog
+			cfg = cfg.WithProgram(g.prog)
+			if cfg.TracerProvider, err = g.tracerProvider(cmd.Context(), logger); err != nil {
+				return err
+			}
 			cfg.DatabaseURL = g.databaseURL
 			cfg.Logger = logger
 			w, err := app.NewWorker(cmd.Context(), cfg)
@@ -125,22 +148,22 @@ cancels them and exits 0.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.HTTPAddr, "http-addr", app.DefaultHTTPAddr, "HTTP listen address; empty disables the server; off loopback it needs $SLUICE_HTTP_TOKEN")
-	f.StringVar(&cfg.ID, "id", "", "worker id (River client ID); default host-pid-random")
-	f.IntVar(&cfg.DefaultWorkers, "default-workers", app.DefaultDefaultWorkers, "jobs worked at once from the default queue, without --queues")
-	f.StringVar(&queues, "queues", "", "queues to serve with their jobs at once, such as default=20,emails=5 (default: default=--default-workers); the maintenance queue is always served")
-	f.IntVar(&cfg.MaintenanceWorkers, "maintenance-workers", app.DefaultMaintenanceWorkers, "jobs worked at once from the maintenance queue")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "on SIGINT/SIGTERM, how long running jobs may finish before they are cancelled")
-	f.DurationVar(&cfg.JobTimeout, "job-timeout", time.Minute, "River's job timeout for kinds without their own")
-	f.DurationVar(&cfg.MaintenanceTimeout, "maintenance-timeout", 30*time.Minute, "bound of one maintenance run (the lock's lease)")
-	f.DurationVar(&cfg.ParkAfter, "park-after", limiter.DefaultParkAfter, "how long a job of a limited kind waits in the worker for a slot before it parks (1ms to 1h)")
-	f.DurationVar(&cfg.FetchCooldown, "fetch-cooldown", app.DefaultFetchCooldown, "least time between two fetches of a queue (River's FetchCooldown)")
-	f.DurationVar(&cfg.FetchPollInterval, "fetch-poll-interval", app.DefaultFetchPollInterval, "poll a queue this often when no insert notification arrives")
-	f.DurationVar(&cfg.RescueStuckJobsAfter, "rescue-stuck-jobs-after", app.DefaultRescueStuckJobsAfter, "River's rescuer retries a job running longer than this (its worker presumed dead)")
-	f.DurationVar(&cfg.SchedulePollInterval, "schedule-poll-interval", scheduler.DefaultPollInterval, "longest the schedule dispatcher sleeps between ticks (it also wakes for the next due time and on NOTIFY)")
-	f.IntVar(&cfg.ScheduleBatchSize, "schedule-batch-size", scheduler.DefaultBatchSize, "due schedules one dispatcher transaction claims")
-	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", app.DefaultHeartbeatInterval, "how often the worker refreshes its sluice_workers row")
-	f.DurationVar(&cfg.DeadAfter, "dead-after", app.DefaultDeadAfter, "a worker whose heartbeat is older than this is dead and its jobs are rescued; at least 3 heartbeat intervals (unset: 30s, or 3 intervals if longer)")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", cmp.Or(base.HTTPAddr, app.DefaultHTTPAddr), "HTTP listen address; empty disables the server; off loopback it needs $SLUICE_HTTP_TOKEN")
+	f.StringVar(&cfg.ID, "id", base.ID, "worker id (River client ID); default host-pid-random")
+	f.IntVar(&cfg.DefaultWorkers, "default-workers", cmp.Or(base.DefaultWorkers, app.DefaultDefaultWorkers), "jobs worked at once from the default queue, without --queues")
+	f.StringVar(&queues, "queues", "", "queues to serve with their jobs at once, such as default=20,emails=5 (default: the program's Config.Queues, else default=--default-workers); the maintenance queue is always served")
+	f.IntVar(&cfg.MaintenanceWorkers, "maintenance-workers", cmp.Or(base.MaintenanceWorkers, app.DefaultMaintenanceWorkers), "jobs worked at once from the maintenance queue")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cmp.Or(base.ShutdownTimeout, app.DefaultShutdownTimeout), "on SIGINT/SIGTERM, how long running jobs may finish before they are cancelled")
+	f.DurationVar(&cfg.JobTimeout, "job-timeout", cmp.Or(base.JobTimeout, app.DefaultJobTimeout), "River's job timeout for kinds without their own")
+	f.DurationVar(&cfg.MaintenanceTimeout, "maintenance-timeout", cmp.Or(base.MaintenanceTimeout, maintenance.DefaultTimeout), "bound of one maintenance run (the lock's lease)")
+	f.DurationVar(&cfg.ParkAfter, "park-after", cmp.Or(base.ParkAfter, limiter.DefaultParkAfter), "how long a job of a limited kind waits in the worker for a slot before it parks (1ms to 1h)")
+	f.DurationVar(&cfg.FetchCooldown, "fetch-cooldown", cmp.Or(base.FetchCooldown, app.DefaultFetchCooldown), "least time between two fetches of a queue (River's FetchCooldown)")
+	f.DurationVar(&cfg.FetchPollInterval, "fetch-poll-interval", cmp.Or(base.FetchPollInterval, app.DefaultFetchPollInterval), "poll a queue this often when no insert notification arrives")
+	f.DurationVar(&cfg.RescueStuckJobsAfter, "rescue-stuck-jobs-after", cmp.Or(base.RescueStuckJobsAfter, app.DefaultRescueStuckJobsAfter), "River's rescuer retries a job running longer than this (its worker presumed dead)")
+	f.DurationVar(&cfg.SchedulePollInterval, "schedule-poll-interval", cmp.Or(base.SchedulePollInterval, scheduler.DefaultPollInterval), "longest the schedule dispatcher sleeps between ticks (it also wakes for the next due time and on NOTIFY)")
+	f.IntVar(&cfg.ScheduleBatchSize, "schedule-batch-size", cmp.Or(base.ScheduleBatchSize, scheduler.DefaultBatchSize), "due schedules one dispatcher transaction claims")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cmp.Or(base.HeartbeatInterval, app.DefaultHeartbeatInterval), "how often the worker refreshes its sluice_workers row")
+	f.DurationVar(&cfg.DeadAfter, "dead-after", cmp.Or(base.DeadAfter, app.DefaultDeadAfter), "a worker whose heartbeat is older than this is dead and its jobs are rescued; at least 3 heartbeat intervals (unset: 30s, or 3 intervals if longer)")
 	bindEnv(f, "http-addr", "SLUICE_HTTP_ADDR")
 	bindEnv(f, "fetch-cooldown", "SLUICE_FETCH_COOLDOWN")
 	bindEnv(f, "park-after", "SLUICE_PARK_AFTER")
@@ -158,9 +181,9 @@ cancels them and exits 0.`,
 	bindEnv(f, "schedule-batch-size", "SLUICE_SCHEDULE_BATCH_SIZE")
 	bindEnv(f, "heartbeat-interval", "SLUICE_HEARTBEAT_INTERVAL")
 	bindEnv(f, "dead-after", "SLUICE_DEAD_AFTER")
-	f.DurationVar(&cfg.MetricsInterval, "metrics-interval", metrics.DefaultClusterInterval, "how often the worker exporting the cluster-wide gauges (River's leader) reads them from the database (at least 1s)")
+	f.DurationVar(&cfg.MetricsInterval, "metrics-interval", cmp.Or(base.MetricsInterval, metrics.DefaultClusterInterval), "how often the worker exporting the cluster-wide gauges (River's leader) reads them from the database (at least 1s)")
 	bindEnv(f, "metrics-interval", "SLUICE_METRICS_INTERVAL")
-	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's runtime profiles (heap, CPU, goroutines) at /debug/pprof/ on the HTTP server, behind its token")
+	f.BoolVar(&cfg.Pprof, "pprof", base.Pprof, "serve Go's runtime profiles (heap, CPU, goroutines) at /debug/pprof/ on the HTTP server, behind its token")
 	bindEnv(f, "pprof", "SLUICE_PPROF")
 	return cmd
 }

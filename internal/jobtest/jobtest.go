@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/module"
 	"github.com/sluice-dev/sluice/modules"
 )
 
@@ -31,7 +32,10 @@ func Logger(tb testing.TB) *slog.Logger {
 }
 
 // Program is the stock program: every built-in module on.
-func Program() app.Program { return app.Program{Modules: modules.All()} }
+func Program() app.Program { return app.Program{Modules: Modules()} }
+
+// Modules are the stock program's modules: every built-in module.
+func Modules() []module.Module { return modules.All() }
 
 // NewJobs returns the jobs of the stock program on pool with a private
 // metrics registry.

@@ -102,9 +102,16 @@ type Worker struct {
 // It is killed when tb ends, and its log is printed if tb failed.
 func StartWorker(tb testing.TB, url, id string, args ...string) *Worker {
 	tb.Helper()
+	return StartWorkerEnv(tb, url, id, nil, args...)
+}
+
+// StartWorkerEnv is StartWorker with the variables env (KEY=VALUE) added to
+// the worker's environment.
+func StartWorkerEnv(tb testing.TB, url, id string, env []string, args ...string) *Worker {
+	tb.Helper()
 	w := &Worker{Addr: FreeAddr(tb), ID: id, done: make(chan struct{})}
 	w.cmd = exec.Command(Binary(tb), append([]string{"worker", "--id", id, "--http-addr", w.Addr}, args...)...)
-	w.cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "SLUICE_LOG_FORMAT=text")
+	w.cmd.Env = append(append(os.Environ(), "DATABASE_URL="+url, "SLUICE_LOG_FORMAT=text"), env...)
 	w.cmd.Stdout = &lockedWriter{w: &w.stderr, mu: &w.mu}
 	w.cmd.Stderr = &lockedWriter{w: &w.stderr, mu: &w.mu}
 	if err := w.cmd.Start(); err != nil {

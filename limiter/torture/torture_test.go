@@ -192,7 +192,7 @@ func newTorture(t *testing.T, seed uint64) *torture {
 	if _, err := x.pool.Exec(ctx, recordSQL); err != nil {
 		t.Fatalf("record tables: %v", err)
 	}
-	if x.client, err = app.NewInsertClient(x.pool); err != nil {
+	if x.client, err = app.NewInsertClient(x.pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	if x.lim, err = limiter.New(limiter.Config{Pool: x.pool, WorkerID: "torture-test"}); err != nil {

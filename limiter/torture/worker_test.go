@@ -191,7 +191,7 @@ func workerMain(id string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	w, err := app.NewWorker(ctx, app.Config{
-		Program:           app.Program{Workers: workers},
+		Workers:           workers,
 		DatabaseURL:       os.Getenv("DATABASE_URL"),
 		ID:                id,
 		Queues:            map[string]int{river.QueueDefault: slots},

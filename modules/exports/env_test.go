@@ -1,10 +1,8 @@
 package exports_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,26 +15,9 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/modules/exports"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test to share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // exportEnv is a fresh database with worker dependencies whose JSON log
 // lines go to logs, and (started on first use) a River client working them.
@@ -47,7 +28,7 @@ type exportEnv struct {
 	// dir is the export directory of the River client's workers; a test
 	// may change it before the client starts.
 	dir    string
-	logs   *lockedBuffer
+	logs   *testlog.Buffer
 	logger *slog.Logger
 	// reg holds the metrics of the River client's workers.
 	reg    *prometheus.Registry
@@ -60,7 +41,7 @@ type exportEnv struct {
 func newExportEnv(t *testing.T) *exportEnv {
 	t.Helper()
 	pool := testdb.NewPool(t)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	deps, err := exports.NewTestDeps(pool, logger, nil)
 	require.NoError(t, err)

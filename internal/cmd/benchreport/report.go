@@ -34,6 +34,10 @@ var specs = map[string]Spec{
 		What:   "P1 no-op jobs through a `sluice worker` process (vs raw River decoding the same args, same server, best of 5 rounds each)",
 		Figure: "jobs/s", Comparison: "river-jobs/s", TargetOn: "ratio", Cmp: ">=",
 	},
+	"BenchmarkNoopTracing": {
+		What:   "tracing: P1's no-op jobs through a `sluice worker` process with tracing on (OTLP/HTTP to a collector that discards, every job inserted in a trace) vs off (the default), best of 5 alternating rounds; ratio = on/off; no target: the cost when on",
+		Figure: "traced-jobs/s", Comparison: "jobs/s",
+	},
 	"BenchmarkMetricsOverhead": {
 		What:   "metrics (P1 may drop 0.02 at most): the job metrics middleware's time per job (a loop of a million no-op executions) vs the worker process's CPU per job (River's client and middleware, 5 rounds of 20,000 jobs); ratio = 1 − the share",
 		Figure: "metrics-ns/job", Comparison: "process-cpu-ns/job", TargetOn: "ratio", Cmp: ">=",
