@@ -630,9 +630,12 @@ func checkOutcomes(r *record, vs *violations) {
 			vs.add("outcome", "job %d is still %s at the end", id, j.final)
 			continue
 		}
-		if len(runs) > 0 && j.final == "cancelled" && runs[len(runs)-1].outcome == "snooze" && r.cancelledRunning(id) {
+		if last := len(runs) - 1; last >= 0 && j.final == "cancelled" && runs[last].outcome == "snooze" &&
+			r.cancelledRunning(id) && !r.fetchedAfter(id, runs[last].end) {
 			// River cancels a job whose cancellation was asked while it
 			// snoozed, at the snooze's completion, and keeps its attempt.
+			// (A job fetched again after its snooze and cancelled while it
+			// waited for a slot has that attempt undone by its parking.)
 			snoozes--
 		}
 		over, under := r.killBlur(id)
@@ -871,6 +874,16 @@ func (r *record) cancelledRunning(id int64) bool {
 	for _, c := range r.changes[id] {
 		if c.to == "cancelled" {
 			return c.from == "running"
+		}
+	}
+	return false
+}
+
+// fetchedAfter reports whether job id was fetched (made running) after t.
+func (r *record) fetchedAfter(id int64, t time.Time) bool {
+	for _, c := range r.changes[id] {
+		if c.to == "running" && c.at.After(t) {
+			return true
 		}
 	}
 	return false
