@@ -22,7 +22,9 @@ build: ## build bin/sluice
 	$(GO) build -o $(BIN) ./cmd/sluice
 
 run: build ## migrate the database and start a worker (DATABASE_URL, its database created if missing; else 127.0.0.1:5432/sluice, else .dev/)
-	@$(PG) with-database sluice bash -c './$(BIN) migrate up && exec ./$(BIN) worker'
+	@$(PG) with-database sluice bash -c 'echo "make run: database $$(echo "$$DATABASE_URL" | sed -E "s#(://[^:/@]*:)[^@/]*@#\1xxxxx@#")"; \
+		echo "make run: the other commands need it too: export DATABASE_URL=\"\$$(scripts/pg.sh database-url sluice)\""; \
+		./$(BIN) migrate up && exec ./$(BIN) worker'
 
 test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/)
 	@$(PG) with-server $(GO) test -count=1 $(TESTFLAGS) ./...

@@ -26,6 +26,7 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/sluice-dev/sluice/internal/cli"
@@ -48,5 +49,8 @@ import (
 func Main(cfg Config) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if cfg.Name == "" {
+		cfg.Name = filepath.Base(os.Args[0])
+	}
 	return cli.Run(ctx, cfg, os.Args[1:], os.Stdout, os.Stderr)
 }

@@ -128,6 +128,11 @@ type Config struct {
 	// one. Main's worker sets one from the standard OTEL_* variables.
 	TracerProvider trace.TracerProvider
 
+	// Name is the program's name in its help and messages ("Run 'NAME
+	// enqueue --help'") and its OpenTelemetry service name; Main's default
+	// is the binary's file name, "sluice" elsewhere.
+	Name string
+
 	// Schema is the Postgres schema of sluice's tables, views, functions
 	// and migration versions (default "sluice"; --schema, $SLUICE_SCHEMA).
 	Schema string
@@ -139,7 +144,9 @@ type Config struct {
 	// DatabaseURL is the pgx connection string (URL or key=value); Main
 	// reads it from --database-url or $DATABASE_URL.
 	DatabaseURL string
-	// Logger receives every log line (nil: none); Main logs to stderr.
+	// Logger receives every log line. Nil: slog's default logger, from WARN
+	// up, as River logs without a logger of its own (slog.New(
+	// slog.DiscardHandler) for none). Main logs to stderr.
 	Logger *slog.Logger
 	// ID names the worker: River's client ID (river_job.attempted_by) and
 	// maintenance_runs.worker_id (--id). Empty: host-pid-random.
@@ -297,7 +304,7 @@ func (c *Config) withDefaults() Config {
 		out.MetricsInterval = metrics.DefaultClusterInterval
 	}
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.DiscardHandler)
+		out.Logger = slog.New(&minLevelHandler{Handler: slog.Default().Handler(), min: slog.LevelWarn})
 	}
 	return out
 }

@@ -23,7 +23,7 @@ const (
 // healthNamesShown bounds the schedule names a report lists.
 const healthNamesShown = 20
 
-// WorkerStatus is a worker as sluice_worker_status shows it: Status is
+// WorkerStatus is a worker as sluice.worker_status shows it: Status is
 // live, late (missed heartbeats, not dead yet) or dead.
 type WorkerStatus = db.WorkerStatusListRow
 

@@ -110,7 +110,7 @@ func statsHandler(dbtx db.DBTX, modules []module.Module) http.HandlerFunc {
 	}
 }
 
-// QueueKindStats summarises one job kind of sluice_queue_overview.
+// QueueKindStats summarises one job kind of sluice.queue_overview.
 type QueueKindStats struct {
 	// Jobs counts the kind's jobs per River state.
 	Jobs map[string]int64 `json:"jobs"`
@@ -119,7 +119,8 @@ type QueueKindStats struct {
 	OldestAvailableSeconds float64 `json:"oldest_available_seconds"`
 }
 
-// QueueStats is the "queues" section: sluice_queue_overview per kind.
+// QueueStats is the "queues" section (its JSON key, kept for /stats
+// readers): sluice.queue_overview, jobs per kind and state.
 type QueueStats map[string]*QueueKindStats
 
 func readQueueStats(ctx context.Context, dbtx db.DBTX) (StatsSection, error) {
@@ -144,7 +145,7 @@ func readQueueStats(ctx context.Context, dbtx db.DBTX) (StatsSection, error) {
 
 // WriteTable prints one line per kind and state.
 func (q QueueStats) WriteTable(w io.Writer) error {
-	fmt.Fprintln(w, "Queues (sluice_queue_overview)")
+	fmt.Fprintln(w, "Jobs per kind and state (sluice.queue_overview)")
 	if len(q) == 0 {
 		_, err := fmt.Fprintln(w, "  no jobs")
 		return err

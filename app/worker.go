@@ -276,7 +276,8 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	if started != nil {
 		started()
 	}
-	logger.Info("worker started", "worker_id", w.cfg.ID, "http_addr", w.HTTPAddr(), "http_token", w.cfg.HTTPToken != "",
+	logger.Info("worker started", "worker_id", w.cfg.ID, "database", db.Describe(w.pool.Config()),
+		"http_addr", w.HTTPAddr(), "http_token", w.cfg.HTTPToken != "",
 		"queues", FormatQueues(servedQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers)))
 
 	var runErr error

@@ -244,6 +244,8 @@ func TestRiverLogsQuietUnlessDebug(t *testing.T) {
 			require.NoError(t, err)
 			out := logs.String()
 			require.Contains(t, out, `msg="worker started"`)
+			require.Regexp(t, `msg="worker started" worker_id=\S+ database="host=\S+ port=\d+ user=\S+ database=\S+"`, out,
+				"the start line says which database, without a password")
 			require.Equal(t, wantRiver, strings.Contains(out, `msg="River client started"`), out)
 		})
 	}

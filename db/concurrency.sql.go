@@ -57,7 +57,7 @@ func (q *Queries) ClearConcurrencyLimit(ctx context.Context, kind string) (int64
 const concurrencyOverview = `-- name: ConcurrencyOverview :many
 SELECT kind, max_concurrency, admitted, parked,
        COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_seconds
-FROM sluice_concurrency_overview
+FROM concurrency_overview
 ORDER BY kind
 `
 
@@ -69,7 +69,7 @@ type ConcurrencyOverviewRow struct {
 	OldestParkedSeconds float64 `json:"oldest_parked_seconds"`
 }
 
-// sluice_concurrency_overview, with the age in seconds (0 when none parked).
+// concurrency_overview, with the age in seconds (0 when none parked).
 func (q *Queries) ConcurrencyOverview(ctx context.Context) ([]*ConcurrencyOverviewRow, error) {
 	rows, err := q.db.Query(ctx, concurrencyOverview)
 	if err != nil {
@@ -466,7 +466,7 @@ SELECT l.job_id, l.kind, l.reason, l.parked_at,
        o.max_concurrency,
        COALESCE(o.admitted, 0)::bigint AS slots_taken
 FROM line l
-LEFT JOIN sluice_concurrency_overview o ON o.kind = l.kind
+LEFT JOIN concurrency_overview o ON o.kind = l.kind
 WHERE l.job_id = ANY($1::bigint[])
 ORDER BY l.job_id
 `
@@ -760,7 +760,7 @@ const waitingJobs = `-- name: WaitingJobs :many
 SELECT w.job_id::bigint AS job_id, w.reason::text AS reason, w.worker_id::text AS worker_id,
        w.since::timestamptz AS since,
        extract(epoch FROM w.waiting)::float8 AS waiting_seconds
-FROM sluice_waiting_jobs w
+FROM waiting_jobs w
 WHERE w.job_id = ANY($1::bigint[])
 ORDER BY w.job_id
 `
@@ -774,7 +774,7 @@ type WaitingJobsRow struct {
 }
 
 // Which of the jobs ids are running to River but do no work yet: they wait
-// in their worker for a concurrency slot (sluice_waiting_jobs; sluice jobs
+// in their worker for a concurrency slot (waiting_jobs; sluice jobs
 // list and show). One statement per listing, whatever its length.
 func (q *Queries) WaitingJobs(ctx context.Context, ids []int64) ([]*WaitingJobsRow, error) {
 	rows, err := q.db.Query(ctx, waitingJobs, ids)

@@ -161,7 +161,7 @@ SELECT kind::text AS kind, key::text AS key, max_per_key, rate_max,
        slots_in_use::bigint AS slots_in_use, parked::bigint AS parked,
        COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_seconds,
        starts_in_window::bigint AS starts_in_window
-FROM sluice_concurrency_keys
+FROM concurrency_keys
 WHERE $1::text = '' OR kind = $1::text
 ORDER BY kind, parked DESC, slots_in_use DESC, key
 LIMIT $2
@@ -184,7 +184,7 @@ type ListConcurrencyKeysRow struct {
 	StartsInWindow      int64       `json:"starts_in_window"`
 }
 
-// sluice_concurrency_keys of kind (”: every kind), busiest keys first.
+// concurrency_keys of kind (”: every kind), busiest keys first.
 func (q *Queries) ListConcurrencyKeys(ctx context.Context, arg ListConcurrencyKeysParams) ([]*ListConcurrencyKeysRow, error) {
 	rows, err := q.db.Query(ctx, listConcurrencyKeys, arg.Kind, arg.MaxRows)
 	if err != nil {
@@ -225,7 +225,7 @@ SELECT o.kind::text AS kind,
        COALESCE(extract(epoch FROM o.oldest_parked_age), 0)::float8 AS oldest_parked_seconds,
        o.parked_keys::bigint AS parked_keys, o.starts_in_window::bigint AS starts_in_window,
        o.running::bigint AS running, o.working::bigint AS working, o.waiting::bigint AS waiting
-FROM sluice_concurrency_overview o
+FROM concurrency_overview o
 LEFT JOIN concurrency_limits l ON l.kind = o.kind
 ORDER BY o.kind
 `
@@ -252,7 +252,7 @@ type ListLimitsRow struct {
 }
 
 // Every kind with a limit, slots or parked jobs, its limits with their
-// sources, and what they hold (sluice_concurrency_overview): slots taken,
+// sources, and what they hold (concurrency_overview): slots taken,
 // parked jobs, and its running jobs, those that work and those that wait
 // in their worker for a slot.
 func (q *Queries) ListLimits(ctx context.Context) ([]*ListLimitsRow, error) {

@@ -638,7 +638,7 @@ type SetLeaseWaitingParams struct {
 }
 
 // Publishes the jobs waiting in worker_id for a leased slot of kind (for
-// SQL: sluice_waiting_jobs).
+// SQL: waiting_jobs).
 func (q *Queries) SetLeaseWaiting(ctx context.Context, arg SetLeaseWaitingParams) error {
 	_, err := q.db.Exec(ctx, setLeaseWaiting, arg.JobIds, arg.Kind, arg.WorkerID)
 	return err

@@ -88,6 +88,18 @@ type ConcurrencyExecution struct {
 	Key        *string   `json:"key"`
 }
 
+type ConcurrencyKey struct {
+	Kind            string      `json:"kind"`
+	Key             *string     `json:"key"`
+	MaxPerKey       *int32      `json:"max_per_key"`
+	RateMax         interface{} `json:"rate_max"`
+	RatePeriod      interface{} `json:"rate_period"`
+	SlotsInUse      int64       `json:"slots_in_use"`
+	Parked          int64       `json:"parked"`
+	OldestParkedAge int32       `json:"oldest_parked_age"`
+	StartsInWindow  int64       `json:"starts_in_window"`
+}
+
 type ConcurrencyKeyTurn struct {
 	Kind     string     `json:"kind"`
 	Key      string     `json:"key"`
@@ -131,6 +143,24 @@ type ConcurrencyLimitDeclaration struct {
 	RatePerKey      bool            `json:"rate_per_key"`
 	DeclaredBy      *string         `json:"declared_by"`
 	UpdatedAt       time.Time       `json:"updated_at"`
+}
+
+type ConcurrencyOverview struct {
+	Kind            string          `json:"kind"`
+	MaxConcurrency  *int32          `json:"max_concurrency"`
+	Admitted        int32           `json:"admitted"`
+	Parked          int64           `json:"parked"`
+	OldestParkedAge int32           `json:"oldest_parked_age"`
+	ByArgs          []string        `json:"by_args"`
+	MaxPerKey       *int32          `json:"max_per_key"`
+	RateMax         *int32          `json:"rate_max"`
+	RatePeriod      pgtype.Interval `json:"rate_period"`
+	RatePerKey      *bool           `json:"rate_per_key"`
+	ParkedKeys      int64           `json:"parked_keys"`
+	StartsInWindow  int64           `json:"starts_in_window"`
+	Running         int64           `json:"running"`
+	Working         int32           `json:"working"`
+	Waiting         int64           `json:"waiting"`
 }
 
 // Jobs waiting for a concurrency slot: job_id is the river_job.id (state pending). Resumed in job_id order within a kind.
@@ -178,6 +208,22 @@ type MaintenanceRun struct {
 	Details    json.RawMessage `json:"details"`
 }
 
+type ParkedJob struct {
+	JobID       int64           `json:"job_id"`
+	Kind        string          `json:"kind"`
+	Queue       string          `json:"queue"`
+	State       RiverJobState   `json:"state"`
+	Priority    int16           `json:"priority"`
+	Attempt     int16           `json:"attempt"`
+	MaxAttempts int16           `json:"max_attempts"`
+	Reason      string          `json:"reason"`
+	ParkedAt    time.Time       `json:"parked_at"`
+	Waiting     int32           `json:"waiting"`
+	WorkerID    *string         `json:"worker_id"`
+	Args        json.RawMessage `json:"args"`
+	Key         *string         `json:"key"`
+}
+
 // Project exports: queued -> started -> finished, or failed. job_id is the river_job.id of the export.project job (GitLab's jid); export.stuck_jobs fails queued/started rows whose River job is finalized or pruned.
 type ProjectExportJob struct {
 	ID          int64      `json:"id"`
@@ -204,6 +250,13 @@ type ProjectRelationExport struct {
 	Error              *string   `json:"error"`
 	CreatedAt          time.Time `json:"created_at"`
 	UpdatedAt          time.Time `json:"updated_at"`
+}
+
+type QueueOverview struct {
+	Kind               string      `json:"kind"`
+	State              string      `json:"state"`
+	Jobs               int64       `json:"jobs"`
+	OldestAvailableAge interface{} `json:"oldest_available_age"`
 }
 
 type RiverJob struct {
@@ -301,6 +354,29 @@ type ScheduleDeclaration struct {
 	UpdatedAt   time.Time       `json:"updated_at"`
 }
 
+type ScheduleStatus struct {
+	ID               int64       `json:"id"`
+	Name             string      `json:"name"`
+	Kind             string      `json:"kind"`
+	Cron             string      `json:"cron"`
+	Timezone         string      `json:"timezone"`
+	Misfire          string      `json:"misfire"`
+	Enabled          bool        `json:"enabled"`
+	Status           string      `json:"status"`
+	Health           string      `json:"health"`
+	NextRunAt        *time.Time  `json:"next_run_at"`
+	OverdueBy        interface{} `json:"overdue_by"`
+	LastRunAt        *time.Time  `json:"last_run_at"`
+	LastDispatchedAt *time.Time  `json:"last_dispatched_at"`
+	LastLag          int32       `json:"last_lag"`
+	LastJobID        *int64      `json:"last_job_id"`
+	LastJobState     string      `json:"last_job_state"`
+	RunCount         int64       `json:"run_count"`
+	FailureCount     int32       `json:"failure_count"`
+	MaxRetries       int32       `json:"max_retries"`
+	LastError        *string     `json:"last_error"`
+}
+
 // Dynamic settings: read on every use, so an UPDATE takes effect at the next run without a restart.
 type Setting struct {
 	Key         string          `json:"key"`
@@ -309,6 +385,7 @@ type Setting struct {
 	UpdatedAt   time.Time       `json:"updated_at"`
 }
 
+// Deprecated name of concurrency_keys; goes in the next release.
 type SluiceConcurrencyKey struct {
 	Kind            string      `json:"kind"`
 	Key             *string     `json:"key"`
@@ -321,6 +398,7 @@ type SluiceConcurrencyKey struct {
 	StartsInWindow  int64       `json:"starts_in_window"`
 }
 
+// Deprecated name of concurrency_overview; goes in the next release.
 type SluiceConcurrencyOverview struct {
 	Kind            string          `json:"kind"`
 	MaxConcurrency  *int32          `json:"max_concurrency"`
@@ -339,6 +417,7 @@ type SluiceConcurrencyOverview struct {
 	Waiting         int64           `json:"waiting"`
 }
 
+// Deprecated name of parked_jobs; goes in the next release.
 type SluiceParkedJob struct {
 	JobID       int64           `json:"job_id"`
 	Kind        string          `json:"kind"`
@@ -355,6 +434,7 @@ type SluiceParkedJob struct {
 	Key         *string         `json:"key"`
 }
 
+// Deprecated name of queue_overview; goes in the next release.
 type SluiceQueueOverview struct {
 	Kind               string      `json:"kind"`
 	State              string      `json:"state"`
@@ -362,6 +442,7 @@ type SluiceQueueOverview struct {
 	OldestAvailableAge interface{} `json:"oldest_available_age"`
 }
 
+// Deprecated name of schedule_status; goes in the next release.
 type SluiceScheduleStatus struct {
 	ID               int64       `json:"id"`
 	Name             string      `json:"name"`
@@ -385,14 +466,14 @@ type SluiceScheduleStatus struct {
 	LastError        *string     `json:"last_error"`
 }
 
-// Jobs still running after their cancellation, per kind: current_count_post_cancel (now, past task_cancellation.duration_millis) and total_count_post_cancel (cumulative).
+// Deprecated name of task_cancellation_stats; goes in the next release.
 type SluiceTaskCancellationStat struct {
 	Kind                   string `json:"kind"`
 	CurrentCountPostCancel int64  `json:"current_count_post_cancel"`
 	TotalCountPostCancel   int64  `json:"total_count_post_cancel"`
 }
 
-// Running River jobs that wait in their worker for a concurrency slot (they do no work yet); every other running job of a limited kind works.
+// Deprecated name of waiting_jobs; goes in the next release.
 type SluiceWaitingJob struct {
 	JobID    int64     `json:"job_id"`
 	Kind     string    `json:"kind"`
@@ -421,6 +502,7 @@ type SluiceWorker struct {
 	Queues json.RawMessage `json:"queues"`
 }
 
+// Deprecated name of worker_status; goes in the next release.
 type SluiceWorkerStatus struct {
 	ID                string          `json:"id"`
 	Host              string          `json:"host"`
@@ -447,6 +529,13 @@ type TaskCancellationCounter struct {
 	UpdatedAt            time.Time `json:"updated_at"`
 }
 
+// Jobs still running after their cancellation, per kind: current_count_post_cancel (now, past task_cancellation.duration_millis) and total_count_post_cancel (cumulative).
+type TaskCancellationStat struct {
+	Kind                   string `json:"kind"`
+	CurrentCountPostCancel int64  `json:"current_count_post_cancel"`
+	TotalCountPostCancel   int64  `json:"total_count_post_cancel"`
+}
+
 // Running River jobs whose cancellation was requested (cancelledTaskTracker). Rows come from triggers on river_job and from `sluice jobs cancel`; a row goes when its job stops running. counted_at is set once, when task_cancellation.monitor counts the job.
 type TaskCancellationTracker struct {
 	JobID       int64      `json:"job_id"`
@@ -454,4 +543,34 @@ type TaskCancellationTracker struct {
 	CancelledAt time.Time  `json:"cancelled_at"`
 	TrackedAt   time.Time  `json:"tracked_at"`
 	CountedAt   *time.Time `json:"counted_at"`
+}
+
+// Running River jobs that wait in their worker for a concurrency slot (they do no work yet); every other running job of a limited kind works.
+type WaitingJob struct {
+	JobID    int64     `json:"job_id"`
+	Kind     string    `json:"kind"`
+	Key      *string   `json:"key"`
+	WorkerID *string   `json:"worker_id"`
+	Reason   string    `json:"reason"`
+	Since    time.Time `json:"since"`
+	Waiting  int32     `json:"waiting"`
+}
+
+type WorkerStatus struct {
+	ID                string          `json:"id"`
+	Host              string          `json:"host"`
+	Pid               int32           `json:"pid"`
+	StartedAt         time.Time       `json:"started_at"`
+	HeartbeatAt       time.Time       `json:"heartbeat_at"`
+	HeartbeatAge      int32           `json:"heartbeat_age"`
+	HeartbeatInterval pgtype.Interval `json:"heartbeat_interval"`
+	Live              bool            `json:"live"`
+	PollInterval      pgtype.Interval `json:"poll_interval"`
+	DispatcherTickAt  *time.Time      `json:"dispatcher_tick_at"`
+	DispatcherTickAge int32           `json:"dispatcher_tick_age"`
+	DispatcherFresh   interface{}     `json:"dispatcher_fresh"`
+	DeadAfter         pgtype.Interval `json:"dead_after"`
+	Dead              bool            `json:"dead"`
+	Status            string          `json:"status"`
+	RunningJobs       int64           `json:"running_jobs"`
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
 	"net/url"
 	"regexp"
 	"slices"
+
 	"strings"
 	"time"
 

@@ -12,7 +12,7 @@ import (
 const queueOverview = `-- name: QueueOverview :many
 SELECT kind, state, jobs,
        COALESCE(extract(epoch FROM oldest_available_age), 0)::float8 AS oldest_available_seconds
-FROM sluice_queue_overview
+FROM queue_overview
 ORDER BY kind, state
 `
 
@@ -23,7 +23,7 @@ type QueueOverviewRow struct {
 	OldestAvailableSeconds float64 `json:"oldest_available_seconds"`
 }
 
-// Jobs per kind and state (sluice_queue_overview); oldest_available_seconds
+// Jobs per kind and state (queue_overview); oldest_available_seconds
 // is 0 when the kind has no available job.
 func (q *Queries) QueueOverview(ctx context.Context) ([]*QueueOverviewRow, error) {
 	rows, err := q.db.Query(ctx, queueOverview)

@@ -772,7 +772,7 @@ SELECT id, name, kind, cron, timezone, misfire, enabled, status, health,
        COALESCE(extract(epoch FROM overdue_by), 0)::float8 AS overdue_seconds,
        last_run_at, last_dispatched_at, last_job_id, COALESCE(last_job_state, '')::text AS last_job_state,
        run_count, failure_count, max_retries, last_error
-FROM sluice_schedule_status
+FROM schedule_status
 ORDER BY name
 LIMIT $1
 `
@@ -799,7 +799,7 @@ type ScheduleStatusListRow struct {
 	LastError        *string    `json:"last_error"`
 }
 
-// Every schedule as sluice_schedule_status shows it (the web pages), by
+// Every schedule as schedule_status shows it (the web pages), by
 func (q *Queries) ScheduleStatusList(ctx context.Context, maxRows int32) ([]*ScheduleStatusListRow, error) {
 	rows, err := q.db.Query(ctx, scheduleStatusList, maxRows)
 	if err != nil {

@@ -135,21 +135,21 @@ func (q *Queries) EvictTaskCancellations(ctx context.Context) ([]*EvictTaskCance
 
 const taskCancellationStats = `-- name: TaskCancellationStats :many
 SELECT kind, current_count_post_cancel, total_count_post_cancel
-FROM sluice_task_cancellation_stats
+FROM task_cancellation_stats
 ORDER BY kind
 `
 
 // Per kind: current_count_post_cancel (jobs running past the threshold now)
 // and total_count_post_cancel (cumulative), from the view.
-func (q *Queries) TaskCancellationStats(ctx context.Context) ([]*SluiceTaskCancellationStat, error) {
+func (q *Queries) TaskCancellationStats(ctx context.Context) ([]*TaskCancellationStat, error) {
 	rows, err := q.db.Query(ctx, taskCancellationStats)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []*SluiceTaskCancellationStat
+	var items []*TaskCancellationStat
 	for rows.Next() {
-		var i SluiceTaskCancellationStat
+		var i TaskCancellationStat
 		if err := rows.Scan(&i.Kind, &i.CurrentCountPostCancel, &i.TotalCountPostCancel); err != nil {
 			return nil, err
 		}

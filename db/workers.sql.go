@@ -13,6 +13,40 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const aliveWorkers = `-- name: AliveWorkers :many
+SELECT id, host, pid FROM sluice_workers
+WHERE heartbeat_at > now() - dead_after
+ORDER BY id
+`
+
+type AliveWorkersRow struct {
+	ID   string `json:"id"`
+	Host string `json:"host"`
+	Pid  int32  `json:"pid"`
+}
+
+// The workers not yet dead (heartbeat younger than their dead_after), for
+// `migrate down`, which refuses to roll back under them.
+func (q *Queries) AliveWorkers(ctx context.Context) ([]*AliveWorkersRow, error) {
+	rows, err := q.db.Query(ctx, aliveWorkers)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*AliveWorkersRow
+	for rows.Next() {
+		var i AliveWorkersRow
+		if err := rows.Scan(&i.ID, &i.Host, &i.Pid); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const deleteWorker = `-- name: DeleteWorker :exec
 DELETE FROM sluice_workers WHERE id = $1 AND incarnation = $2
 `
@@ -150,7 +184,7 @@ const staleDispatchers = `-- name: StaleDispatchers :many
 SELECT id, host,
        extract(epoch FROM now() - started_at)::float8 AS started_age_seconds,
        COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS tick_age_seconds
-FROM sluice_worker_status
+FROM worker_status
 WHERE live AND poll_interval IS NOT NULL AND NOT dispatcher_fresh
 ORDER BY dispatcher_tick_at NULLS FIRST, id
 LIMIT $1
@@ -212,16 +246,16 @@ FROM (
         count(*) FILTER (WHERE w.dead) AS dead,
         count(*) FILTER (WHERE w.live AND w.dispatcher_fresh) AS dispatchers_fresh,
         count(*) FILTER (WHERE w.live AND w.poll_interval IS NOT NULL AND NOT w.dispatcher_fresh) AS dispatchers_stale
-    FROM sluice_worker_status w
+    FROM worker_status w
 ) AS c
 LEFT JOIN LATERAL (
-    SELECT l.dispatcher_tick_at FROM sluice_worker_status l
+    SELECT l.dispatcher_tick_at FROM worker_status l
     WHERE l.live AND l.dispatcher_tick_at IS NOT NULL
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
 ) AS t ON true
 LEFT JOIN LATERAL (
-    SELECT l.id, l.host, l.status, l.dispatcher_tick_at, l.heartbeat_age FROM sluice_worker_status l
+    SELECT l.id, l.host, l.status, l.dispatcher_tick_at, l.heartbeat_age FROM worker_status l
     WHERE l.dispatcher_tick_at IS NOT NULL
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
@@ -243,7 +277,7 @@ type WorkerHealthRow struct {
 	DbNow                      time.Time  `json:"db_now"`
 }
 
-// Counts for health checks (liveness as in sluice_worker_status), the
+// Counts for health checks (liveness as in worker_status), the
 // latest dispatcher tick of a live worker, and the latest tick of any
 // worker with a row, whatever its status (a dead worker's, not reaped
 // yet): which worker, on which host, its status and heartbeat's age.
@@ -307,7 +341,7 @@ SELECT id, host, pid, status, heartbeat_at,
        extract(epoch FROM heartbeat_age)::float8 AS heartbeat_age_seconds,
        extract(epoch FROM dead_after)::float8 AS dead_after_seconds,
        running_jobs
-FROM sluice_worker_status
+FROM worker_status
 ORDER BY dead DESC, heartbeat_at, id
 LIMIT $1
 `
@@ -323,7 +357,7 @@ type WorkerStatusListRow struct {
 	RunningJobs         int64     `json:"running_jobs"`
 }
 
-// Every worker with its liveness and running jobs (sluice_worker_status),
+// Every worker with its liveness and running jobs (worker_status),
 // dead ones first.
 func (q *Queries) WorkerStatusList(ctx context.Context, maxRows int32) ([]*WorkerStatusListRow, error) {
 	rows, err := q.db.Query(ctx, workerStatusList, maxRows)
@@ -363,7 +397,7 @@ SELECT id, host, pid, status, started_at, heartbeat_at,
        dispatcher_fresh::boolean AS dispatcher_fresh,
        COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS dispatcher_tick_age_seconds,
        running_jobs
-FROM sluice_worker_status
+FROM worker_status
 ORDER BY dead DESC, id
 LIMIT $1
 `
@@ -384,7 +418,7 @@ type WorkerStatusPageRow struct {
 	RunningJobs              int64     `json:"running_jobs"`
 }
 
-// Every worker as sluice_worker_status shows it, for the web pages: dead
+// Every worker as worker_status shows it, for the web pages: dead
 // ones first, with the heartbeat's age and interval, the dispatcher's last
 // tick (age -1: never, or no dispatcher) and the jobs it runs.
 func (q *Queries) WorkerStatusPage(ctx context.Context, maxRows int32) ([]*WorkerStatusPageRow, error) {
@@ -419,4 +453,16 @@ func (q *Queries) WorkerStatusPage(ctx context.Context, maxRows int32) ([]*Worke
 		return nil, err
 	}
 	return items, nil
+}
+
+const workersTableExists = `-- name: WorkersTableExists :one
+SELECT (to_regclass('sluice_workers') IS NOT NULL)::boolean AS present
+`
+
+// Whether sluice_workers exists (a database migrated that far).
+func (q *Queries) WorkersTableExists(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, workersTableExists)
+	var present bool
+	err := row.Scan(&present)
+	return present, err
 }

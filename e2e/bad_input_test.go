@@ -39,7 +39,7 @@ var badInputs = []badInput{
 	{"migrate", []string{"migrate", "sideways"}, nil, `unknown migrate direction "sideways"`},
 	{"migrate", []string{"migrate", "down", "--to", "-1"}, nil, `invalid --to "-1"`},
 	{"migrate", []string{"migrate", "down", "--to", "x"}, nil, `invalid --to "x"`},
-	{"migrate", []string{"migrate", "up", "--to", "1"}, nil, "--to, --component and --river apply to migrate down only"},
+	{"migrate", []string{"migrate", "up", "--to", "1"}, nil, "--to, --component, --river and --force apply to migrate down only"},
 	{"migrate", []string{"migrate", "down", "--river"}, nil, "--river needs --to 0"},
 	{"migrate", []string{"migrate", "up", "down"}, nil, "migrate expects at most one of up, down, status"},
 

@@ -42,7 +42,7 @@ const (
 	// it got counts as wanting: the other holders keep to a fair share.
 	leaseWantedWindow = 50 * time.Millisecond
 	// leasePublish is how often, at most, a keeper writes the jobs waiting
-	// for its kind's leased slots to its lease row (sluice_waiting_jobs):
+	// for its kind's leased slots to its lease row (sluice.waiting_jobs):
 	// at once when none waits any more.
 	leasePublish = 20 * time.Millisecond
 )

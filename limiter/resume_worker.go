@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/maintenance"
 )
@@ -92,11 +93,22 @@ func NewResumeWorker(l *Limiter, registry *kinds.Registry) *ResumeWorker {
 func (w *ResumeWorker) SetClient(client *river.Client[pgx.Tx]) { w.client.Store(client) }
 
 // Work schedules a resume per kind (no kind) or resumes one kind.
+//
+// The scheduled run (no kind) deletes its earlier completed runs
+// (queries/housekeeping.sql): a safety net every minute leaves one completed
+// job, not one per minute among the user's jobs.
 func (w *ResumeWorker) Work(ctx context.Context, job *river.Job[ResumeArgs]) error {
-	if job.Args.JobKind == "" {
-		return w.scheduleKinds(ctx)
+	if job.Args.JobKind != "" {
+		return w.resumeKind(ctx, job.Args.JobKind)
 	}
-	return w.resumeKind(ctx, job.Args.JobKind)
+	if err := w.scheduleKinds(ctx); err != nil {
+		return err
+	}
+	if _, err := w.limiter.q.DeleteEarlierRuns(ctx, db.DeleteEarlierRunsParams{
+		Kind: job.Kind, BeforeID: job.ID, Args: job.EncodedArgs}); err != nil {
+		w.limiter.logger.Warn("concurrency_limit.resume: earlier runs not deleted", "job_id", job.ID, "error", err)
+	}
+	return nil
 }
 
 // scheduleKinds enqueues concurrency_limit.resume {"kind": K} for each kind

@@ -172,10 +172,10 @@ ORDER BY p.kind, p.job_id
 LIMIT sqlc.arg(max_rows);
 
 -- name: ConcurrencyOverview :many
--- sluice_concurrency_overview, with the age in seconds (0 when none parked).
+-- concurrency_overview, with the age in seconds (0 when none parked).
 SELECT kind, max_concurrency, admitted, parked,
        COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_seconds
-FROM sluice_concurrency_overview
+FROM concurrency_overview
 ORDER BY kind;
 
 -- name: NotifyRiverInsert :exec
@@ -264,17 +264,17 @@ SELECT l.job_id, l.kind, l.reason, l.parked_at,
        o.max_concurrency,
        COALESCE(o.admitted, 0)::bigint AS slots_taken
 FROM line l
-LEFT JOIN sluice_concurrency_overview o ON o.kind = l.kind
+LEFT JOIN concurrency_overview o ON o.kind = l.kind
 WHERE l.job_id = ANY(sqlc.arg(ids)::bigint[])
 ORDER BY l.job_id;
 
 -- name: WaitingJobs :many
 -- Which of the jobs ids are running to River but do no work yet: they wait
--- in their worker for a concurrency slot (sluice_waiting_jobs; sluice jobs
+-- in their worker for a concurrency slot (waiting_jobs; sluice jobs
 -- list and show). One statement per listing, whatever its length.
 SELECT w.job_id::bigint AS job_id, w.reason::text AS reason, w.worker_id::text AS worker_id,
        w.since::timestamptz AS since,
        extract(epoch FROM w.waiting)::float8 AS waiting_seconds
-FROM sluice_waiting_jobs w
+FROM waiting_jobs w
 WHERE w.job_id = ANY(sqlc.arg(ids)::bigint[])
 ORDER BY w.job_id;

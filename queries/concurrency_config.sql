@@ -86,7 +86,7 @@ WHERE kind = sqlc.arg(kind);
 
 -- name: ListLimits :many
 -- Every kind with a limit, slots or parked jobs, its limits with their
--- sources, and what they hold (sluice_concurrency_overview): slots taken,
+-- sources, and what they hold (concurrency_overview): slots taken,
 -- parked jobs, and its running jobs, those that work and those that wait
 -- in their worker for a slot.
 SELECT o.kind::text AS kind,
@@ -98,18 +98,18 @@ SELECT o.kind::text AS kind,
        COALESCE(extract(epoch FROM o.oldest_parked_age), 0)::float8 AS oldest_parked_seconds,
        o.parked_keys::bigint AS parked_keys, o.starts_in_window::bigint AS starts_in_window,
        o.running::bigint AS running, o.working::bigint AS working, o.waiting::bigint AS waiting
-FROM sluice_concurrency_overview o
+FROM concurrency_overview o
 LEFT JOIN concurrency_limits l ON l.kind = o.kind
 ORDER BY o.kind;
 
 -- name: ListConcurrencyKeys :many
--- sluice_concurrency_keys of kind ('': every kind), busiest keys first.
+-- concurrency_keys of kind ('': every kind), busiest keys first.
 SELECT kind::text AS kind, key::text AS key, max_per_key, rate_max,
        COALESCE((extract(epoch FROM rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
        slots_in_use::bigint AS slots_in_use, parked::bigint AS parked,
        COALESCE(extract(epoch FROM oldest_parked_age), 0)::float8 AS oldest_parked_seconds,
        starts_in_window::bigint AS starts_in_window
-FROM sluice_concurrency_keys
+FROM concurrency_keys
 WHERE sqlc.arg(kind)::text = '' OR kind = sqlc.arg(kind)::text
 ORDER BY kind, parked DESC, slots_in_use DESC, key
 LIMIT sqlc.arg(max_rows);

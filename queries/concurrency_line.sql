@@ -299,7 +299,7 @@ RETURNING w.job_id;
 
 -- name: SetLeaseWaiting :exec
 -- Publishes the jobs waiting in worker_id for a leased slot of kind (for
--- SQL: sluice_waiting_jobs).
+-- SQL: waiting_jobs).
 UPDATE concurrency_leases SET waiting = sqlc.arg(job_ids)::bigint[]
 WHERE kind = sqlc.arg(kind) AND worker_id = sqlc.arg(worker_id)::text;
 

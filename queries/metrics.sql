@@ -57,14 +57,14 @@ SELECT kind::text AS kind,
        parked_keys::bigint AS parked_keys,
        (rate_max IS NOT NULL)::boolean AS rate_limited,
        starts_in_window::bigint AS starts_in_window
-FROM sluice_concurrency_overview
+FROM concurrency_overview
 ORDER BY 1;
 
 -- name: MetricsWorkers :many
 -- Workers per status (live, late, dead), zeros included.
 WITH statuses AS (SELECT unnest(ARRAY['live', 'late', 'dead']::text[]) AS status)
 SELECT s.status::text AS status, count(w.id)::bigint AS workers
-FROM statuses s LEFT JOIN sluice_worker_status w ON w.status = s.status
+FROM statuses s LEFT JOIN worker_status w ON w.status = s.status
 GROUP BY s.status
 ORDER BY 1;
 
@@ -73,6 +73,6 @@ ORDER BY 1;
 -- zeros included.
 WITH healths AS (SELECT unnest(ARRAY['ok', 'retrying', 'overdue', 'pending', 'disabled', 'failed']::text[]) AS health)
 SELECT h.health::text AS status, count(s.id)::bigint AS schedules
-FROM healths h LEFT JOIN sluice_schedule_status s ON s.health = h.health
+FROM healths h LEFT JOIN schedule_status s ON s.health = h.health
 GROUP BY h.health
 ORDER BY 1;

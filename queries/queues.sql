@@ -25,7 +25,7 @@ WITH counts AS (
 served AS (
     SELECT q.queue,
            jsonb_object_agg(w.id, CASE WHEN jsonb_typeof(q.size) = 'number' THEN q.size ELSE '0'::jsonb END) AS served_by
-    FROM sluice_worker_status s
+    FROM worker_status s
     JOIN sluice_workers w ON w.id = s.id
     CROSS JOIN LATERAL jsonb_each(COALESCE(w.queues, '{"default": null, "maintenance": null}'::jsonb)) AS q(queue, size)
     WHERE s.live
@@ -64,7 +64,7 @@ ORDER BY 1;
 -- their one job) are left out.
 WITH served AS (
     SELECT DISTINCT q.queue
-    FROM sluice_worker_status s
+    FROM worker_status s
     JOIN sluice_workers w ON w.id = s.id
     CROSS JOIN LATERAL jsonb_object_keys(COALESCE(w.queues, '{"default": null, "maintenance": null}'::jsonb)) AS q(queue)
     WHERE s.live

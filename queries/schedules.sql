@@ -186,14 +186,14 @@ ORDER BY name
 LIMIT sqlc.arg(max_rows);
 
 -- name: ScheduleStatusList :many
--- Every schedule as sluice_schedule_status shows it (the web pages), by
+-- Every schedule as schedule_status shows it (the web pages), by
 -- name: health, how overdue (0 when not), the last job and its state.
 SELECT id, name, kind, cron, timezone, misfire, enabled, status, health,
        next_run_at,
        COALESCE(extract(epoch FROM overdue_by), 0)::float8 AS overdue_seconds,
        last_run_at, last_dispatched_at, last_job_id, COALESCE(last_job_state, '')::text AS last_job_state,
        run_count, failure_count, max_retries, last_error
-FROM sluice_schedule_status
+FROM schedule_status
 ORDER BY name
 LIMIT sqlc.arg(max_rows);
 

@@ -68,7 +68,7 @@ ORDER BY b.kind;
 -- Per kind: current_count_post_cancel (jobs running past the threshold now)
 -- and total_count_post_cancel (cumulative), from the view.
 SELECT kind, current_count_post_cancel, total_count_post_cancel
-FROM sluice_task_cancellation_stats
+FROM task_cancellation_stats
 ORDER BY kind;
 
 -- name: TaskCancellationTrackedJobs :many

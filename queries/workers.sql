@@ -44,7 +44,7 @@ FROM sluice_workers
 WHERE id = sqlc.arg(id);
 
 -- name: WorkerHealth :one
--- Counts for health checks (liveness as in sluice_worker_status), the
+-- Counts for health checks (liveness as in worker_status), the
 -- latest dispatcher tick of a live worker, and the latest tick of any
 -- worker with a row, whatever its status (a dead worker's, not reaped
 -- yet): which worker, on which host, its status and heartbeat's age.
@@ -68,29 +68,29 @@ FROM (
         count(*) FILTER (WHERE w.dead) AS dead,
         count(*) FILTER (WHERE w.live AND w.dispatcher_fresh) AS dispatchers_fresh,
         count(*) FILTER (WHERE w.live AND w.poll_interval IS NOT NULL AND NOT w.dispatcher_fresh) AS dispatchers_stale
-    FROM sluice_worker_status w
+    FROM worker_status w
 ) AS c
 LEFT JOIN LATERAL (
-    SELECT l.dispatcher_tick_at FROM sluice_worker_status l
+    SELECT l.dispatcher_tick_at FROM worker_status l
     WHERE l.live AND l.dispatcher_tick_at IS NOT NULL
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
 ) AS t ON true
 LEFT JOIN LATERAL (
-    SELECT l.id, l.host, l.status, l.dispatcher_tick_at, l.heartbeat_age FROM sluice_worker_status l
+    SELECT l.id, l.host, l.status, l.dispatcher_tick_at, l.heartbeat_age FROM worker_status l
     WHERE l.dispatcher_tick_at IS NOT NULL
     ORDER BY l.dispatcher_tick_at DESC
     LIMIT 1
 ) AS a ON true;
 
 -- name: WorkerStatusList :many
--- Every worker with its liveness and running jobs (sluice_worker_status),
+-- Every worker with its liveness and running jobs (worker_status),
 -- dead ones first.
 SELECT id, host, pid, status, heartbeat_at,
        extract(epoch FROM heartbeat_age)::float8 AS heartbeat_age_seconds,
        extract(epoch FROM dead_after)::float8 AS dead_after_seconds,
        running_jobs
-FROM sluice_worker_status
+FROM worker_status
 ORDER BY dead DESC, heartbeat_at, id
 LIMIT sqlc.arg(max_rows);
 
@@ -101,13 +101,13 @@ LIMIT sqlc.arg(max_rows);
 SELECT id, host,
        extract(epoch FROM now() - started_at)::float8 AS started_age_seconds,
        COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS tick_age_seconds
-FROM sluice_worker_status
+FROM worker_status
 WHERE live AND poll_interval IS NOT NULL AND NOT dispatcher_fresh
 ORDER BY dispatcher_tick_at NULLS FIRST, id
 LIMIT sqlc.arg(max_rows);
 
 -- name: WorkerStatusPage :many
--- Every worker as sluice_worker_status shows it, for the web pages: dead
+-- Every worker as worker_status shows it, for the web pages: dead
 -- ones first, with the heartbeat's age and interval, the dispatcher's last
 -- tick (age -1: never, or no dispatcher) and the jobs it runs.
 SELECT id, host, pid, status, started_at, heartbeat_at,
@@ -118,6 +118,17 @@ SELECT id, host, pid, status, started_at, heartbeat_at,
        dispatcher_fresh::boolean AS dispatcher_fresh,
        COALESCE(extract(epoch FROM dispatcher_tick_age)::float8, -1)::float8 AS dispatcher_tick_age_seconds,
        running_jobs
-FROM sluice_worker_status
+FROM worker_status
 ORDER BY dead DESC, id
 LIMIT sqlc.arg(max_rows);
+
+-- name: AliveWorkers :many
+-- The workers not yet dead (heartbeat younger than their dead_after), for
+-- `migrate down`, which refuses to roll back under them.
+SELECT id, host, pid FROM sluice_workers
+WHERE heartbeat_at > now() - dead_after
+ORDER BY id;
+
+-- name: WorkersTableExists :one
+-- Whether sluice_workers exists (a database migrated that far).
+SELECT (to_regclass('sluice_workers') IS NOT NULL)::boolean AS present;

@@ -9,7 +9,7 @@ import (
 // Metrics are the Prometheus collectors of the dispatcher.
 type Metrics struct {
 	// Dispatched counts jobs inserted. No per-schedule label: per-schedule
-	// detail is in the sluice_schedule_status view.
+	// detail is in the sluice.schedule_status view.
 	Dispatched prometheus.Counter
 	// Failures counts failed dispatches.
 	Failures prometheus.Counter
@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Dispatched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_schedule_dispatched_total",
-			Help: "Jobs inserted by this process's schedule dispatcher (per schedule: the sluice_schedule_status view).",
+			Help: "Jobs inserted by this process's schedule dispatcher (per schedule: the sluice.schedule_status view).",
 		}),
 		Failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_schedule_dispatch_failures_total",

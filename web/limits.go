@@ -35,7 +35,7 @@ func readLimits(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) 
 	}
 	keyRows, err := q.ListConcurrencyKeys(ctx, db.ListConcurrencyKeysParams{MaxRows: maxParkedJobs + 1})
 	if err != nil {
-		return nil, fmt.Errorf("read sluice_concurrency_keys: %w", err)
+		return nil, fmt.Errorf("read sluice.concurrency_keys: %w", err)
 	}
 	parked, err := q.ListParkedJobs(ctx, db.ListParkedJobsParams{MaxRows: maxParkedJobs + 1})
 	if err != nil {
@@ -43,7 +43,7 @@ func readLimits(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) 
 	}
 
 	limits := module.PageTable{
-		Caption: "Limits (sluice_concurrency_overview)",
+		Caption: "Limits (sluice.concurrency_overview)",
 		Columns: []string{"Kind", "Limit", "Per key", "Rate", "Slots in use", "Working", "Waiting in workers", "Parked", "Parked keys", "Oldest parked"},
 		Empty:   "No limits, and no job holds a slot or is parked.",
 	}
@@ -72,7 +72,7 @@ func readLimits(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) 
 	}
 
 	keys := module.PageTable{
-		Caption: "Keys with activity (sluice_concurrency_keys, busiest first)",
+		Caption: "Keys with activity (sluice.concurrency_keys, busiest first)",
 		Columns: []string{"Kind", "Key", "Per-key limit", "Slots in use", "Parked", "Oldest parked", "Starts in window"},
 		Empty:   "No per-key or rate limit holds a job.",
 	}

@@ -11,7 +11,7 @@ import (
 // maxSchedules bounds the schedules page.
 const maxSchedules = 500
 
-// schedulesPage lists the schedules as sluice_schedule_status shows them.
+// schedulesPage lists the schedules as sluice.schedule_status shows them.
 func schedulesPage() module.Page {
 	return module.Page{
 		Name:    "schedules",
@@ -21,7 +21,7 @@ func schedulesPage() module.Page {
 	}
 }
 
-// scheduleHealthStatus colours the health of sluice_schedule_status.
+// scheduleHealthStatus colours the health of sluice.schedule_status.
 var scheduleHealthStatus = map[string]string{
 	"ok": "ok", "retrying": "warn", "overdue": "bad", "failed": "bad",
 }
@@ -34,10 +34,10 @@ func readSchedules(ctx context.Context, dbtx db.DBTX) (*module.PageContent, erro
 	}
 	rows, err := q.ScheduleStatusList(ctx, maxSchedules+1)
 	if err != nil {
-		return nil, fmt.Errorf("read sluice_schedule_status: %w", err)
+		return nil, fmt.Errorf("read sluice.schedule_status: %w", err)
 	}
 	table := module.PageTable{
-		Caption: "Schedules (sluice_schedule_status)",
+		Caption: "Schedules (sluice.schedule_status)",
 		Columns: []string{"Name", "Kind", "Cron", "Misfire", "Health", "Next run", "Last run", "Last job", "Runs", "Failures", "Last error"},
 		Empty:   "No schedules.",
 	}

@@ -21,7 +21,7 @@ func workersPage() module.Page {
 	}
 }
 
-// workerStatus colours sluice_worker_status.status.
+// workerStatus colours sluice.worker_status.status.
 var workerStatus = map[string]string{"live": "ok", "late": "warn", "dead": "bad"}
 
 func readWorkers(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) {
@@ -32,10 +32,10 @@ func readWorkers(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error)
 	}
 	rows, err := q.WorkerStatusPage(ctx, maxWorkers+1)
 	if err != nil {
-		return nil, fmt.Errorf("read sluice_worker_status: %w", err)
+		return nil, fmt.Errorf("read sluice.worker_status: %w", err)
 	}
 	table := module.PageTable{
-		Caption: "Workers (sluice_worker_status)",
+		Caption: "Workers (sluice.worker_status)",
 		Columns: []string{"Worker", "Host", "PID", "Status", "Started", "Heartbeat", "Every / dead after", "Dispatcher", "Running jobs"},
 		Empty:   "No workers.",
 	}

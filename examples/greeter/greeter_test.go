@@ -99,6 +99,8 @@ func TestGreeter(t *testing.T) {
 	code, out := run("enqueue", "greeter.greet", "--args", `{"name":""}`)
 	require.Equal(t, 2, code, out)
 	require.Contains(t, out, `field "name"`)
+	require.Contains(t, out, "greeter: ", "the binary's own name")
+	require.Contains(t, out, "Run 'greeter enqueue --help' for usage.")
 	code, out = run("enqueue", "greeter.nope", "--args", `{"name":"ada"}`)
 	require.Equal(t, 2, code, out)
 	require.Contains(t, out, `unknown job kind "greeter.nope"`)
@@ -134,6 +136,13 @@ func TestGreeter(t *testing.T) {
 	out = ok("limits", "list")
 	require.Regexp(t, regexp.MustCompile(`(?m)^greeter\.greet\s+concurrency\s+1\s`), out)
 
+	// migrate down refuses while the worker is alive, naming it.
+	code, out = run("migrate", "down")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "greeter-test")
+	require.Contains(t, out, "--force")
+	require.Equal(t, "public", schemaOf("greetings"), "a refused rollback changes nothing")
+
 	// SIGTERM stops the worker gracefully: exit 0.
 	require.NoError(t, worker.Process.Signal(syscall.SIGTERM))
 	select {
@@ -143,4 +152,13 @@ func TestGreeter(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("worker still running 15s after SIGTERM")
 	}
+
+	// Without workers, migrate down rolls back the program's own newest
+	// migration (component app by default), not sluice's.
+	out = ok("migrate", "down")
+	require.Regexp(t, `(?m)^app\s+down\s+1 00001_greetings\.sql`, out)
+	require.Equal(t, "", schemaOf("greetings"))
+	out = ok("migrate", "status")
+	require.Regexp(t, `(?m)^app\s+pending\s+1 00001_greetings\.sql$`, out)
+	require.Regexp(t, `(?m)^sluice\s+applied\s+14 00014_parking_metadata\.sql$`, out)
 }

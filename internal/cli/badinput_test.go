@@ -93,7 +93,7 @@ func TestBadInput(t *testing.T) {
 		{"enqueue empty queue", []string{"enqueue", "demo.sleep", "--queue", ""}, 2, `invalid --queue ""`},
 		{"migrate unknown direction", []string{"migrate", "sideways"}, 2, `unknown migrate direction "sideways"`},
 		{"migrate down bad version", []string{"migrate", "down", "--to", "-1"}, 2, `invalid --to "-1"`},
-		{"migrate up with --to", []string{"migrate", "up", "--to", "1"}, 2, "--to, --component and --river apply to migrate down only"},
+		{"migrate up with --to", []string{"migrate", "up", "--to", "1"}, 2, "--to, --component, --river and --force apply to migrate down only"},
 		{"migrate river without to 0", []string{"migrate", "down", "--river"}, 2, "--river needs --to 0"},
 		{"worker zero workers", []string{"worker", "--default-workers", "0"}, 2, "must be at least 1"},
 		{"worker not a number", []string{"worker", "--maintenance-workers", "many"}, 2, "invalid argument"},
@@ -120,6 +120,9 @@ func TestBadInput(t *testing.T) {
 			require.Equal(t, tc.code, code, "stdout=%q stderr=%q", stdout, stderr)
 			require.Contains(t, stderr, tc.want)
 			require.True(t, strings.HasPrefix(stderr, "sluice: "), stderr)
+			if tc.code == 2 {
+				require.Regexp(t, `(?m)^Run 'sluice( [a-z ]+)? --help' for usage\.$`, stderr, "a usage error points to the help")
+			}
 			require.Empty(t, stdout)
 		})
 	}

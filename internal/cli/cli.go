@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,13 +19,14 @@ import (
 // do not add up (none at all, or one registered twice) exits 1 before any
 // command runs.
 func Run(ctx context.Context, cfg app.Config, args []string, stdout, stderr io.Writer) int {
+	name := cmp.Or(cfg.Name, "sluice")
 	prog := cfg.Program()
 	registry, err := prog.Registry()
 	if err == nil {
 		_, err = prog.CheckDeclarations(registry)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice: %s\n", strings.TrimPrefix(err.Error(), "sluice: "))
+		fmt.Fprintf(stderr, "%s: %s\n", name, strings.TrimPrefix(err.Error(), "sluice: "))
 		return exitFailure
 	}
 	root, g := newRootCmd(stderr, cfg, registry)
@@ -35,11 +37,14 @@ func Run(ctx context.Context, cfg app.Config, args []string, stdout, stderr io.W
 	g.shutdownTracing()
 	code := exitCode(err)
 	if _, silent := err.(*silentExit); err != nil && !silent {
-		fmt.Fprintf(stderr, "sluice: %s\n", err)
+		fmt.Fprintf(stderr, "%s: %s\n", name, err)
 		if code == exitUsage {
-			if cmd, _, findErr := root.Find(args); findErr == nil && cmd != nil && cmd != root {
-				fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+			// The command's help, or the program's for an unknown command.
+			cmd, _, findErr := root.Find(args)
+			if findErr != nil || cmd == nil {
+				cmd = root
 			}
+			fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		}
 	}
 	return code

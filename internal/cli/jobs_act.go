@@ -31,12 +31,14 @@ const (
 // jobOutcome is what an action did to one job.
 type jobOutcome struct {
 	ID int64 `json:"id"`
-	// Kind and State (after the action; "" when the job is gone or was
-	// never there).
-	Kind    string `json:"kind"`
-	State   string `json:"state"`
-	Result  string `json:"result"`
-	Message string `json:"message"`
+	// Kind and State (after the action; left out when the job is gone or
+	// was never there); WasState, of a deleted job, the state it was
+	// deleted in.
+	Kind     string `json:"kind,omitempty"`
+	State    string `json:"state,omitempty"`
+	WasState string `json:"was_state,omitempty"`
+	Result   string `json:"result"`
+	Message  string `json:"message"`
 }
 
 // jobAction acts on one job through River's client; an unknown id is
@@ -242,6 +244,6 @@ func deleteJob(ctx context.Context, client *app.Client, id int64) (*jobOutcome, 
 	if err != nil {
 		return nil, fmt.Errorf("delete job %d: %w", id, err)
 	}
-	return &jobOutcome{ID: job.ID, Kind: job.Kind, Result: resultDeleted,
+	return &jobOutcome{ID: job.ID, Kind: job.Kind, Result: resultDeleted, WasState: string(job.State),
 		Message: fmt.Sprintf("job %d (%s) deleted (was %s)", job.ID, job.Kind, job.State)}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/maintenance"
 )
 
 // maxJobList is the most jobs `jobs list` prints (River's JobList bound).
@@ -31,10 +32,10 @@ func newJobsListCmd(g *globals) *cobra.Command {
 		states, kinds []string
 		queue         string
 		limit         int
-		asJSON        bool
+		asJSON, all   bool
 	)
 	cmd := &cobra.Command{
-		Use:   "list [--state S] [--kind K] [--queue Q] [--limit N] [--json]",
+		Use:   "list [--state S] [--kind K] [--queue Q] [--limit N] [--all] [--json]",
 		Short: "List River jobs, newest first",
 		Long: `list prints River jobs, newest first (River's JobList, by id descending),
 at most --limit of them: id, kind, queue, state (a job waiting for a
@@ -45,7 +46,10 @@ parking and waiting included, as 'jobs show --json' does.
 
 --state and --kind may be given several times or as a comma-separated list;
 a job matches any of them. States are River's: ` + strings.Join(jobStateNames(), ", ") + `.
-A kind must be one this program knows; a queue name must follow River's rule.`,
+A kind must be one this program knows; a queue name must follow River's rule.
+
+sluice's own housekeeping jobs (the kinds of the maintenance queue: ` + strings.Join(ownKinds(g), ", ") + `)
+are left out unless --all is given, or --kind or --queue names them.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			params := river.NewJobListParams().OrderBy(river.JobListOrderByID, river.SortOrderDesc)
@@ -79,6 +83,13 @@ A kind must be one this program knows; a queue name must follow River's rule.`,
 					return usagef("invalid --queue: %v", err)
 				}
 				params = params.Queues(queue)
+			}
+			if !all && len(kinds) == 0 && queue == "" {
+				// A predicate on River's own JobList query: jobs of any
+				// kind but sluice's housekeeping ones, unknown kinds
+				// included.
+				params = params.Where("NOT (kind = any(@sluice_own_kinds::text[]))",
+					river.NamedArgs{"sluice_own_kinds": ownKinds(g)})
 			}
 			if limit < 1 || limit > maxJobList {
 				return usagef("invalid --limit %d: want 1 to %d", limit, maxJobList)
@@ -121,7 +132,21 @@ A kind must be one this program knows; a queue name must follow River's rule.`,
 	f.StringVar(&queue, "queue", "", "only jobs of this queue")
 	f.IntVar(&limit, "limit", 100, fmt.Sprintf("list at most N jobs (1 to %d)", maxJobList))
 	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.BoolVar(&all, "all", false, "also list sluice's own housekeeping jobs (maintenance queue)")
 	return cmd
+}
+
+// ownKinds are sluice's own housekeeping kinds among the program's: those
+// of the maintenance queue (the limiter's safety net, maintenance runs,
+// monitors).
+func ownKinds(g *globals) []string {
+	var own []string
+	for _, k := range g.registry.Kinds() {
+		if k.DefaultQueue() == maintenance.Queue {
+			own = append(own, k.Name)
+		}
+	}
+	return own
 }
 
 // jobStateNames are River's job states.

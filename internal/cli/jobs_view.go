@@ -40,7 +40,7 @@ type jobView struct {
 }
 
 // waitingView is why, since when and in which worker a running job waits
-// for a concurrency slot (sluice_waiting_jobs).
+// for a concurrency slot (sluice.waiting_jobs).
 type waitingView struct {
 	// Reason is what holds it, as a parked job's: limit, fifo, breaker,
 	// rate, key_limit, key_fifo or key_rate.
@@ -98,7 +98,7 @@ func newJobView(j *rivertype.JobRow) *jobView {
 
 // addParking sets the parking of the jobs that wait for a concurrency slot,
 // parked (concurrency_parked_jobs) or running in their worker
-// (sluice_waiting_jobs): two statements, however many jobs.
+// (sluice.waiting_jobs): two statements, however many jobs.
 func addParking(ctx context.Context, dbtx db.DBTX, jobs []*jobView) error {
 	if len(jobs) == 0 {
 		return nil

@@ -409,23 +409,21 @@ func describeLimit(limit *int32) string {
 	}
 }
 
-// heldBy says which limit holds a job parked for reason.
+// heldBy says which limit holds a job parked or waiting for reason: one
+// text per limit, whether the job met it full (limit) or met older jobs
+// waiting for it (fifo), which is the same cause.
 func heldBy(reason string) string {
 	switch reason {
-	case "limit":
-		return "concurrency"
-	case "fifo":
-		return "concurrency (older jobs first)"
+	case "limit", "fifo":
+		return "concurrency limit"
 	case "breaker":
 		return "circuit breaker"
 	case "rate":
-		return "rate"
-	case "key_limit":
-		return "per key"
-	case "key_fifo":
-		return "per key (older jobs first)"
+		return "rate limit"
+	case "key_limit", "key_fifo":
+		return "per-key limit"
 	case "key_rate":
-		return "rate per key"
+		return "per-key rate limit"
 	default:
 		return reason
 	}

@@ -261,7 +261,7 @@ func TestRunningButWaiting(t *testing.T) {
 	code, out = sluice(t, url, "jobs", "show", fmt.Sprint(waitingID))
 	require.Equal(t, 0, code, out)
 	require.Regexp(t, `(?m)^state:\s+running \(waiting for a slot\)$`, out)
-	require.Regexp(t, `(?m)^waiting:\s+waiting in worker \S+ for a concurrency slot since \S+ \(\S+\), held by concurrency \(reason limit\); it does no work until it has one$`, out)
+	require.Regexp(t, `(?m)^waiting:\s+waiting in worker \S+ for a concurrency slot since \S+ \(\S+\), held by concurrency limit \(reason limit\); it does no work until it has one$`, out)
 }
 
 // TestKilledWorkersWaitingJobsPark: a worker killed (SIGKILL) while jobs

@@ -1,18 +1,27 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/migrations"
 )
 
 func newMigrateCmd(g *globals) *cobra.Command {
 	var to, component string
-	var withRiver bool
+	var withRiver, force bool
+	// A program with migrations of its own rolls back its own by default.
+	defaultComponent := migrations.ComponentSluice
+	if g.prog.Migrations != nil {
+		defaultComponent = migrations.ComponentApp
+	}
 	cmd := &cobra.Command{
 		Use:   "migrate [up|down|status]",
 		Short: "Apply, roll back or list the migrations of River, sluice, its modules and the application",
@@ -28,11 +37,13 @@ migrate up is idempotent and safe to run from several processes at once: they
 serialize on an advisory lock (sluice.migrate). A failing migration is rolled
 back whole; the error names its file (exit 1).
 
-migrate down rolls back the last migration of --component (sluice by default;
-a module's name, or app), or all down to --to N. down --to 0 of sluice first
+migrate down rolls back the last migration of --component (app, the
+program's own, in a program with migrations of its own; else sluice; or a
+module's name), or all down to --to N. down --to 0 of sluice first
 rolls back the application's and the modules' migrations. With --river (and
 --to 0) it also removes River's schema, the version tables and sluice's schema
-(unless it holds other objects).
+(unless it holds other objects). It refuses (exit 1) while a worker of the
+database is alive, naming it: stop the workers first, or give --force.
 
 migrate status lists every migration and whether it is applied.`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -49,8 +60,8 @@ migrate status lists every migration and whether it is applied.`,
 			var downOpts migrations.DownOpts
 			switch direction {
 			case "up", "status":
-				if cmd.Flags().Changed("to") || withRiver || cmd.Flags().Changed("component") {
-					return usagef("--to, --component and --river apply to migrate down only")
+				if cmd.Flags().Changed("to") || withRiver || cmd.Flags().Changed("component") || force {
+					return usagef("--to, --component, --river and --force apply to migrate down only")
 				}
 			case "down":
 				if cmd.Flags().Changed("to") {
@@ -106,6 +117,11 @@ migrate status lists every migration and whether it is applied.`,
 				}
 				return nil
 			default:
+				if !force {
+					if err := refuseUnderLiveWorkers(ctx, pool); err != nil {
+						return err
+					}
+				}
 				steps, err := migrations.Down(ctx, pool, g.prog.MigrationOptions(logger), downOpts)
 				printSteps(cmd, steps)
 				if err != nil {
@@ -119,9 +135,36 @@ migrate status lists every migration and whether it is applied.`,
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "down: roll back the component's migrations down to this version (0 = all)")
-	cmd.Flags().StringVar(&component, "component", migrations.ComponentSluice, "down: the migrations to roll back: sluice, a module's name, or app")
+	cmd.Flags().StringVar(&component, "component", defaultComponent, "down: the migrations to roll back: sluice, a module's name, or app (the program's own)")
 	cmd.Flags().BoolVar(&withRiver, "river", false, "down --to 0: also remove River's schema")
+	cmd.Flags().BoolVar(&force, "force", false, "down: roll back even while workers of the database are alive")
 	return cmd
+}
+
+// refuseUnderLiveWorkers is the error of a rollback while workers of the
+// database are alive (none when sluice_workers does not exist yet).
+func refuseUnderLiveWorkers(ctx context.Context, pool *pgxpool.Pool) error {
+	q := db.New(pool)
+	exists, err := q.WorkersTableExists(ctx)
+	if err != nil {
+		return fmt.Errorf("look for live workers: %w", err)
+	}
+	if !exists {
+		return nil
+	}
+	alive, err := q.AliveWorkers(ctx)
+	if err != nil {
+		return fmt.Errorf("look for live workers: %w", err)
+	}
+	if len(alive) == 0 {
+		return nil
+	}
+	names := make([]string, len(alive))
+	for i, w := range alive {
+		names[i] = fmt.Sprintf("%s (%s, pid %d)", w.ID, w.Host, w.Pid)
+	}
+	return fmt.Errorf("%d worker(s) of this database are alive: %s; stop them before rolling back, or give --force",
+		len(alive), strings.Join(names, ", "))
 }
 
 func printSteps(cmd *cobra.Command, steps []migrations.Step) {

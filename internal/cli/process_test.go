@@ -127,7 +127,7 @@ func TestWorkerSIGTERM(t *testing.T) {
 	defer pool.Close()
 	require.Eventually(t, func() bool {
 		var running int
-		require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE state = 'running'").Scan(&running))
+		require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE state = 'running' AND kind = 'demo.sleep'").Scan(&running))
 		return running == 3
 	}, 20*time.Second, 20*time.Millisecond)
 
@@ -143,7 +143,7 @@ func TestWorkerSIGTERM(t *testing.T) {
 	require.Less(t, time.Since(start), 20*time.Second)
 
 	var completed int
-	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE state = 'completed'").Scan(&completed))
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE state = 'completed' AND kind = 'demo.sleep'").Scan(&completed))
 	require.Equal(t, 3, completed, "running jobs finish before the worker exits")
 
 	require.Regexp(t, regexp.MustCompile(`"msg":"worker stopping: finishing running jobs"`), all.String())

@@ -169,7 +169,7 @@ func newQueuePauseCmd(g *globals, pause bool) *cobra.Command {
 			}
 			q, err := client.QueueGet(ctx, name)
 			if errors.Is(err, rivertype.ErrNotFound) {
-				return unknownQueue(name)
+				return unknownQueue(cmd.Root().Name(), name)
 			}
 			if err != nil {
 				return fmt.Errorf("get queue %s: %w", name, err)
@@ -184,13 +184,13 @@ func newQueuePauseCmd(g *globals, pause bool) *cobra.Command {
 			}
 			err = act(ctx, client, name)
 			if errors.Is(err, rivertype.ErrNotFound) {
-				return unknownQueue(name)
+				return unknownQueue(cmd.Root().Name(), name)
 			}
 			if err != nil {
 				return fmt.Errorf("%s queue %s: %w", verb, name, err)
 			}
 			if pause {
-				fmt.Fprintf(out, "queue %s paused: its jobs wait until 'sluice queues resume %s'\n", name, name)
+				fmt.Fprintf(out, "queue %s paused: its jobs wait until '%s queues resume %s'\n", name, cmd.Root().Name(), name)
 			} else {
 				fmt.Fprintf(out, "queue %s resumed\n", name)
 			}
@@ -201,8 +201,8 @@ func newQueuePauseCmd(g *globals, pause bool) *cobra.Command {
 
 // unknownQueue is the error of a queue River does not know: a runtime
 // failure (exit 1), as River forgets the queues no client served for a day.
-func unknownQueue(name string) error {
-	return fmt.Errorf("no queue %q known to River (River knows a queue once a worker has served it, for 24 hours after the last one stopped; see sluice queues list)", name)
+func unknownQueue(program, name string) error {
+	return fmt.Errorf("no queue %q known to River (River knows a queue once a worker has served it, for 24 hours after the last one stopped; see %s queues list)", name, program)
 }
 
 // roundSecs formats seconds as a duration to the second.

@@ -315,7 +315,7 @@ with its offset, computed by the dispatcher's code (as 'schedule next'
 does); it is - for a disabled or failed schedule, and "invalid" for a cron
 expression or zone this binary refuses. --json prints every column of the
 schedules table and next_due_at as a JSON array. The view
-sluice_schedule_status shows the same in SQL, with each schedule's health
+sluice.schedule_status shows the same in SQL, with each schedule's health
 and its last job's state.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -16,11 +16,11 @@ func newStatsCmd(g *globals) *cobra.Command {
 		Use:   "stats [--json]",
 		Short: "Print job and monitor statistics",
 		Long: `stats prints what the database says about the jobs, one section per
-subsystem: the queues (jobs per kind and state, from sluice_queue_overview)
+subsystem: the queues (jobs per kind and state, from sluice.queue_overview)
 and task cancellation (per kind, jobs still running at least
 task_cancellation.duration_millis after their cancellation right now, and the
 cumulative count task_cancellation.monitor made; from the view
-sluice_task_cancellation_stats).
+sluice.task_cancellation_stats).
 
 With --json it prints the same document as the worker's /stats, after
 OpenSearch's node-stats shape:

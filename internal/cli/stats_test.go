@@ -95,7 +95,7 @@ func TestStatsEndToEnd(t *testing.T) {
 
 	code, out = sluice(t, url, "stats")
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, "Queues (sluice_queue_overview)")
+	require.Contains(t, out, "Jobs per kind and state (sluice.queue_overview)")
 	require.Regexp(t, `(?m)^\s+demo\.sleep\s+running\s+1\s*$`, out)
 	require.Contains(t, out, "Task cancellation (jobs still running 0s after their cancellation; monitor enabled, all kinds)")
 	require.Regexp(t, `(?m)^\s+KIND\s+CURRENT\s+TOTAL$`, out)

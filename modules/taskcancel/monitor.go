@@ -83,11 +83,19 @@ func (w *TaskCancellationMonitorWorker) Timeout(*river.Job[TaskCancellationMonit
 
 // Work runs one monitor pass. An error is logged and returned: the job is
 // discarded after its one attempt and the next scheduled run tries again.
+//
+// A run deletes the earlier completed runs (queries/housekeeping.sql): one
+// every 5 seconds leaves one completed job, not 60 in 5 minutes among the
+// user's jobs.
 func (w *TaskCancellationMonitorWorker) Work(ctx context.Context, job *river.Job[TaskCancellationMonitorArgs]) error {
 	if _, err := w.monitor.Pass(ctx); err != nil {
 		w.monitor.logger.Warn("task cancellation monitor failed; the next run tries again",
 			"job_id", job.ID, "error", err)
 		return err
+	}
+	if _, err := w.monitor.queries.DeleteEarlierRuns(ctx, db.DeleteEarlierRunsParams{
+		Kind: job.Kind, BeforeID: job.ID, Args: job.EncodedArgs}); err != nil {
+		w.monitor.logger.Warn("task cancellation monitor: earlier runs not deleted", "job_id", job.ID, "error", err)
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func readPage(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) {
 	}
 
 	perKind := module.PageTable{
-		Caption: "Per kind (sluice_task_cancellation_stats)",
+		Caption: "Per kind (sluice.task_cancellation_stats)",
 		Columns: []string{"Kind", "Current", "Total"},
 		Empty:   "No job has kept running after its cancellation.",
 	}

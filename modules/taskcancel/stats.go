@@ -25,7 +25,7 @@ type TaskCancellationKindStats struct {
 // "task_cancellation" section of /stats and `sluice stats --json`.
 type TaskCancellationStats map[string]TaskCancellationKindStats
 
-// ReadTaskCancellationStats reads the view sluice_task_cancellation_stats.
+// ReadTaskCancellationStats reads the view sluice.task_cancellation_stats.
 // The result is never nil, so it encodes as {} when no kind has stats.
 func ReadTaskCancellationStats(ctx context.Context, q *db.Queries) (TaskCancellationStats, error) {
 	rows, err := q.TaskCancellationStats(ctx)
