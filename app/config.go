@@ -220,7 +220,8 @@ type Config struct {
 	// wakes for the next due time and on NOTIFY.
 	SchedulePollInterval time.Duration
 	// ScheduleBatchSize is how many due schedules one dispatcher
-	// transaction claims (--schedule-batch-size; default 100).
+	// transaction claims (--schedule-batch-size; default
+	// scheduler.DefaultBatchSize, 2000).
 	ScheduleBatchSize int
 	// HeartbeatInterval is how often the worker refreshes its
 	// sluice_workers row (--heartbeat-interval; default 5 seconds).

@@ -425,8 +425,9 @@ func checkOrder(r *record, vs *violations) {
 				if by != "" {
 					where = "waiting in " + by + " since " + since.Format(time.StampMicro)
 				}
-				vs.add("order", "%s key %q: job %d started at %s (in %s) while older job %d was %s (limits %s)",
-					kind, keyOf(l, r.jobs[jid].args.Key), jid, xj.start.Format(time.StampMicro), xj.worker, iid, where, l)
+				vs.add("order", "%s key %q: job %d started at %s (in %s) while older job %d was %s (limits %s); job %d %s; job %d %s",
+					kind, keyOf(l, r.jobs[jid].args.Key), jid, xj.start.Format(time.StampMicro), xj.worker, iid, where, l,
+					iid, r.history(iid), jid, r.history(jid))
 			}
 		}
 	}
