@@ -454,15 +454,3 @@ func (q *Queries) WorkerStatusPage(ctx context.Context, maxRows int32) ([]*Worke
 	}
 	return items, nil
 }
-
-const workersTableExists = `-- name: WorkersTableExists :one
-SELECT (to_regclass('sluice_workers') IS NOT NULL)::boolean AS present
-`
-
-// Whether sluice_workers exists (a database migrated that far).
-func (q *Queries) WorkersTableExists(ctx context.Context) (bool, error) {
-	row := q.db.QueryRow(ctx, workersTableExists)
-	var present bool
-	err := row.Scan(&present)
-	return present, err
-}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
@@ -188,7 +189,15 @@ func sluiceWorkerNoop(b *testing.B, pool *pgxpool.Pool, url string) float64 {
 // insertNoops inserts n demo.sleep jobs of 0 ms with one InsertManyFast.
 func insertNoops(tb testing.TB, pool *pgxpool.Pool, n int) {
 	tb.Helper()
-	inserter, err := app.NewInsertClient(pool, nil)
+	insertNoopsTraced(context.Background(), tb, pool, nil, n)
+}
+
+// insertNoopsTraced is insertNoops through a client whose inserts are
+// traced on tp (nil: the global provider) inside ctx's span: with a span,
+// every job carries its trace context.
+func insertNoopsTraced(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, tp trace.TracerProvider, n int) {
+	tb.Helper()
+	inserter, err := app.NewInsertClient(pool, tp)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -196,7 +205,7 @@ func insertNoops(tb testing.TB, pool *pgxpool.Pool, n int) {
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
 	}
-	if _, err := inserter.InsertManyFast(context.Background(), params); err != nil {
+	if _, err := inserter.InsertManyFast(ctx, params); err != nil {
 		tb.Fatal(err)
 	}
 }

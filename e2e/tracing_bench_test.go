@@ -12,13 +12,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
-	"github.com/sluice-dev/sluice/modules/demo"
 )
 
 // BenchmarkNoopTracing measures what tracing costs a `sluice worker`
@@ -66,31 +63,15 @@ func BenchmarkNoopTracing(b *testing.B) {
 func tracedNoop(b *testing.B, pool *pgxpool.Pool, url string, env []string) float64 {
 	b.Helper()
 	resetRiverJobs(b, pool)
-	ctx := context.Background()
-	var tp *sdktrace.TracerProvider
-	if env != nil {
-		tp = sdktrace.NewTracerProvider() // spans made, none exported: the inserts only carry their context
-		defer tp.Shutdown(ctx)            //nolint:errcheck
-	}
-	var inserter *app.Client
-	var err error
-	if tp != nil {
-		inserter, err = app.NewInsertClient(pool, tp)
-		var end func()
-		ctx, end = startSpan(ctx, tp)
-		defer end()
+	if env == nil {
+		insertNoops(b, pool, noopJobs)
 	} else {
-		inserter, err = app.NewInsertClient(pool, nil)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	params := make([]river.InsertManyParams, noopJobs)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: demo.SleepArgs{}}
-	}
-	if _, err := inserter.InsertMany(ctx, params); err != nil {
-		b.Fatal(err)
+		// Spans made, none exported: the inserts only carry their context.
+		tp := sdktrace.NewTracerProvider()
+		defer tp.Shutdown(context.Background()) //nolint:errcheck
+		ctx, span := tp.Tracer("bench").Start(context.Background(), "insert noops")
+		insertNoopsTraced(ctx, b, pool, tp, noopJobs)
+		span.End()
 	}
 	w := proc.StartWorkerEnv(b, url, fmt.Sprintf("bench-trace-%t", env != nil), env,
 		"--default-workers", fmt.Sprint(noopConcurrency), "--log-level", "warn")
@@ -100,11 +81,4 @@ func tracedNoop(b *testing.B, pool *pgxpool.Pool, url string, env []string) floa
 		b.Fatalf("worker exited %d:\n%s", code, w.Log())
 	}
 	return dbRate(b, pool)
-}
-
-// startSpan starts a span of tp on ctx, standing for the request that
-// inserts the jobs.
-func startSpan(ctx context.Context, tp *sdktrace.TracerProvider) (context.Context, func()) {
-	ctx, span := tp.Tracer("bench").Start(ctx, "insert noops")
-	return ctx, func() { span.End() }
 }

@@ -128,7 +128,3 @@ LIMIT sqlc.arg(max_rows);
 SELECT id, host, pid FROM sluice_workers
 WHERE heartbeat_at > now() - dead_after
 ORDER BY id;
-
--- name: WorkersTableExists :one
--- Whether sluice_workers exists (a database migrated that far).
-SELECT (to_regclass('sluice_workers') IS NOT NULL)::boolean AS present;

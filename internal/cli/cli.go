@@ -19,7 +19,8 @@ import (
 // do not add up (none at all, or one registered twice) exits 1 before any
 // command runs.
 func Run(ctx context.Context, cfg app.Config, args []string, stdout, stderr io.Writer) int {
-	name := cmp.Or(cfg.Name, "sluice")
+	cfg.Name = cmp.Or(cfg.Name, "sluice")
+	name := cfg.Name
 	prog := cfg.Program()
 	registry, err := prog.Registry()
 	if err == nil {

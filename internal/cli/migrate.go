@@ -145,7 +145,7 @@ migrate status lists every migration and whether it is applied.`,
 // database are alive (none when sluice_workers does not exist yet).
 func refuseUnderLiveWorkers(ctx context.Context, pool *pgxpool.Pool) error {
 	q := db.New(pool)
-	exists, err := q.WorkersTableExists(ctx)
+	exists, err := q.TableExists(ctx, db.SchemasOf(pool).Sluice+".sluice_workers")
 	if err != nil {
 		return fmt.Errorf("look for live workers: %w", err)
 	}

@@ -28,8 +28,8 @@ const envAnnotation = module.EnvAnnotation
 
 // globals are the flags every command shares.
 type globals struct {
-	// base is the program's Config: its settings are the defaults of the
-	// flags. prog is the program it describes, with the schemas of the
+	// base is the program's Config (its Name set): its settings are the
+	// defaults of the flags. prog is the program it describes, with the schemas of the
 	// flags; registry is every kind it works.
 	base     app.Config
 	prog     app.Program
@@ -51,7 +51,7 @@ func newRootCmd(stderr io.Writer, base app.Config, registry *kinds.Registry) (*c
 	prog := base.Program()
 	g := &globals{stderr: stderr, base: base, prog: prog, registry: registry}
 	root := &cobra.Command{
-		Use:   cmp.Or(base.Name, "sluice"),
+		Use:   base.Name,
 		Short: "A SQL-centric job runner on a Postgres queue (River)",
 		Long: `sluice runs background jobs on River, a Postgres queue, and keeps all of
 their state in Postgres: schedules, maintenance locks, concurrency limits and
@@ -254,7 +254,7 @@ func (g *globals) tracerProvider(ctx context.Context, logger *slog.Logger) (trac
 	if g.envTracer.done {
 		return g.envTracer.tp, nil
 	}
-	tp, shutdown, err := tracing.FromEnv(ctx, cmp.Or(g.base.Name, "sluice"), logger)
+	tp, shutdown, err := tracing.FromEnv(ctx, g.base.Name, logger)
 	var envErr *tracing.EnvError
 	if errors.As(err, &envErr) {
 		return nil, asUsage(err)
