@@ -168,6 +168,142 @@ func (q *Queries) EnsureKeyTurns(ctx context.Context, arg EnsureKeyTurnsParams) 
 	return err
 }
 
+const handOverSlots = `-- name: HandOverSlots :many
+WITH lk AS (
+    SELECT l.kind FROM concurrency_limits l
+    WHERE l.kind = ANY($1::text[])
+    ORDER BY l.kind
+    FOR UPDATE
+),
+pairs AS (
+    SELECT unnest($2::bigint[]) AS from_id, unnest($3::bigint[]) AS to_id
+),
+granted AS (
+    -- The uncorrelated count makes each change wait until every limit
+    -- row is locked (an InitPlan runs first).
+    UPDATE concurrency_executions e
+    SET reserved = false, worker_id = $4::text, admitted_at = now()
+    FROM pairs p
+    WHERE e.job_id = p.to_id AND (SELECT count(*) FROM lk) >= 0
+    RETURNING e.job_id
+),
+moved AS (
+    UPDATE concurrency_executions e
+    SET job_id = p.to_id, admitted_at = now()
+    FROM pairs p
+    WHERE e.job_id = p.from_id AND e.worker_id = $4::text
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
+      AND (SELECT count(*) FROM lk) >= 0
+    RETURNING e.job_id
+),
+freed AS (
+    DELETE FROM concurrency_executions e
+    USING pairs p
+    WHERE e.job_id = p.from_id AND e.worker_id = $4::text
+      AND EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
+      AND (SELECT count(*) FROM lk) >= 0
+    RETURNING e.kind
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w
+    WHERE w.job_id IN (SELECT p.to_id FROM pairs p) AND (SELECT count(*) FROM lk) >= 0
+),
+per_kind AS (
+    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n FROM lk
+)
+UPDATE concurrency_limits l
+SET admitted = GREATEST(l.admitted - p.n, 0)
+FROM per_kind p
+WHERE l.kind = p.kind AND p.n > 0
+RETURNING l.kind
+`
+
+type HandOverSlotsParams struct {
+	Kinds    []string `json:"kinds"`
+	FromIds  []int64  `json:"from_ids"`
+	ToIds    []int64  `json:"to_ids"`
+	WorkerID string   `json:"worker_id"`
+}
+
+// Writes the slots worker_id handed over in memory: the slot of each ended
+// job from_ids[i] now belongs to to_ids[i] (in step), a job of its kind
+// that waited in the same worker, which leaves the waiters. A job handed a
+// slot that a grant round reserved one for meanwhile (it read the job as
+// waiting) keeps that one, claimed, and the ended job's slot is freed
+// instead. Limit rows are locked in kind order first, as every change of
+// slots does; returns the kinds whose count it lowered.
+func (q *Queries) HandOverSlots(ctx context.Context, arg HandOverSlotsParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, handOverSlots,
+		arg.Kinds,
+		arg.FromIds,
+		arg.ToIds,
+		arg.WorkerID,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var kind string
+		if err := rows.Scan(&kind); err != nil {
+			return nil, err
+		}
+		items = append(items, kind)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const handOverStates = `-- name: HandOverStates :many
+SELECT l.kind, l.max_concurrency, l.admitted,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
+       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked
+FROM concurrency_limits l
+WHERE l.kind = ANY($1::text[])
+`
+
+type HandOverStatesRow struct {
+	Kind           string `json:"kind"`
+	MaxConcurrency int32  `json:"max_concurrency"`
+	Admitted       int32  `json:"admitted"`
+	Keyed          bool   `json:"keyed"`
+	OldestParked   int64  `json:"oldest_parked"`
+}
+
+// What a worker needs to hand a freed slot of kinds to a job waiting in it,
+// in memory (limiter/handover.go), read by its line poller while jobs
+// wait: the limit, the slots taken, whether a per-key or rate limit holds
+// the kind (then it never hands over), and its oldest parked job (0: none),
+// which goes before any younger job.
+func (q *Queries) HandOverStates(ctx context.Context, kinds []string) ([]*HandOverStatesRow, error) {
+	rows, err := q.db.Query(ctx, handOverStates, kinds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*HandOverStatesRow
+	for rows.Next() {
+		var i HandOverStatesRow
+		if err := rows.Scan(
+			&i.Kind,
+			&i.MaxConcurrency,
+			&i.Admitted,
+			&i.Keyed,
+			&i.OldestParked,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const hasAnyLine = `-- name: HasAnyLine :one
 SELECT (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $1)
     OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = $1))::boolean AS has
@@ -642,6 +778,43 @@ type SetLeaseWaitingParams struct {
 func (q *Queries) SetLeaseWaiting(ctx context.Context, arg SetLeaseWaitingParams) error {
 	_, err := q.db.Exec(ctx, setLeaseWaiting, arg.JobIds, arg.Kind, arg.WorkerID)
 	return err
+}
+
+const takeAheadWaiters = `-- name: TakeAheadWaiters :many
+UPDATE concurrency_waiters w
+SET worker_id = $1::text
+WHERE w.job_id = ANY($2::bigint[]) AND w.worker_id IS NULL
+RETURNING w.job_id
+`
+
+type TakeAheadWaitersParams struct {
+	WorkerID string  `json:"worker_id"`
+	JobIds   []int64 `json:"job_ids"`
+}
+
+// A worker that fetched jobs resumed ahead of a free slot (waiters without
+// a worker) records them as waiting in it, without the kind's lock: this
+// decides nothing (they keep their place in the line, and a grant reserved
+// for one meanwhile is claimed at the worker's next poll). Returns the
+// jobs it took.
+func (q *Queries) TakeAheadWaiters(ctx context.Context, arg TakeAheadWaitersParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, takeAheadWaiters, arg.WorkerID, arg.JobIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var job_id int64
+		if err := rows.Scan(&job_id); err != nil {
+			return nil, err
+		}
+		items = append(items, job_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const turnKeys = `-- name: TurnKeys :many

@@ -10,6 +10,8 @@ import (
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/db"
 )
 
 // decidedTTL is how long a decision made at a fetch waits for its job to
@@ -115,7 +117,16 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 	if len(reqs) == 0 {
 		return
 	}
-	l.lineBatch(reqs)
+	decided := l.takeAhead(ctx, reqs)
+	var rest []*admitRequest
+	for _, r := range reqs {
+		if !slices.Contains(decided, r) {
+			rest = append(rest, r)
+		}
+	}
+	if len(rest) > 0 {
+		l.lineBatch(rest)
+	}
 	d := &l.decided
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -129,6 +140,52 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 		d.byID[r.job.ID], d.at[r.job.ID] = r, now
 	}
 	l.dropUnclaimed(now)
+}
+
+// takeAhead takes the jobs of reqs that were resumed ahead of a free slot
+// (waiters without a worker, holding no grant) of a kind that only a
+// per-kind limit holds and that has no room, as the line poller read it
+// within handOverFresh: they wait in this worker (TakeAheadWaiters), for a
+// grant or a slot handed over, without a line transaction. Their place in
+// the line is the one the grant round that resumed them gave them; what is
+// left to decide (a grant, their parking) is the line's, as for any job
+// waiting in a worker. It returns the requests it decided.
+func (l *Limiter) takeAhead(ctx context.Context, reqs []*admitRequest) []*admitRequest {
+	var cands []*admitRequest
+	for _, r := range reqs {
+		if st, ok := l.handStates.get(r.job.Kind); ok && !st.keyed && st.limit > 0 && st.admitted >= st.limit {
+			cands = append(cands, r)
+		}
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	recs, err := l.lineRecords(ctx, l.pollQ, cands)
+	if err != nil {
+		return nil
+	}
+	var ids []int64
+	for _, r := range cands {
+		if rec := recs[r.job.ID]; rec != nil && rec.Waiter && !rec.SlotReserved && !rec.SlotHeld && !rec.StartReserved && !rec.StartHeld {
+			ids = append(ids, r.job.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	taken, err := l.pollQ.TakeAheadWaiters(ctx, db.TakeAheadWaitersParams{WorkerID: l.workerID, JobIds: ids})
+	if err != nil {
+		return nil
+	}
+	var out []*admitRequest
+	for _, r := range cands {
+		if slices.Contains(taken, r.job.ID) {
+			r.decision, r.reason = admitWait, reasonLimit
+			close(r.done)
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // takeDecided returns the decision made at the fetch of job id (nil: none),

@@ -20,6 +20,11 @@ const (
 	maxFront = 64
 	// MaxLookahead caps the jobs of a kind resumed ahead of free slots.
 	MaxLookahead = 32
+	// MinLookahead is the fewest jobs of a kind under a per-kind limit
+	// resumed ahead of free slots: enough for a worker to hand the slots
+	// of short jobs over in memory while the next ones are resumed and
+	// fetched (P12).
+	MinLookahead = 32
 	// rateRetry is how soon a grant round runs again for a kind whose
 	// line waits while its rate window has room and its slots are free.
 	rateRetry = 10 * time.Millisecond
@@ -42,13 +47,13 @@ type grantResult struct {
 // a slot, which wait fetched in the workers and take the next slots that
 // free, sparing the resume and the fetch a slot would otherwise wait for.
 // Only under a concurrency limit and no rate (a job waiting for a rate
-// window would wait for long): per kind at least 2 and the kind's limit
-// (MaxLookahead under a per-key limit alone), per key the key's limit, at
-// most MaxLookahead.
+// window would wait for long): per kind at least MinLookahead and the
+// kind's limit (MaxLookahead under a per-key limit alone), per key the
+// key's limit, at most MaxLookahead.
 func lookahead(c *kindCounts) (perKind, perKey int) {
 	perKind = MaxLookahead
 	if c.limit > 0 {
-		perKind = min(max(2, int(c.limit)), MaxLookahead)
+		perKind = min(max(MinLookahead, int(c.limit)), MaxLookahead)
 	}
 	switch {
 	case c.rateMax > 0 || c.limit < 0:
@@ -108,6 +113,17 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	if len(turnover) == 0 {
 		perKind, perKeyAhead = 0, 0
 	}
+	have := int32(-1) // jobs of the kind ahead already (-1: not read)
+	if capacity == 0 && perKind > 0 {
+		// No room: only the lookahead may be topped up, if it is short.
+		var err error
+		if have, err = q.CountAhead(ctx, kind); err != nil {
+			return res, fmt.Errorf("jobs of %s ahead: %w", kind, err)
+		}
+		if int(have) >= perKind {
+			perKind = 0
+		}
+	}
 	if capacity == 0 && perKind == 0 {
 		err := l.afterGrants(ctx, q, kind, c, nil, &res)
 		return res, err
@@ -127,9 +143,13 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 		err := l.afterGrants(ctx, q, kind, c, nil, &res)
 		return res, err
 	}
-	lines, err := keyLines(ctx, q, kind, c, keys)
-	if err != nil {
-		return res, err
+	var lines map[string]keyLine
+	if c.keyMax > 0 || (c.rateMax > 0 && c.ratePerKey) {
+		// The keys' own room.
+		var err error
+		if lines, err = keyLines(ctx, q, kind, c, keys); err != nil {
+			return res, err
+		}
 	}
 	// How deep to read each key's front: its most grants and lookahead.
 	depth := capacity + perKind
@@ -171,9 +191,18 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 		}
 		room[key] = r
 	}
-	// Rounds: one job per key per turn, while the kind has room.
+	// Rounds: one job per key per turn, while the kind has room. A job
+	// this worker handed a slot in memory, not written yet, is no longer
+	// in the line.
 	var picks []*grantEntry
 	picked := map[int64]bool{}
+	for _, front := range fronts {
+		for _, e := range front {
+			if l.waits.wasHanded(e.JobID) {
+				picked[e.JobID] = true
+			}
+		}
+	}
 	lastTurn := map[string]int{}
 	for capacity > 0 {
 		progress := false
@@ -202,9 +231,11 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	// Lookahead: parked jobs next in line, resumed without a slot.
 	var ahead []*db.LineFrontRow
 	if perKind > 0 {
-		have, err := q.CountAhead(ctx, kind)
-		if err != nil {
-			return res, fmt.Errorf("jobs of %s ahead: %w", kind, err)
+		if have < 0 {
+			var err error
+			if have, err = q.CountAhead(ctx, kind); err != nil {
+				return res, fmt.Errorf("jobs of %s ahead: %w", kind, err)
+			}
 		}
 		for _, p := range picks {
 			if !p.Parked {

@@ -92,7 +92,9 @@ const (
 // parked. A slot that frees goes to the front of the line (grant.go):
 // claimed at once by a job waiting in the worker that freed it, taken by a
 // job waiting in another worker at its next poll, or reserved for a parked
-// job, resumed. Parking marks the running job and records it, in the
+// job, resumed. Under a per-kind limit alone, a job that ends hands its
+// slot to the oldest job of its kind waiting in its worker in memory
+// (handover.go), the move written with the next release batch. Parking marks the running job and records it, in the
 // admission's transaction; River's own completion of the job then turns it
 // into a pending job (trigger sluice_park_in_place), the same row with its
 // attempt undone.
@@ -110,7 +112,10 @@ type Limiter struct {
 	ignoreLimits bool // every job runs without a slot (sluice run --ignore-limit)
 	neverPark    bool // no leases, no waiting, no parking: a job without a slot fails (sluice run)
 
-	q      *db.Queries
+	q *db.Queries
+	// pollQ runs the line poller's statements on cached generic plans: they
+	// run every LinePoll and read small tables by their keys.
+	pollQ  *db.Queries
 	leases *leaser
 	// client inserts concurrency_limit.resume jobs (SetClient; nil: none).
 	client atomic.Pointer[river.Client[pgx.Tx]]
@@ -126,6 +131,8 @@ type Limiter struct {
 	waits    waitList                // jobs waiting in this worker for a grant (waiters.go)
 	gate     fetchGate               // fetches no more than can start soon (fetch_gate.go)
 	decided  decisions               // decisions made at fetches, for the middleware (fetch.go)
+	// handStates are the line poller's readings for hand-overs (handover.go).
+	handStates handOvers
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
 
@@ -169,6 +176,9 @@ type releaseRequest struct {
 	// forget: the job gave up waiting (its context ended): it leaves the
 	// line, and a grant it got goes back.
 	forget bool
+	// to: the job's slot was handed over to this job, waiting in this
+	// worker (handover.go): the move is written.
+	to *rivertype.JobRow
 }
 
 // Config configures a Limiter.
@@ -220,7 +230,7 @@ func New(cfg Config) (*Limiter, error) {
 		_, _ = rand.Read(b[:])
 		workerID = "limiter-" + hex.EncodeToString(b[:])
 	}
-	l := &Limiter{pool: cfg.Pool, q: db.New(db.CustomPlans(cfg.Pool)), logger: cfg.Logger, metrics: cfg.Metrics, workerID: workerID,
+	l := &Limiter{pool: cfg.Pool, q: db.New(db.CustomPlans(cfg.Pool)), pollQ: db.New(cfg.Pool), logger: cfg.Logger, metrics: cfg.Metrics, workerID: workerID,
 		parkAfter: cfg.ParkAfter, ignoreLimits: cfg.IgnoreLimits, neverPark: cfg.NeverPark, stopCh: make(chan struct{})}
 	l.leases = newLeaser(l, cfg.ParkAfter)
 	l.line.process, l.line.maxInFlight = l.lineBatch, batchesInFlight
@@ -281,7 +291,7 @@ func (l *Limiter) run(ctx context.Context, job *rivertype.JobRow, req *admitRequ
 	case admitParked:
 		return nil
 	case admitSlot:
-		defer l.release(ctx, job)
+		defer l.endSlot(ctx, job)
 	}
 	if req.reason != "" {
 		ctx = withHeld(ctx, Held{Since: req.deadline.Add(-l.parkAfter), Reason: req.reason})
@@ -363,6 +373,16 @@ func (l *Limiter) refreshCache(ctx context.Context, stale *limitCache) (*limitCa
 // Flush waits for the releases still in flight on a clean stop.
 func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
 	l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind})
+}
+
+// endSlot hands the slot of job, which ended, to a job of its kind waiting
+// in this worker (handover.go), or releases it.
+func (l *Limiter) endSlot(ctx context.Context, job *rivertype.JobRow) {
+	if to := l.handOver(job); to != nil {
+		l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind, to: to.job})
+		return
+	}
+	l.release(ctx, job)
 }
 
 // forget takes a job that gave up waiting (its context ended) out of the

@@ -14,10 +14,14 @@ type TestSignals struct {
 	// RateWake: a rate window's timer fired and a resume of the kind is on
 	// its way (value: the kind).
 	RateWake testsignal.TestSignal[string]
+	// HandedOver: a job that ended handed its slot to a job waiting in
+	// the same worker, in memory (value: the job handed the slot).
+	HandedOver testsignal.TestSignal[int64]
 }
 
 // Init initializes every signal for tb.
 func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.Renewed.Init(tb)
 	ts.RateWake.Init(tb)
+	ts.HandedOver.Init(tb)
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,6 +13,11 @@ import (
 // grants another process gave them (a release in another worker, a limit
 // raised by the CLI, the safety net): one statement for all of them.
 const LinePoll = 5 * time.Millisecond
+
+// handOverReadEvery is every how many polls the poller reads the state of
+// the kinds whose freed slots may be handed over (handover.go): every
+// 20 ms, well within handOverFresh.
+const handOverReadEvery = 4
 
 // waitOutcome is how a job's wait in the line ended.
 type waitOutcome int
@@ -34,6 +40,9 @@ type waitList struct {
 
 	mu      sync.Mutex
 	waiting map[int64]*waiter
+	// handed are the jobs handed a slot in memory whose move is not
+	// written yet (handover.go): a grant round passes them over.
+	handed  map[int64]bool
 	polling bool
 	stopped bool
 }
@@ -122,6 +131,68 @@ func (ws *waitList) finish(id int64, o waitOutcome, decision admission) bool {
 	return true
 }
 
+// takeOldest ends the wait of the oldest job of kind waiting here, not
+// cancelled and older than before (0: any), granted a slot
+// (handover.go), and returns it (nil: none).
+func (ws *waitList) takeOldest(kind string, before int64) *admitRequest {
+	ws.mu.Lock()
+	var best *waiter
+	for id, w := range ws.waiting {
+		r := w.req
+		if r.job.Kind != kind || r.key != "" || r.cancelled || r.ctx.Err() != nil || (before != 0 && id >= before) {
+			continue
+		}
+		if best == nil || id < best.req.job.ID {
+			best = w
+		}
+	}
+	if best == nil {
+		ws.mu.Unlock()
+		return nil
+	}
+	delete(ws.waiting, best.req.job.ID)
+	if ws.handed == nil {
+		ws.handed = map[int64]bool{}
+	}
+	ws.handed[best.req.job.ID] = true
+	left := len(ws.waiting)
+	ws.mu.Unlock()
+	ws.l.gate.left(left)
+	best.req.decision = admitSlot
+	best.wake <- waitGranted
+	return best.req
+}
+
+// wasHanded reports whether job id was handed a slot here and the move is
+// not written yet.
+func (ws *waitList) wasHanded(id int64) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.handed[id]
+}
+
+// written forgets the hand-overs to ids, written.
+func (ws *waitList) written(ids []int64) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	for _, id := range ids {
+		delete(ws.handed, id)
+	}
+}
+
+// kinds returns the kinds of the jobs waiting here.
+func (ws *waitList) kinds() []string {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	var kinds []string
+	for _, w := range ws.waiting {
+		if k := w.req.job.Kind; !slices.Contains(kinds, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	return kinds
+}
+
 // grant wakes the jobs a transaction of this worker granted a slot (or a
 // start) and claimed for them. A job no longer waiting (its wait just
 // ended) finds the grant when it is decided again.
@@ -137,6 +208,7 @@ func (ws *waitList) poll() {
 	ticker := time.NewTicker(LinePoll)
 	defer ticker.Stop()
 	var warned time.Time
+	polls := 0
 	for range ticker.C {
 		ws.mu.Lock()
 		if len(ws.waiting) == 0 || ws.stopped {
@@ -150,7 +222,7 @@ func (ws *waitList) poll() {
 		}
 		ws.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-		rows, err := ws.l.q.ClaimGrants(ctx, db.ClaimGrantsParams{WorkerID: ws.l.workerID, JobIds: ids})
+		rows, err := ws.l.pollQ.ClaimGrants(ctx, db.ClaimGrantsParams{WorkerID: ws.l.workerID, JobIds: ids})
 		cancel()
 		if err != nil {
 			if time.Since(warned) > time.Second {
@@ -169,7 +241,27 @@ func (ws *waitList) poll() {
 				ws.finish(row.JobID, waitGranted, admitRun)
 			}
 		}
+		if polls++; polls%handOverReadEvery == 0 {
+			ws.readHandOvers()
+		}
 	}
+}
+
+// readHandOvers reads the state of the kinds of the jobs still waiting
+// here, for the hand-over of freed slots in memory (handover.go).
+func (ws *waitList) readHandOvers() {
+	kinds := ws.kinds()
+	if len(kinds) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	at := time.Now()
+	rows, err := ws.l.q.HandOverStates(ctx, kinds)
+	if err != nil {
+		return // no fresh reading: freed slots go back to the line
+	}
+	ws.l.handStates.set(rows, at)
 }
 
 // stop ends the polling (the worker stops; its jobs have ended).

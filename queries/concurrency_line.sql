@@ -337,3 +337,82 @@ dropped AS (
     DELETE FROM concurrency_waiters cw WHERE cw.worker_id = sqlc.arg(worker_id)::text
 )
 SELECT w.job_id, w.kind FROM waiting w WHERE w.job_id IN (SELECT m.id FROM marked m);
+
+-- name: HandOverStates :many
+-- What a worker needs to hand a freed slot of kinds to a job waiting in it,
+-- in memory (limiter/handover.go), read by its line poller while jobs
+-- wait: the limit, the slots taken, whether a per-key or rate limit holds
+-- the kind (then it never hands over), and its oldest parked job (0: none),
+-- which goes before any younger job.
+SELECT l.kind, l.max_concurrency, l.admitted,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
+       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked
+FROM concurrency_limits l
+WHERE l.kind = ANY(sqlc.arg(kinds)::text[]);
+
+-- name: HandOverSlots :many
+-- Writes the slots worker_id handed over in memory: the slot of each ended
+-- job from_ids[i] now belongs to to_ids[i] (in step), a job of its kind
+-- that waited in the same worker, which leaves the waiters. A job handed a
+-- slot that a grant round reserved one for meanwhile (it read the job as
+-- waiting) keeps that one, claimed, and the ended job's slot is freed
+-- instead. Limit rows are locked in kind order first, as every change of
+-- slots does; returns the kinds whose count it lowered.
+WITH lk AS (
+    SELECT l.kind FROM concurrency_limits l
+    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
+    ORDER BY l.kind
+    FOR UPDATE
+),
+pairs AS (
+    SELECT unnest(sqlc.arg(from_ids)::bigint[]) AS from_id, unnest(sqlc.arg(to_ids)::bigint[]) AS to_id
+),
+granted AS (
+    -- The uncorrelated count makes each change wait until every limit
+    -- row is locked (an InitPlan runs first).
+    UPDATE concurrency_executions e
+    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = now()
+    FROM pairs p
+    WHERE e.job_id = p.to_id AND (SELECT count(*) FROM lk) >= 0
+    RETURNING e.job_id
+),
+moved AS (
+    UPDATE concurrency_executions e
+    SET job_id = p.to_id, admitted_at = now()
+    FROM pairs p
+    WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
+      AND (SELECT count(*) FROM lk) >= 0
+    RETURNING e.job_id
+),
+freed AS (
+    DELETE FROM concurrency_executions e
+    USING pairs p
+    WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
+      AND EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
+      AND (SELECT count(*) FROM lk) >= 0
+    RETURNING e.kind
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w
+    WHERE w.job_id IN (SELECT p.to_id FROM pairs p) AND (SELECT count(*) FROM lk) >= 0
+),
+per_kind AS (
+    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n FROM lk
+)
+UPDATE concurrency_limits l
+SET admitted = GREATEST(l.admitted - p.n, 0)
+FROM per_kind p
+WHERE l.kind = p.kind AND p.n > 0
+RETURNING l.kind;
+
+-- name: TakeAheadWaiters :many
+-- A worker that fetched jobs resumed ahead of a free slot (waiters without
+-- a worker) records them as waiting in it, without the kind's lock: this
+-- decides nothing (they keep their place in the line, and a grant reserved
+-- for one meanwhile is claimed at the worker's next poll). Returns the
+-- jobs it took.
+UPDATE concurrency_waiters w
+SET worker_id = sqlc.arg(worker_id)::text
+WHERE w.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND w.worker_id IS NULL
+RETURNING w.job_id;

@@ -61,13 +61,13 @@ const (
 // lookaheadOf is how many jobs beyond what l lets start a resume may make
 // available, per kind and per key, so that the next ones wait fetched in
 // the workers: the limiter's stated lookahead (under a concurrency limit
-// and no rate: per kind at least 2 and the kind's limit, or MaxLookahead
+// and no rate: per kind at least MinLookahead and the kind's limit, or MaxLookahead
 // under a per-key limit alone; per key the key's limit; at most
 // limiter.MaxLookahead).
 func lookaheadOf(l limits) (perKind, perKey int) {
 	perKind = limiter.MaxLookahead
 	if l.max > 0 {
-		perKind = min(max(2, int(l.max)), limiter.MaxLookahead)
+		perKind = min(max(limiter.MinLookahead, int(l.max)), limiter.MaxLookahead)
 	}
 	switch {
 	case !l.present || l.rateMax > 0 || l.max < 0:

@@ -1,9 +1,12 @@
 package torture
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-dev/sluice/limiter"
 )
 
 // The checks on records written by hand: a clean record passes, and each
@@ -199,19 +202,20 @@ func TestCheckOutcomesFindsWhatRiverWouldNotDo(t *testing.T) {
 
 func TestCheckResumesFindsAHerd(t *testing.T) {
 	f := newFakeRecord(limits{max: 2})
-	// Ten parked jobs all resumed at once under a limit of 2: more than
-	// the limit and its lookahead (2) wait unstarted.
-	for id := int64(1); id <= 10; id++ {
+	// Parked jobs all resumed at once under a limit of 2: more than the
+	// limit and its lookahead (MinLookahead) wait unstarted.
+	n := int64(2 + limiter.MinLookahead + 8)
+	for id := int64(1); id <= n; id++ {
 		f.job(id, "")
 		f.state(id, "available", "running", 1)
 		f.state(id, "running", "pending", 2)
 		f.state(id, "pending", "available", 500)
 	}
-	for id := int64(1); id <= 10; id++ {
+	for id := int64(1); id <= n; id++ {
 		f.ran(id, 500+int(id)*100, 50, "ok")
 	}
 	got := f.found("resume")
-	if len(got) == 0 || !strings.Contains(got[0], "5 resumed jobs waiting to start") {
+	if len(got) == 0 || !strings.Contains(got[0], fmt.Sprintf("%d resumed jobs waiting to start", 2+limiter.MinLookahead+1)) {
 		t.Fatalf("resume violations: %q", got)
 	}
 }
