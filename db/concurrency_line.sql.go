@@ -260,10 +260,17 @@ func (q *Queries) HandOverSlots(ctx context.Context, arg HandOverSlotsParams) ([
 const handOverStates = `-- name: HandOverStates :many
 SELECT l.kind, l.max_concurrency, l.admitted,
        (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
-       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked
+       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
+       (SELECT count(DISTINCT w.worker_id) FROM concurrency_waiters w
+        WHERE w.kind = l.kind AND w.worker_id <> $1::text)::integer AS other_workers
 FROM concurrency_limits l
-WHERE l.kind = ANY($1::text[])
+WHERE l.kind = ANY($2::text[])
 `
+
+type HandOverStatesParams struct {
+	WorkerID string   `json:"worker_id"`
+	Kinds    []string `json:"kinds"`
+}
 
 type HandOverStatesRow struct {
 	Kind           string `json:"kind"`
@@ -271,15 +278,18 @@ type HandOverStatesRow struct {
 	Admitted       int32  `json:"admitted"`
 	Keyed          bool   `json:"keyed"`
 	OldestParked   int64  `json:"oldest_parked"`
+	OtherWorkers   int32  `json:"other_workers"`
 }
 
 // What a worker needs to hand a freed slot of kinds to a job waiting in it,
 // in memory (limiter/handover.go), read by its line poller while jobs
 // wait: the limit, the slots taken, whether a per-key or rate limit holds
-// the kind (then it never hands over), and its oldest parked job (0: none),
-// which goes before any younger job.
-func (q *Queries) HandOverStates(ctx context.Context, kinds []string) ([]*HandOverStatesRow, error) {
-	rows, err := q.db.Query(ctx, handOverStates, kinds)
+// the kind (then it never hands over), its oldest parked job (0: none),
+// which goes before any younger job, and how many other workers have jobs
+// of the kind waiting in them (worker_id is the reader): while some do, a
+// worker keeps to its share of the limit.
+func (q *Queries) HandOverStates(ctx context.Context, arg HandOverStatesParams) ([]*HandOverStatesRow, error) {
+	rows, err := q.db.Query(ctx, handOverStates, arg.WorkerID, arg.Kinds)
 	if err != nil {
 		return nil, err
 	}
@@ -293,6 +303,7 @@ func (q *Queries) HandOverStates(ctx context.Context, kinds []string) ([]*HandOv
 			&i.Admitted,
 			&i.Keyed,
 			&i.OldestParked,
+			&i.OtherWorkers,
 		); err != nil {
 			return nil, err
 		}

@@ -20,13 +20,47 @@ type handOverState struct {
 	limit, admitted int32
 	keyed           bool
 	oldestParked    int64 // 0: none
+	otherWorkers    int32 // other workers with jobs of the kind waiting in them
 	at              time.Time
 }
 
-// handOvers holds the poller's readings, per kind.
+// handOvers holds the poller's readings, per kind, and the slots of each
+// kind this worker's jobs hold through the line.
 type handOvers struct {
 	mu     sync.Mutex
 	states map[string]handOverState
+	held   map[string]int
+}
+
+// hold counts a slot of kind taken (n 1) or given up (n -1) by a job of
+// this worker.
+func (h *handOvers) hold(kind string, n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held == nil {
+		h.held = map[string]int{}
+	}
+	h.held[kind] += n
+	if h.held[kind] <= 0 {
+		delete(h.held, kind)
+	}
+}
+
+// overShare reports whether this worker holds more slots of kind than its
+// share of st's limit while jobs of the kind wait in other workers: the
+// share is the limit over the workers with jobs waiting (this one too),
+// rounded up, as leased slots are shared (lease.go).
+func (h *handOvers) overShare(kind string, st handOverState) bool {
+	if st.otherWorkers == 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	workers := st.otherWorkers + 1
+	share := (st.limit + workers - 1) / workers
+	// The slot to hand over is no longer counted (endSlot): handed over,
+	// it would make one more.
+	return int32(h.held[kind])+1 > share
 }
 
 // set stores the readings of rows, read at at.
@@ -37,7 +71,8 @@ func (h *handOvers) set(rows []*db.HandOverStatesRow, at time.Time) {
 		h.states = map[string]handOverState{}
 	}
 	for _, r := range rows {
-		h.states[r.Kind] = handOverState{limit: r.MaxConcurrency, admitted: r.Admitted, keyed: r.Keyed, oldestParked: r.OldestParked, at: at}
+		h.states[r.Kind] = handOverState{limit: r.MaxConcurrency, admitted: r.Admitted, keyed: r.Keyed, oldestParked: r.OldestParked,
+			otherWorkers: r.OtherWorkers, at: at}
 	}
 }
 
@@ -57,14 +92,16 @@ func (h *handOvers) get(kind string) (handOverState, bool) {
 // line, strictly in order), while the limit is positive and not exceeded
 // (it was not lowered), and to a job older than every parked job of the
 // kind (a parked job goes first), as the line poller read them within
-// handOverFresh. It returns the job handed the slot (nil: none; the slot
+// handOverFresh; and not while this worker holds more than its share of
+// the limit and jobs of the kind wait in other workers (the slot goes to
+// the line, whose front may be there). It returns the job handed the slot (nil: none; the slot
 // is released).
 func (l *Limiter) handOver(job *rivertype.JobRow) *admitRequest {
 	if l.isStopped() {
 		return nil
 	}
 	st, ok := l.handStates.get(job.Kind)
-	if !ok || st.keyed || st.limit <= 0 || st.admitted > st.limit {
+	if !ok || st.keyed || st.limit <= 0 || st.admitted > st.limit || l.handStates.overShare(job.Kind, st) {
 		return nil
 	}
 	to := l.waits.takeOldest(job.Kind, st.oldestParked)

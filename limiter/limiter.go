@@ -291,6 +291,7 @@ func (l *Limiter) run(ctx context.Context, job *rivertype.JobRow, req *admitRequ
 	case admitParked:
 		return nil
 	case admitSlot:
+		l.handStates.hold(job.Kind, 1)
 		defer l.endSlot(ctx, job)
 	}
 	if req.reason != "" {
@@ -378,6 +379,7 @@ func (l *Limiter) release(ctx context.Context, job *rivertype.JobRow) {
 // endSlot hands the slot of job, which ended, to a job of its kind waiting
 // in this worker (handover.go), or releases it.
 func (l *Limiter) endSlot(ctx context.Context, job *rivertype.JobRow) {
+	l.handStates.hold(job.Kind, -1)
 	if to := l.handOver(job); to != nil {
 		l.releaser.submitAsync(&releaseRequest{ctx: context.WithoutCancel(ctx), job: job, kind: job.Kind, to: to.job})
 		return

@@ -257,7 +257,7 @@ func (ws *waitList) readHandOvers() {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	at := time.Now()
-	rows, err := ws.l.q.HandOverStates(ctx, kinds)
+	rows, err := ws.l.q.HandOverStates(ctx, db.HandOverStatesParams{Kinds: kinds, WorkerID: ws.l.workerID})
 	if err != nil {
 		return // no fresh reading: freed slots go back to the line
 	}

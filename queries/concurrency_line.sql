@@ -342,11 +342,15 @@ SELECT w.job_id, w.kind FROM waiting w WHERE w.job_id IN (SELECT m.id FROM marke
 -- What a worker needs to hand a freed slot of kinds to a job waiting in it,
 -- in memory (limiter/handover.go), read by its line poller while jobs
 -- wait: the limit, the slots taken, whether a per-key or rate limit holds
--- the kind (then it never hands over), and its oldest parked job (0: none),
--- which goes before any younger job.
+-- the kind (then it never hands over), its oldest parked job (0: none),
+-- which goes before any younger job, and how many other workers have jobs
+-- of the kind waiting in them (worker_id is the reader): while some do, a
+-- worker keeps to its share of the limit.
 SELECT l.kind, l.max_concurrency, l.admitted,
        (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
-       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked
+       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
+       (SELECT count(DISTINCT w.worker_id) FROM concurrency_waiters w
+        WHERE w.kind = l.kind AND w.worker_id <> sqlc.arg(worker_id)::text)::integer AS other_workers
 FROM concurrency_limits l
 WHERE l.kind = ANY(sqlc.arg(kinds)::text[]);
 
