@@ -94,8 +94,8 @@ func (h *handOvers) get(kind string) (handOverState, bool) {
 // kind (a parked job goes first), as the line poller read them within
 // handOverFresh; and not while this worker holds more than its share of
 // the limit and jobs of the kind wait in other workers (the slot goes to
-// the line, whose front may be there). It returns the job handed the slot (nil: none; the slot
-// is released).
+// the line, whose front may be there). It returns the job handed the
+// slot (nil: none; the slot is released).
 func (l *Limiter) handOver(job *rivertype.JobRow) *admitRequest {
 	if l.isStopped() {
 		return nil
