@@ -547,7 +547,10 @@ WITH lk AS (
 ),
 freed AS (
     -- The uncorrelated count makes the DELETE wait until every limit row
-    -- is locked (an InitPlan runs first).
+    -- is locked (an InitPlan runs first); it still reads the snapshot the
+    -- statement began with, so a caller that may race a grant to the
+    -- jobs it forgets locks the rows in an earlier statement of its
+    -- transaction (the release batch, limiter/release.go).
     DELETE FROM concurrency_executions e
     WHERE ((e.job_id = ANY($2::bigint[]) AND e.worker_id = $3::text)
            OR (e.job_id = ANY($4::bigint[])

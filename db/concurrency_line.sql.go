@@ -169,60 +169,46 @@ func (q *Queries) EnsureKeyTurns(ctx context.Context, arg EnsureKeyTurnsParams) 
 }
 
 const handOverSlots = `-- name: HandOverSlots :many
-WITH lk AS (
-    SELECT l.kind FROM concurrency_limits l
-    WHERE l.kind = ANY($1::text[])
-    ORDER BY l.kind
-    FOR UPDATE
-),
-pairs AS (
-    SELECT unnest($2::bigint[]) AS from_id, unnest($3::bigint[]) AS to_id
+WITH pairs AS (
+    SELECT unnest($1::bigint[]) AS from_id, unnest($2::bigint[]) AS to_id
 ),
 granted AS (
-    -- The uncorrelated count makes each change wait until every limit
-    -- row is locked (an InitPlan runs first).
     UPDATE concurrency_executions e
-    SET reserved = false, worker_id = $4::text, admitted_at = now()
+    SET reserved = false, worker_id = $3::text, admitted_at = now()
     FROM pairs p
-    WHERE e.job_id = p.to_id AND (SELECT count(*) FROM lk) >= 0
+    WHERE e.job_id = p.to_id
     RETURNING e.job_id
 ),
 moved AS (
     UPDATE concurrency_executions e
     SET job_id = p.to_id, admitted_at = now()
     FROM pairs p
-    WHERE e.job_id = p.from_id AND e.worker_id = $4::text
+    WHERE e.job_id = p.from_id AND e.worker_id = $3::text
       AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
-      AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.job_id
 ),
 freed AS (
     DELETE FROM concurrency_executions e
     USING pairs p
-    WHERE e.job_id = p.from_id AND e.worker_id = $4::text
+    WHERE e.job_id = p.from_id AND e.worker_id = $3::text
       AND EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
-      AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.kind
 ),
 unwaited AS (
     DELETE FROM concurrency_waiters w
-    WHERE w.job_id IN (SELECT p.to_id FROM pairs p) AND (SELECT count(*) FROM lk) >= 0
-),
-per_kind AS (
-    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n FROM lk
+    WHERE w.job_id IN (SELECT p.to_id FROM pairs p)
 )
 UPDATE concurrency_limits l
-SET admitted = GREATEST(l.admitted - p.n, 0)
-FROM per_kind p
-WHERE l.kind = p.kind AND p.n > 0
+SET admitted = GREATEST(l.admitted - f.n, 0)
+FROM (SELECT freed.kind, count(*)::integer AS n FROM freed GROUP BY freed.kind) f
+WHERE l.kind = f.kind
 RETURNING l.kind
 `
 
 type HandOverSlotsParams struct {
-	Kinds    []string `json:"kinds"`
-	FromIds  []int64  `json:"from_ids"`
-	ToIds    []int64  `json:"to_ids"`
-	WorkerID string   `json:"worker_id"`
+	FromIds  []int64 `json:"from_ids"`
+	ToIds    []int64 `json:"to_ids"`
+	WorkerID string  `json:"worker_id"`
 }
 
 // Writes the slots worker_id handed over in memory: the slot of each ended
@@ -230,15 +216,12 @@ type HandOverSlotsParams struct {
 // that waited in the same worker, which leaves the waiters. A job handed a
 // slot that a grant round reserved one for meanwhile (it read the job as
 // waiting) keeps that one, claimed, and the ended job's slot is freed
-// instead. Limit rows are locked in kind order first, as every change of
-// slots does; returns the kinds whose count it lowered.
+// instead. The caller holds the kinds' limit rows, locked by an earlier
+// statement of its transaction, so that this one reads every grant that
+// committed before (limiter/release.go); returns the kinds whose count it
+// lowered.
 func (q *Queries) HandOverSlots(ctx context.Context, arg HandOverSlotsParams) ([]string, error) {
-	rows, err := q.db.Query(ctx, handOverSlots,
-		arg.Kinds,
-		arg.FromIds,
-		arg.ToIds,
-		arg.WorkerID,
-	)
+	rows, err := q.db.Query(ctx, handOverSlots, arg.FromIds, arg.ToIds, arg.WorkerID)
 	if err != nil {
 		return nil, err
 	}
@@ -795,6 +778,8 @@ const takeAheadWaiters = `-- name: TakeAheadWaiters :many
 UPDATE concurrency_waiters w
 SET worker_id = $1::text
 WHERE w.job_id = ANY($2::bigint[]) AND w.worker_id IS NULL
+  AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = w.job_id)
 RETURNING w.job_id
 `
 
@@ -806,8 +791,9 @@ type TakeAheadWaitersParams struct {
 // A worker that fetched jobs resumed ahead of a free slot (waiters without
 // a worker) records them as waiting in it, without the kind's lock: this
 // decides nothing (they keep their place in the line, and a grant reserved
-// for one meanwhile is claimed at the worker's next poll). Returns the
-// jobs it took.
+// for one meanwhile is claimed at the worker's next poll). Only jobs that
+// hold no slot and no start, granted or their own: the others are decided
+// by a line transaction. Returns the jobs it took.
 func (q *Queries) TakeAheadWaiters(ctx context.Context, arg TakeAheadWaitersParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, takeAheadWaiters, arg.WorkerID, arg.JobIds)
 	if err != nil {

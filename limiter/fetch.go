@@ -143,7 +143,8 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 }
 
 // takeAhead takes the jobs of reqs that were resumed ahead of a free slot
-// (waiters without a worker, holding no grant) of a kind that only a
+// (waiters without a worker, holding no grant: one statement,
+// TakeAheadWaiters) of a kind that only a
 // per-kind limit holds and that has no room, as the line poller read it
 // within handOverFresh: they wait in this worker (TakeAheadWaiters), for a
 // grant or a slot handed over, without a line transaction. Their place in
@@ -160,18 +161,9 @@ func (l *Limiter) takeAhead(ctx context.Context, reqs []*admitRequest) []*admitR
 	if len(cands) == 0 {
 		return nil
 	}
-	recs, err := l.lineRecords(ctx, l.pollQ, cands)
-	if err != nil {
-		return nil
-	}
-	var ids []int64
-	for _, r := range cands {
-		if rec := recs[r.job.ID]; rec != nil && rec.Waiter && !rec.SlotReserved && !rec.SlotHeld && !rec.StartReserved && !rec.StartHeld {
-			ids = append(ids, r.job.ID)
-		}
-	}
-	if len(ids) == 0 {
-		return nil
+	ids := make([]int64, len(cands))
+	for i, r := range cands {
+		ids[i] = r.job.ID
 	}
 	taken, err := l.pollQ.TakeAheadWaiters(ctx, db.TakeAheadWaitersParams{WorkerID: l.workerID, JobIds: ids})
 	if err != nil {

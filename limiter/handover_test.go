@@ -37,8 +37,7 @@ func TestHandOverSlotsKeepsCounts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 
-	lowered, err := q.HandOverSlots(ctx, db.HandOverSlotsParams{Kinds: []string{"demo.sleep"}, FromIds: []int64{7, 9}, ToIds: []int64{8, 10},
-		WorkerID: "a"})
+	lowered, err := q.HandOverSlots(ctx, db.HandOverSlotsParams{FromIds: []int64{7, 9}, ToIds: []int64{8, 10}, WorkerID: "a"})
 	require.NoError(t, err)
 	require.Equal(t, []string{"demo.sleep"}, lowered, "job 10's own grant frees job 9's slot")
 
@@ -61,7 +60,7 @@ func TestHandOverSlotsKeepsCounts(t *testing.T) {
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM concurrency_waiters"), "the jobs handed a slot left the waiters")
 
 	// Another worker's slot is never moved.
-	_, err = q.HandOverSlots(ctx, db.HandOverSlotsParams{Kinds: []string{"demo.sleep"}, FromIds: []int64{8}, ToIds: []int64{11}, WorkerID: "b"})
+	_, err = q.HandOverSlots(ctx, db.HandOverSlotsParams{FromIds: []int64{8}, ToIds: []int64{11}, WorkerID: "b"})
 	require.NoError(t, err)
 	require.Equal(t, 1, count(t, pool, "SELECT count(*) FROM concurrency_executions WHERE job_id = 8"))
 }

@@ -69,7 +69,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			return err
 		}
 		if len(chain.holder) > 0 {
-			h := db.HandOverSlotsParams{Kinds: p.Kinds, WorkerID: l.workerID}
+			h := db.HandOverSlotsParams{WorkerID: l.workerID}
 			for from, to := range chain.holder {
 				h.FromIds, h.ToIds = append(h.FromIds, from), append(h.ToIds, to)
 			}

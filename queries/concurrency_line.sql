@@ -360,24 +360,18 @@ WHERE l.kind = ANY(sqlc.arg(kinds)::text[]);
 -- that waited in the same worker, which leaves the waiters. A job handed a
 -- slot that a grant round reserved one for meanwhile (it read the job as
 -- waiting) keeps that one, claimed, and the ended job's slot is freed
--- instead. Limit rows are locked in kind order first, as every change of
--- slots does; returns the kinds whose count it lowered.
-WITH lk AS (
-    SELECT l.kind FROM concurrency_limits l
-    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
-    ORDER BY l.kind
-    FOR UPDATE
-),
-pairs AS (
+-- instead. The caller holds the kinds' limit rows, locked by an earlier
+-- statement of its transaction, so that this one reads every grant that
+-- committed before (limiter/release.go); returns the kinds whose count it
+-- lowered.
+WITH pairs AS (
     SELECT unnest(sqlc.arg(from_ids)::bigint[]) AS from_id, unnest(sqlc.arg(to_ids)::bigint[]) AS to_id
 ),
 granted AS (
-    -- The uncorrelated count makes each change wait until every limit
-    -- row is locked (an InitPlan runs first).
     UPDATE concurrency_executions e
     SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = now()
     FROM pairs p
-    WHERE e.job_id = p.to_id AND (SELECT count(*) FROM lk) >= 0
+    WHERE e.job_id = p.to_id
     RETURNING e.job_id
 ),
 moved AS (
@@ -386,7 +380,6 @@ moved AS (
     FROM pairs p
     WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
       AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
-      AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.job_id
 ),
 freed AS (
@@ -394,29 +387,28 @@ freed AS (
     USING pairs p
     WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
       AND EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
-      AND (SELECT count(*) FROM lk) >= 0
     RETURNING e.kind
 ),
 unwaited AS (
     DELETE FROM concurrency_waiters w
-    WHERE w.job_id IN (SELECT p.to_id FROM pairs p) AND (SELECT count(*) FROM lk) >= 0
-),
-per_kind AS (
-    SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n FROM lk
+    WHERE w.job_id IN (SELECT p.to_id FROM pairs p)
 )
 UPDATE concurrency_limits l
-SET admitted = GREATEST(l.admitted - p.n, 0)
-FROM per_kind p
-WHERE l.kind = p.kind AND p.n > 0
+SET admitted = GREATEST(l.admitted - f.n, 0)
+FROM (SELECT freed.kind, count(*)::integer AS n FROM freed GROUP BY freed.kind) f
+WHERE l.kind = f.kind
 RETURNING l.kind;
 
 -- name: TakeAheadWaiters :many
 -- A worker that fetched jobs resumed ahead of a free slot (waiters without
 -- a worker) records them as waiting in it, without the kind's lock: this
 -- decides nothing (they keep their place in the line, and a grant reserved
--- for one meanwhile is claimed at the worker's next poll). Returns the
--- jobs it took.
+-- for one meanwhile is claimed at the worker's next poll). Only jobs that
+-- hold no slot and no start, granted or their own: the others are decided
+-- by a line transaction. Returns the jobs it took.
 UPDATE concurrency_waiters w
 SET worker_id = sqlc.arg(worker_id)::text
 WHERE w.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND w.worker_id IS NULL
+  AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = w.job_id)
 RETURNING w.job_id;

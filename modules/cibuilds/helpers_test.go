@@ -1,7 +1,6 @@
 package cibuilds_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/modules/cibuilds"
 )
@@ -161,23 +161,14 @@ func sweepOnceHook(tb testing.TB, ctx context.Context, deps *sweepEnv, kind stri
 
 // logBuffer collects JSON log lines, safe for concurrent writers.
 type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
+	testlog.Buffer
 }
 
 // entries returns the decoded log lines whose msg is msg.
 func (l *logBuffer) entries(tb testing.TB, msg string) []map[string]any {
 	tb.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+	for _, line := range strings.Split(l.String(), "\n") {
 		if line == "" {
 			continue
 		}
