@@ -91,7 +91,8 @@ func (h *handOvers) get(kind string) (handOverState, bool) {
 // per-kind limit alone (a per-key or rate limit decides every start in the
 // line, strictly in order), while the limit is positive and not exceeded
 // (it was not lowered), and to a job older than every parked job of the
-// kind (a parked job goes first), as the line poller read them within
+// kind (a parked job goes first) and than every job waiting here for a
+// leased slot, as the line poller read them within
 // handOverFresh; and not while this worker holds more than its share of
 // the limit and jobs of the kind wait in other workers (the slot goes to
 // the line, whose front may be there). It returns the job handed the
@@ -104,7 +105,13 @@ func (l *Limiter) handOver(job *rivertype.JobRow) *admitRequest {
 	if !ok || st.keyed || st.limit <= 0 || st.admitted > st.limit || l.handStates.overShare(job.Kind, st) {
 		return nil
 	}
-	to := l.waits.takeOldest(job.Kind, st.oldestParked)
+	before := st.oldestParked
+	if w := l.leases.oldestWaiting(job.Kind); w != 0 && (before == 0 || w < before) {
+		// An older job waits here for a leased slot, on its way to the
+		// line: no younger job takes the slot ahead of it.
+		before = w
+	}
+	to := l.waits.takeOldest(job.Kind, before)
 	if to != nil {
 		l.TestSignals.HandedOver.Signal(to.job.ID)
 	}

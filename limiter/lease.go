@@ -189,6 +189,17 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 	return false
 }
 
+// oldestWaiting returns the oldest job of kind waiting in this worker for
+// a leased slot (0: none).
+func (s *leaser) oldestWaiting(kind string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.kinds[kind]; k != nil && len(k.waiters) > 0 {
+		return k.waiters[0].jobID
+	}
+	return 0
+}
+
 // release frees a leased slot of kind: it goes to the oldest waiting job
 // of the kind in this worker, unless the kind left the fast path or this
 // worker holds more than its fair share, in which case it goes back to the
