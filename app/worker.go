@@ -240,7 +240,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		if w.listener != nil {
 			_ = w.listener.Close()
 		}
-		return err
+		return stoppedEarly(ctx, logger, w.cfg.ID, err)
 	}
 	w.live.Start(ctx)
 	// The limits and schedules the program declares, before its first job.
@@ -250,7 +250,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 		if w.listener != nil {
 			_ = w.listener.Close()
 		}
-		return err
+		return stoppedEarly(ctx, logger, w.cfg.ID, err)
 	}
 	// The client runs on a context of its own: cancelling ctx must start a
 	// graceful stop, not River's hard stop.
@@ -319,6 +319,17 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	}
 	logger.Info("worker stopped", "worker_id", w.cfg.ID)
 	return runErr
+}
+
+// stoppedEarly is the outcome of a start that failed with err: a stop asked
+// for (ctx cancelled: SIGINT or SIGTERM while the worker started) is a clean
+// stop, as it is once the worker runs; anything else is err.
+func stoppedEarly(ctx context.Context, logger *slog.Logger, id string, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	logger.Info("worker stopped before it started", "worker_id", id)
+	return nil
 }
 
 // stopClient stops the River client gracefully; false when jobs that
