@@ -105,11 +105,11 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 		// resumed ahead, or granted a slot: the kind's line formed since)
 		// go through the line, which knows them.
 		recs, err := l.lineRecords(ctx, l.q, leased)
-		if err != nil {
-			return
-		}
 		for _, r := range leased {
-			if rec := recs[r.job.ID]; rec != nil && (rec.Waiter || rec.SlotReserved || rec.StartReserved) {
+			// Unread (an error): the line, which reads them under the
+			// kind's lock, decides them all (a leased slot taken by a job
+			// holding a reserved one would leave that one taken).
+			if rec := recs[r.job.ID]; err != nil || (rec != nil && (rec.Waiter || rec.SlotReserved || rec.StartReserved)) {
 				reqs = append(reqs, r)
 			}
 		}
@@ -129,17 +129,24 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 	}
 	d := &l.decided
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.byID == nil {
 		d.byID, d.at = map[int64]*admitRequest{}, map[int64]time.Time{}
 	}
+	var waitKinds []string
 	for _, r := range reqs {
 		if r.err != nil {
 			continue // decided again in the middleware
 		}
 		d.byID[r.job.ID], d.at[r.job.ID] = r, now
+		if r.decision == admitWait && !slices.Contains(waitKinds, r.job.Kind) {
+			waitKinds = append(waitKinds, r.job.Kind)
+		}
 	}
 	l.dropUnclaimed(now)
+	d.mu.Unlock()
+	for _, kind := range waitKinds {
+		l.leases.yield(kind) // the line orders the kind's jobs waiting here
+	}
 }
 
 // takeAhead takes the jobs of reqs that were resumed ahead of a free slot
@@ -178,6 +185,20 @@ func (l *Limiter) takeAhead(ctx context.Context, reqs []*admitRequest) []*admitR
 		}
 	}
 	return out
+}
+
+// waiting reports whether a job of kind was decided at its fetch to wait in
+// the line and has not reached the middleware yet: a job on its way to
+// the line, which the leased slots' path must not overtake (lease.go).
+func (d *decisions) waiting(kind string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.byID {
+		if r.decision == admitWait && r.job.Kind == kind {
+			return true
+		}
+	}
+	return false
 }
 
 // takeDecided returns the decision made at the fetch of job id (nil: none),

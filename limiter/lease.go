@@ -145,9 +145,9 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 		// word on it.
 		k.limit, k.fast = st.limit, st.fast()
 	}
-	if !k.fast || s.l.waits.has(st.kind) {
+	if !k.fast || s.l.waits.has(st.kind) || s.l.decided.waiting(st.kind) {
 		// Not on leased slots, or jobs of the kind wait in the line in this
-		// worker: it queues behind them.
+		// worker (or were just decided to): it queues behind them.
 		s.mu.Unlock()
 		return false
 	}
@@ -189,6 +189,30 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 	return false
 }
 
+// yield hands the kind over to the line in this worker: a job of kind
+// waits in the line here (a resumed job, one that found the kind off the
+// fast path), and the line alone orders the jobs of a kind that wait in
+// one worker, so that no younger job on the leased slots' path starts
+// ahead of an older one in the line. The jobs waiting for a leased slot
+// go to the line too, and the spare leased slots go back to the database,
+// where the line's grant round gives them out (giveBack).
+func (s *leaser) yield(kind string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.kinds[kind]
+	if k == nil || s.stopped {
+		return
+	}
+	s.dismissWaiters(k)
+	if spare := k.leased - k.inUse; spare > 0 {
+		k.leased -= spare
+		k.toReturn += spare
+		k.minSpare = 0
+		s.startKeeper(k)
+		signal(k.wake)
+	}
+}
+
 // oldestWaiting returns the oldest job of kind waiting in this worker for
 // a leased slot (0: none).
 func (s *leaser) oldestWaiting(kind string) int64 {
@@ -216,7 +240,9 @@ func (s *leaser) release(kind string) {
 	case k.inUse >= k.leased:
 		// The slot was lost (the lease expired, or the limit was removed):
 		// it is no longer counted anywhere.
-	case !k.fast || k.overLimit || k.overShare():
+	case !k.fast || k.overLimit || k.overShare() || s.l.waits.has(kind):
+		// Jobs of the kind wait in the line here: the slot goes to the
+		// line, whose grant round gives it to the oldest (giveBack).
 		k.leased--
 		k.toReturn++
 		s.startKeeper(k)
@@ -525,8 +551,9 @@ func (s *leaser) lease(k *kindLease) error {
 	return nil
 }
 
-// giveBack returns n leased slots of kind to the database and resumes parked
-// jobs into them when there are any. On an error the caller keeps the slots
+// giveBack returns n leased slots of kind to the database and runs the
+// kind's grant round when jobs are parked or wait in the line here (the
+// slots go to the front of the line). On an error the caller keeps the slots
 // to give back later.
 func (s *leaser) giveBack(kind string, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
@@ -538,7 +565,7 @@ func (s *leaser) giveBack(kind string, n int) error {
 		s.l.logger.Warn("concurrency lease: slots not given back yet", "kind", kind, "slots", n, "error", err)
 		return err
 	}
-	if res.HasParked && res.MaxConcurrency >= 0 && (res.MaxConcurrency == 0 || res.Admitted < res.MaxConcurrency) {
+	if (res.HasParked || s.l.waits.has(kind)) && res.MaxConcurrency >= 0 && (res.MaxConcurrency == 0 || res.Admitted < res.MaxConcurrency) {
 		s.l.releaser.submitAsync(&releaseRequest{ctx: context.Background(), kind: kind})
 	}
 	return nil

@@ -67,6 +67,8 @@ func (ws *waitList) wait(req *admitRequest) waitOutcome {
 		go ws.poll()
 	}
 	ws.mu.Unlock()
+	// The line orders the kind's jobs waiting here (lease.go, yield).
+	ws.l.leases.yield(req.job.Kind)
 
 	timer := time.NewTimer(time.Until(req.deadline))
 	defer timer.Stop()

@@ -425,9 +425,9 @@ func checkOrder(r *record, vs *violations) {
 				if by != "" {
 					where = "waiting in " + by + " since " + since.Format(time.StampMicro)
 				}
-				vs.add("order", "%s key %q: job %d started at %s (in %s) while older job %d was %s (limits %s); job %d %s; job %d %s",
+				vs.add("order", "%s key %q: job %d started at %s (in %s) while older job %d was %s (limits %s); job %d %s; job %d %s; %s",
 					kind, keyOf(l, r.jobs[jid].args.Key), jid, xj.start.Format(time.StampMicro), xj.worker, iid, where, l,
-					iid, r.history(iid), jid, r.history(jid))
+					iid, r.history(iid), jid, r.history(jid), r.eventsBefore(kind, xj.start, 3*time.Second))
 			}
 		}
 	}
@@ -962,6 +962,24 @@ func (r *record) history(id int64) string {
 	for w := range workers {
 		if k := r.killedAt(w); !k.IsZero() {
 			fmt.Fprintf(&b, " %s killed at %s;", w, k.Format("15:04:05.000000"))
+		}
+	}
+	return b.String()
+}
+
+// eventsBefore describes, for diagnosis, the changes of kind's limits and
+// the workers' starts, stops and kills in the span d before t.
+func (r *record) eventsBefore(kind string, t time.Time, d time.Duration) string {
+	var b strings.Builder
+	b.WriteString("events in the " + d.String() + " before:")
+	for _, c := range r.limits[kind] {
+		if c.at.After(t.Add(-d)) && !c.at.After(t) {
+			fmt.Fprintf(&b, " limits %s at %s;", c.limits, c.at.Format("15:04:05.000000"))
+		}
+	}
+	for _, e := range r.workers {
+		if e.at.After(t.Add(-d)) && !e.at.After(t) {
+			fmt.Fprintf(&b, " %s %s at %s;", e.worker, e.what, e.at.Format("15:04:05.000000"))
 		}
 	}
 	return b.String()
