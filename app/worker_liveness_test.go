@@ -252,5 +252,9 @@ func TestStarvedPoolIsNotReaped(t *testing.T) {
 		time.Sleep(testBeat)
 	}
 	require.True(t, beat().After(first), "the starved worker kept heartbeating")
-	require.Zero(t, countRows(t, pool, `SELECT count(*) FROM sluice_workers WHERE heartbeat_at < now() - dead_after`))
+	// Both heartbeat within their dead-after (a beat may come late for a
+	// moment on a loaded machine: the reaper allows for that, see above).
+	require.Eventually(t, func() bool {
+		return countRows(t, pool, `SELECT count(*) FROM sluice_workers WHERE heartbeat_at < now() - dead_after`) == 0
+	}, 5*time.Second, testBeat/2, "a worker's heartbeat stalled")
 }

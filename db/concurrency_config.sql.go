@@ -71,11 +71,14 @@ func (q *Queries) DeleteReservedSlots(ctx context.Context, kind string) error {
 
 const ensureLimitRow = `-- name: EnsureLimitRow :exec
 INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ($1, 0)
-ON CONFLICT (kind) DO NOTHING
+ON CONFLICT (kind) DO UPDATE SET kind = concurrency_limits.kind
 `
 
 // A limit row for kind, without any limit yet (the row every admission of
-// the kind locks).
+// the kind locks), locked: inserted, or the existing row locked by the
+// no-op update (which fires no trigger: it sets no limit column). DO
+// NOTHING would leave it unlocked, and a release that removes an empty
+// row could remove it before the caller locks it.
 func (q *Queries) EnsureLimitRow(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, ensureLimitRow, kind)
 	return err

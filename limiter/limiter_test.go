@@ -682,3 +682,38 @@ func admitSlotRow(t *testing.T, pool *pgxpool.Pool, id int64, worker string) {
 		})
 	}))
 }
+
+// TestLimitChangesRace: limits set and cleared from two connections at
+// once, over and over (a clear removes the empty row, which the set must
+// create again or lock, never find gone between the two): every change
+// succeeds, and the last one holds.
+func TestLimitChangesRace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	setter, clearer := newLimiter(t, url), newLimiter(t, url)
+	const rounds = 200
+	errs := make(chan error, 2)
+	go func() {
+		for range rounds {
+			if err := setter.SetConcurrency(ctx, "race.kind", 2); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	go func() {
+		for range rounds {
+			if _, err := clearer.ClearLimits(ctx, "race.kind", limiter.Facets{}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	require.NoError(t, setter.SetConcurrency(ctx, "race.kind", 3))
+	require.Equal(t, 3, count(t, openPool(t, url), "SELECT max_concurrency FROM concurrency_limits WHERE kind = 'race.kind'"))
+}

@@ -9,9 +9,12 @@ SELECT set_config('sluice.limit_source', sqlc.arg(source)::text, true);
 
 -- name: EnsureLimitRow :exec
 -- A limit row for kind, without any limit yet (the row every admission of
--- the kind locks).
+-- the kind locks), locked: inserted, or the existing row locked by the
+-- no-op update (which fires no trigger: it sets no limit column). DO
+-- NOTHING would leave it unlocked, and a release that removes an empty
+-- row could remove it before the caller locks it.
 INSERT INTO concurrency_limits (kind, max_concurrency) VALUES (sqlc.arg(kind), 0)
-ON CONFLICT (kind) DO NOTHING;
+ON CONFLICT (kind) DO UPDATE SET kind = concurrency_limits.kind;
 
 -- name: LimitConfig :one
 -- Kind's limits and their sources (the row locked by the caller).
