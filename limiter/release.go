@@ -106,9 +106,10 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			case (free || slices.Contains(handKinds, row.Kind)) && row.AnyWaiting:
 				// Room to grant; or slots handed over, the lookahead to top up.
 				grantKinds = append(grantKinds, row.Kind)
-			case row.HasParked && !row.AnyWaiting:
-				// The line emptied (its last jobs took slots handed over):
-				// the round clears the kind's flag.
+			case (row.HasParked || row.HasTurns) && !row.AnyWaiting:
+				// The line emptied (its last jobs took slots handed over, or
+				// claimed their grants after the round that gave them): the
+				// round clears the kind's flag and forgets the keys' turns.
 				grantKinds = append(grantKinds, row.Kind)
 			}
 		}

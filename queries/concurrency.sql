@@ -197,7 +197,9 @@ FROM unnest(sqlc.arg(queues)::text[]) AS q;
 -- admitted counts (limit rows locked in kind order first), and returns the
 -- state of the kinds released (freed_keys: the keys whose slots freed, ''
 -- without a partition; keyed: a per-key or rate limit; any_waiting: jobs
--- of the kind's line wait, for the kind or for their keys), so the caller
+-- of the kind's line wait, for the kind or for their keys; has_turns: its
+-- keys have places in the round, which a grant round forgets once nothing
+-- waits), so the caller
 -- can grant the free slots. A job rescued and running
 -- on another worker keeps the slot of its new attempt when the old
 -- attempt's worker releases late.
@@ -240,7 +242,8 @@ WHERE l.kind = p.kind
 RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked, p.keys::text[] AS freed_keys,
           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
           (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
-           OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind))::boolean AS any_waiting;
+           OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind))::boolean AS any_waiting,
+          EXISTS (SELECT 1 FROM concurrency_key_turns t WHERE t.kind = l.kind)::boolean AS has_turns;
 
 -- name: CountSlotsOf :one
 -- How many slot rows jobs job_ids hold (a Limiter retrying a failed release
