@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,7 +131,10 @@ func TestKillDuringParkAndResume(t *testing.T) {
 	allDone := h.lastCompletion("demo.sleep").Sub(killed)
 
 	require.False(t, rescuer.Exited(), "the rescuer exited:\n%s", rescuer.Log())
-	require.Contains(t, rescuer.Log(), "reaped dead worker")
+	// The worker's log is read from its output as it comes: the line may
+	// trail the reap it tells of.
+	require.Eventually(t, func() bool { return strings.Contains(rescuer.Log(), "reaped dead worker") },
+		10*time.Second, 10*time.Millisecond, "the reap is logged")
 	rep := h.exactlyOnce(tag, n)
 	require.LessOrEqual(t, slots.Stop(), int64(parkKillLimit), "the limit held in every sample")
 	require.Zero(t, countsOff.Stop(), "admitted equals the slot rows plus the leased slots in every sample")

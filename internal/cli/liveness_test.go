@@ -225,7 +225,10 @@ func TestLivenessKill9(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return qInt(t, pool, `SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'running' AND attempted_by[1] = 'rescuer'`) > 0
 	}, 60*time.Second, 20*time.Millisecond, "parked jobs proceed on the rescuer")
-	require.Contains(t, b.Log(), "reaped dead worker")
+	// The worker's log is read from its output as it comes: the line may
+	// trail the reap it tells of.
+	require.Eventually(t, func() bool { return strings.Contains(b.Log(), "reaped dead worker") },
+		10*time.Second, 10*time.Millisecond, "the reap is logged")
 
 	require.NoError(t, holder.Rollback(ctx))
 	require.Eventually(t, func() bool {
@@ -301,7 +304,10 @@ func TestLivenessSIGSTOP(t *testing.T) {
 	requireNoOverlap(t, pool, "ss")
 	requireSlotCountsConsistent(t, pool)
 	require.False(t, b.Exited())
-	require.Contains(t, b.Log(), "reaped dead worker")
+	// The worker's log is read from its output as it comes: the line may
+	// trail the reap it tells of.
+	require.Eventually(t, func() bool { return strings.Contains(b.Log(), "reaped dead worker") },
+		10*time.Second, 10*time.Millisecond, "the reap is logged")
 }
 
 // TestLivenessCleanShutdown: a worker stopped with SIGTERM finishes its

@@ -110,7 +110,8 @@ CREATE TABLE public.torture_line (
     reserved boolean,
     worker   text,
     at       timestamptz NOT NULL DEFAULT clock_timestamp(),
-    query    text
+    query    text,
+    tx       bigint NOT NULL DEFAULT txid_current()
 );
 CREATE FUNCTION public.torture_log_line() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -120,7 +121,7 @@ BEGIN
     IF r.kind LIKE 'torture.%' THEN
         INSERT INTO public.torture_line (job_id, what, reserved, worker, query)
         VALUES (r.job_id, TG_TABLE_NAME || ' ' || TG_OP,
-                (to_jsonb(r)->>'reserved')::boolean, r.worker_id,
+                (to_jsonb(r)->>'reserved')::boolean, to_jsonb(r)->>'worker_id',
                 left(regexp_replace(current_query(), '\s+', ' ', 'g'), 60));
     END IF;
     RETURN NULL;
@@ -130,6 +131,8 @@ CREATE TRIGGER torture_log_line AFTER INSERT OR UPDATE OR DELETE ON concurrency_
 CREATE TRIGGER torture_log_line AFTER INSERT OR UPDATE OR DELETE ON concurrency_waiters
     FOR EACH ROW EXECUTE FUNCTION public.torture_log_line();
 CREATE TRIGGER torture_log_line AFTER INSERT ON concurrency_parked_jobs
+    FOR EACH ROW EXECUTE FUNCTION public.torture_log_line();
+CREATE TRIGGER torture_log_line AFTER INSERT OR UPDATE OR DELETE ON concurrency_starts
     FOR EACH ROW EXECUTE FUNCTION public.torture_log_line();
 
 -- The torture workers know only the torture kinds: sluice's own schedules

@@ -178,6 +178,7 @@ type lineEvent struct {
 	worker   string
 	at       time.Time
 	query    string
+	tx       int64 // the transaction that made it
 }
 
 // kinds are the torture kinds.
@@ -271,7 +272,7 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		r.changes[id] = cs
 	}
 	r.line = map[int64][]lineEvent{}
-	rows, err = pool.Query(ctx, `SELECT job_id, what, COALESCE(reserved, false), COALESCE(worker, ''), at, COALESCE(query, '')
+	rows, err = pool.Query(ctx, `SELECT job_id, what, COALESCE(reserved, false), COALESCE(worker, ''), at, COALESCE(query, ''), tx
 		FROM public.torture_line ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("read line changes: %w", err)
@@ -279,7 +280,7 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 	for rows.Next() {
 		var id int64
 		var e lineEvent
-		if err := rows.Scan(&id, &e.what, &e.reserved, &e.worker, &e.at, &e.query); err != nil {
+		if err := rows.Scan(&id, &e.what, &e.reserved, &e.worker, &e.at, &e.query, &e.tx); err != nil {
 			return nil, err
 		}
 		r.line[id] = append(r.line[id], e)
