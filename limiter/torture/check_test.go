@@ -34,9 +34,9 @@ const (
 	// workers, Postgres and the test on two cores).
 	leaseTolerance = 150 * time.Millisecond
 	// grantTolerance is how far apart jobs let start by the same free room
-	// may start, in either order. Jobs granted in one transaction (one
-	// grant round, grantedTogether) start in either order however far
-	// apart: a job waiting in the granting worker starts at once, one
+	// may start, in either order. Jobs granted in order (grantedFirst: the
+	// older one's grant written with the younger one's, or before it)
+	// start in either order however far apart: a job waiting in the granting worker starts at once, one
 	// waiting in another worker at its next poll, a parked one once
 	// resumed and fetched (184 ms seen under CI's load).
 	grantTolerance = 100 * time.Millisecond
@@ -390,8 +390,8 @@ func checkOrder(r *record, vs *violations) {
 				if xi, ok := first[iid]; ok && !xi.start.After(xj.start.Add(grantTolerance)) {
 					continue // it started first, or together (one grant round)
 				}
-				if r.grantedTogether(iid, jid, xj.start) {
-					continue // one grant round let both start: the older one was resumed, or waited in another worker
+				if r.grantedFirst(iid, jid, xj.start) {
+					continue // granted in order: the older one was on its way (resumed, or waiting in another worker)
 				}
 				if r.cancelledBy(iid, xj.start) || r.startedSince(iid, time.Time{}, xj.start) || r.retriedBefore(iid, xj.start) {
 					continue // cancelled; or a retry (it ran before, or was retried by hand): it took a new place
@@ -990,27 +990,34 @@ func (r *record) eventsBefore(kind string, t time.Time, d time.Duration) string 
 	return b.String()
 }
 
-// grantedTogether reports whether the grants jobs a and b held at t (a
-// slot or a start written for them, not taken back since) came from one
-// transaction: one
-// grant round let both start, in order, and they start in whatever order
-// they reach their workers (a parked one is resumed and fetched first).
-func (r *record) grantedTogether(a, b int64, t time.Time) bool {
-	last := func(id int64) int64 {
+// grantedFirst reports whether job a held a grant at t (a slot or a start
+// written for it and not taken back since: inserted, or moved to it by a
+// hand-over) that was written in the transaction of b's grant or before
+// it: the line granted them in order, and they start in whatever order
+// they reach their workers (a parked one is resumed and fetched first, a
+// job waiting in another worker takes its grant at its next poll).
+func (r *record) grantedFirst(a, b int64, t time.Time) bool {
+	held := func(id int64) (int64, time.Time) {
 		var tx int64
+		var at time.Time
 		for _, e := range r.line[id] {
 			if e.at.After(t) {
 				break
 			}
 			switch e.what {
 			case "concurrency_executions INSERT", "concurrency_starts INSERT":
-				tx = e.tx
+				tx, at = e.tx, e.at
+			case "concurrency_executions UPDATE", "concurrency_starts UPDATE":
+				if tx == 0 {
+					tx, at = e.tx, e.at
+				}
 			case "concurrency_executions DELETE", "concurrency_starts DELETE":
 				tx = 0 // taken back, or given up
 			}
 		}
-		return tx
+		return tx, at
 	}
-	ta := last(a)
-	return ta != 0 && ta == last(b)
+	ta, atA := held(a)
+	tb, atB := held(b)
+	return ta != 0 && (ta == tb || tb == 0 || !atA.After(atB))
 }

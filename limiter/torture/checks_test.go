@@ -165,6 +165,48 @@ func TestCheckOrderExemptsFetchesAtOnce(t *testing.T) {
 	}
 }
 
+// TestCheckOrderGrantsInOrder: a parked job granted (its start reserved)
+// before a younger one waiting in the worker starts after it, being resumed
+// and fetched: the grants went in order, no violation; the same record
+// without the older job's grant (resumed ahead of one, and passed over)
+// is one.
+func TestCheckOrderGrantsInOrder(t *testing.T) {
+	for _, granted := range []bool{true, false} {
+		f := newFakeRecord(limits{rateMax: 20, ratePeriod: time.Second})
+		f.r.line = map[int64][]lineEvent{}
+		f.job(1, "")
+		f.job(2, "")
+		// Job 1 waits and parks; job 2 waits in w1 from 20 ms.
+		f.state(1, "available", "running", 5)
+		f.state(1, "running", "pending", 40)
+		f.state(2, "available", "running", 20)
+		if granted {
+			// A round reserves a start for job 1 (resumed) at 100 ms.
+			f.r.line[1] = append(f.r.line[1], lineEvent{what: "concurrency_starts INSERT", reserved: true, at: f.at(100), tx: 7})
+		}
+		// The next round, at 150 ms, grants job 2, which starts at once;
+		// job 1, resumed, is fetched and starts 300 ms later.
+		f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_starts INSERT", at: f.at(150), tx: 8})
+		f.r.runs = append(f.r.runs, run{id: 1, job: 2, kind: "torture.a", attempt: 1, worker: "w1",
+			start: f.at(160), end: f.at(170), outcome: "ok"})
+		f.state(2, "running", "completed", 170)
+		// Job 1 is resumed at 110 ms (with its start, or ahead of one) and
+		// fetched by w1 at 120 ms; it starts at 460 ms.
+		f.state(1, "pending", "available", 110)
+		f.state(1, "available", "running", 120)
+		f.r.runs = append(f.r.runs, run{id: 2, job: 1, kind: "torture.a", attempt: 1, worker: "w1",
+			start: f.at(460), end: f.at(470), outcome: "ok"})
+		f.state(1, "running", "completed", 470)
+		got := f.found("order")
+		if granted && len(got) > 0 {
+			t.Fatalf("granted in order: %q", got)
+		}
+		if !granted && (len(got) != 1 || !strings.Contains(got[0], "job 2 started")) {
+			t.Fatalf("job 2 granted while job 1 waited ungranted: %q", got)
+		}
+	}
+}
+
 func TestCheckLivenessFindsAStall(t *testing.T) {
 	f := newFakeRecord(limits{max: 2})
 	f.job(1, "")
