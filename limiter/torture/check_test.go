@@ -426,7 +426,13 @@ func checkOrder(r *record, vs *violations) {
 				if r.cancelledBy(iid, xj.start) || r.startedSince(iid, time.Time{}, xj.start) || r.retriedBefore(iid, xj.start) {
 					continue // cancelled; or a retry (it ran before, or was retried by hand): it took a new place
 				}
-				waiting, by, since := r.waitingAt(iid, xj.start)
+				// The line decided at j's grant (its start, without one):
+				// what waited then went first.
+				decided := xj.start
+				if tx, at := r.grantOf(jid, xj.start); tx != 0 {
+					decided = at
+				}
+				waiting, by, since := r.waitingAt(iid, decided)
 				if !waiting {
 					continue
 				}
@@ -1020,34 +1026,37 @@ func (r *record) eventsBefore(kind string, t time.Time, d time.Duration) string 
 	return b.String()
 }
 
-// grantedFirst reports whether job a held a grant at t (a slot or a start
-// written for it and not taken back since: inserted, or moved to it by a
-// hand-over) that was written in the transaction of b's grant or before
-// it: the line granted them in order, and they start in whatever order
-// they reach their workers (a parked one is resumed and fetched first, a
-// job waiting in another worker takes its grant at its next poll).
-func (r *record) grantedFirst(a, b int64, t time.Time) bool {
-	held := func(id int64) (int64, time.Time) {
-		var tx int64
-		var at time.Time
-		for _, e := range r.line[id] {
-			if e.at.After(t) {
-				break
-			}
-			switch e.what {
-			case "concurrency_executions INSERT", "concurrency_starts INSERT":
-				tx, at = e.tx, e.at
-			case "concurrency_executions UPDATE", "concurrency_starts UPDATE":
-				if tx == 0 {
-					tx, at = e.tx, e.at
-				}
-			case "concurrency_executions DELETE", "concurrency_starts DELETE":
-				tx = 0 // taken back, or given up
-			}
+// grantOf is the grant job id held at t: the transaction and time of the
+// write of a slot or a start for it (inserted, or moved to it by a
+// hand-over) not taken back since (tx 0: none).
+func (r *record) grantOf(id int64, t time.Time) (int64, time.Time) {
+	var tx int64
+	var at time.Time
+	for _, e := range r.line[id] {
+		if e.at.After(t) {
+			break
 		}
-		return tx, at
+		switch e.what {
+		case "concurrency_executions INSERT", "concurrency_starts INSERT":
+			tx, at = e.tx, e.at
+		case "concurrency_executions UPDATE", "concurrency_starts UPDATE":
+			if tx == 0 {
+				tx, at = e.tx, e.at
+			}
+		case "concurrency_executions DELETE", "concurrency_starts DELETE":
+			tx = 0 // taken back, or given up
+		}
 	}
-	ta, atA := held(a)
-	tb, atB := held(b)
+	return tx, at
+}
+
+// grantedFirst reports whether job a held a grant at t that was written in
+// the transaction of b's grant or before it: the line granted them in
+// order, and they start in whatever order they reach their workers (a
+// parked one is resumed and fetched first, a job waiting in another worker
+// takes its grant at its next poll).
+func (r *record) grantedFirst(a, b int64, t time.Time) bool {
+	ta, atA := r.grantOf(a, t)
+	tb, atB := r.grantOf(b, t)
 	return ta != 0 && (ta == tb || tb == 0 || !atA.After(atB))
 }
