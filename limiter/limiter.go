@@ -159,7 +159,8 @@ type admitRequest struct {
 	// cancelled: JobCancel cancelled the job while it waited: it parks,
 	// and the parking cancels it (it never ran; its attempt is undone).
 	cancelled bool
-	// giveBack: decided not to run, it gives back a grant it held.
+	// giveBack: it gives back what the line held for it (a grant, its
+	// place): it was decided not to run, or runs without a limit now.
 	giveBack bool
 
 	decision admission

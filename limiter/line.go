@@ -108,7 +108,7 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
 		out = lineOutcome{wakes: map[string]time.Duration{}, local: map[int64]admission{}}
 		for _, r := range batch {
-			r.decision, r.reason, r.err = admitRun, "", nil
+			r.decision, r.reason, r.err, r.giveBack = admitRun, "", nil, false
 		}
 		q := db.New(db.CustomPlans(tx))
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
@@ -130,7 +130,16 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 			}
 			c, ok := counts[kind]
 			if !ok || c.unlimited() {
-				continue // no limit (any more): they run
+				// No limit (any more): they run, and what the line holds
+				// for them (a grant claimed or reserved before the limits
+				// were cleared, a place) goes back: a job running without
+				// a slot never releases one.
+				for _, r := range reqs {
+					if rec := recs[r.job.ID]; rec != nil && (rec.SlotHeld || rec.SlotReserved || rec.StartReserved || rec.Waiter) {
+						r.giveBack = true
+					}
+				}
+				continue
 			}
 			park, err := l.decideLine(ctx, q, kind, c, reqs, recs, &out)
 			if err != nil {

@@ -458,7 +458,7 @@ func checkOrder(r *record, vs *violations) {
 					// Leased slots: within one worker, jobs of an earlier
 					// fetch go first, but for a job on its way to parking
 					// (it parks right after).
-					if by != xj.worker || !since.Before(jFetch.at.Add(-fetchTolerance)) || r.parksSoon(iid, xj.start) {
+					if by != xj.worker || !since.Before(jFetch.at.Add(-fetchTolerance)) || r.parksSoon(iid, decided) || r.parksSoon(iid, xj.start) {
 						continue
 					}
 				}

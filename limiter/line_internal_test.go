@@ -1,0 +1,55 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/testdb"
+)
+
+// TestLineLetsGoWhatAnUnlimitedJobHeld: a job that claimed a grant and is
+// decided again (its wait ended as the grant came) after its kind's limits
+// were cleared runs without a limit, and the slot it held goes back: a job
+// running without a slot never releases one, so the row and the count
+// would stay taken.
+func TestLineLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
+	ctx := context.Background()
+	const kind = "test.unlimited"
+	pool, err := db.Open(ctx, testdb.New(t), 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	require.NoError(t, l.SetConcurrency(ctx, kind, 1))
+	// Job 42 waited in w1 and claimed the slot a grant round gave it.
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES (42, $1, 'w1')`, kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+	require.NoError(t, err)
+	_, err = l.ClearLimits(ctx, kind, Facets{})
+	require.NoError(t, err)
+	held := func() (rows, admitted int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM concurrency_executions WHERE job_id = 42),
+			COALESCE((SELECT admitted FROM concurrency_limits WHERE kind = $1), 0)`, kind).Scan(&rows, &admitted))
+		return rows, admitted
+	}
+	rows, admitted := held()
+	require.Equal(t, 1, rows, "a cleared limit leaves the slot of a running job to its release")
+	require.Equal(t, 1, admitted)
+
+	now := time.Now()
+	req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: 42, Kind: kind, AttemptedAt: &now}, deadline: now.Add(time.Second),
+		done: make(chan struct{}), timedOut: true}
+	l.lineChunk([]*admitRequest{req})
+	require.NoError(t, req.err)
+	require.Equal(t, admitRun, req.decision, "no limit: it runs, without a slot")
+	l.Flush() // the give-back is written in the background
+	rows, admitted = held()
+	require.Zero(t, rows, "the slot it held went back")
+	require.Zero(t, admitted)
+}
