@@ -75,9 +75,12 @@ func TestPoolExhaustion(t *testing.T) {
 	}
 	starved := proc.StartWorker(t, withParam(h.url, "pool_max_conns", strconv.Itoa(exhaustedPool)), "starved",
 		append(args, "--default-workers", strconv.Itoa(exhaustedExports+4))...)
+	// The starved worker's sessions that wait for the lock on ci_builds
+	// (its heartbeat's own pool may wait for a moment on another lock).
 	blocked := func() int64 {
-		return h.count(`SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'sluice worker starved' AND wait_event_type = 'Lock'`)
+		return h.count(`SELECT count(DISTINCT a.pid) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+			WHERE a.datname = current_database() AND a.application_name = 'sluice worker starved'
+			  AND NOT l.granted AND l.locktype = 'relation' AND l.relation = 'ci_builds'::regclass`)
 	}
 	h.eventually(time.Minute, func() bool {
 		return blocked() == exhaustedPool &&

@@ -201,6 +201,21 @@ func (d *decisions) waiting(kind string) bool {
 	return false
 }
 
+// oldestWaiting returns the oldest job of kind decided at its fetch to wait
+// in the line that has not reached the middleware yet (0: none): a slot
+// handed over in memory goes to no younger job (handover.go).
+func (d *decisions) oldestWaiting(kind string) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var oldest int64
+	for id, r := range d.byID {
+		if r.decision == admitWait && r.job.Kind == kind && (oldest == 0 || id < oldest) {
+			oldest = id
+		}
+	}
+	return oldest
+}
+
 // takeDecided returns the decision made at the fetch of job id (nil: none),
 // for the middleware.
 func (l *Limiter) takeDecided(id int64) *admitRequest {

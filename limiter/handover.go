@@ -91,9 +91,10 @@ func (h *handOvers) get(kind string) (handOverState, bool) {
 // per-kind limit alone (a per-key or rate limit decides every start in the
 // line, strictly in order), while the limit is positive and not exceeded
 // (it was not lowered), and to a job older than every parked job of the
-// kind (a parked job goes first) and than every job waiting here for a
-// leased slot, as the line poller read them within
-// handOverFresh; and not while this worker holds more than its share of
+// kind (a parked job goes first, as the line poller read them within
+// handOverFresh), than every job waiting here for a leased slot, and than
+// every job decided at its fetch to wait here that has not reached the
+// middleware yet; and not while this worker holds more than its share of
 // the limit and jobs of the kind wait in other workers (the slot goes to
 // the line, whose front may be there). It returns the job handed the
 // slot (nil: none; the slot is released).
@@ -110,6 +111,12 @@ func (l *Limiter) handOver(job *rivertype.JobRow) *admitRequest {
 		// An older job waits here for a leased slot, on its way to the
 		// line: no younger job takes the slot ahead of it.
 		before = w
+	}
+	if d := l.decided.oldestWaiting(job.Kind); d != 0 && (before == 0 || d < before) {
+		// An older job decided at its fetch to wait here has not reached
+		// the middleware yet (its goroutine starts late on a loaded
+		// machine): the slot goes to the line, which knows it.
+		before = d
 	}
 	to := l.waits.takeOldest(job.Kind, before)
 	if to != nil {
