@@ -316,16 +316,20 @@ func checkRates(r *record, vs *violations) {
 }
 
 // admittedAt is when the line admitted run x: the last write of its job's
-// start row (inserted as started, or a reserved one claimed) within the
-// second before the run began; else the run's start (no row: a start
+// start row (inserted as started, or a reserved one claimed) between the
+// fetch of this run and its start; else the run's start (no row: a start
 // the line did not write, which counts when it ran).
 func (r *record) admittedAt(x run) time.Time {
 	at := x.start
+	fetch, ok := r.stateAt(x.job, x.start)
+	if !ok || fetch.to != "running" {
+		return at
+	}
 	for _, e := range r.line[x.job] {
 		if e.at.After(x.start) {
 			break
 		}
-		if e.at.Before(x.start.Add(-time.Second)) {
+		if e.at.Before(fetch.at) {
 			continue
 		}
 		if (e.what == "concurrency_starts INSERT" && !e.reserved) || e.what == "concurrency_starts UPDATE" {
