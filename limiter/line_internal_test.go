@@ -18,6 +18,7 @@ import (
 // running without a slot never releases one, so the row and the count
 // would stay taken.
 func TestLineLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.unlimited"
 	pool, err := db.Open(ctx, testdb.New(t), 10*time.Second)
