@@ -426,6 +426,9 @@ func (l *Limiter) changeLimits(ctx context.Context, kind, source string, declare
 				return fmt.Errorf("record the declared limits: %w", err)
 			}
 		}
+		if err := q.LockLimitRowCreation(ctx, []string{kind}); err != nil {
+			return fmt.Errorf("limit row: %w", err)
+		}
 		if err := q.EnsureLimitRow(ctx, kind); err != nil {
 			return fmt.Errorf("limit row: %w", err)
 		}

@@ -54,3 +54,35 @@ func TestLineLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
 	require.Zero(t, rows, "the slot it held went back")
 	require.Zero(t, admitted)
 }
+
+// TestReleaseRacesLimitRowCreation: slots of a kind without a limit row
+// (its limits were cleared while jobs held them) are released while an
+// operator sets a limit on the kind, over and over: the new row counts the
+// slots it finds, and a release that found no row to lock must still
+// lower that count. At the end the count equals the slot rows.
+func TestReleaseRacesLimitRowCreation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.rowless"
+	pool, err := db.Open(ctx, testdb.New(t), 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	admin, err := New(Config{Pool: pool, WorkerID: "cli"})
+	require.NoError(t, err)
+	for i := range int64(150) {
+		_, err := pool.Exec(ctx, `DELETE FROM concurrency_limits WHERE kind = $1`, kind)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, i+1, kind)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- admin.SetConcurrency(ctx, kind, 5) }()
+		l.releaseBatch([]*releaseRequest{{ctx: ctx, job: &rivertype.JobRow{ID: i + 1, Kind: kind}, kind: kind}})
+		require.NoError(t, <-done)
+		var admitted, rows int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT admitted, (SELECT count(*) FROM concurrency_executions WHERE kind = $1)
+			FROM concurrency_limits WHERE kind = $1`, kind).Scan(&admitted, &rows))
+		require.Equal(t, rows, admitted, "round %d: the count equals the slot rows", i)
+	}
+}

@@ -65,8 +65,23 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	var wakes map[string]time.Duration
 	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
 		q := db.New(db.CustomPlans(tx))
-		if _, err := lockKinds(ctx, q, p.Kinds); err != nil {
+		locked, err := lockKinds(ctx, q, p.Kinds)
+		if err != nil {
 			return err
+		}
+		// A kind without a limit row (its limits were cleared) may be
+		// given one meanwhile, counting the slots this batch frees: wait
+		// for it (LockLimitRowCreation), so that the release lowers it.
+		var rowless []string
+		for _, kind := range p.Kinds {
+			if locked[kind] == nil {
+				rowless = append(rowless, kind)
+			}
+		}
+		if len(rowless) > 0 {
+			if err := q.LockLimitRowCreation(ctx, rowless); err != nil {
+				return fmt.Errorf("lock limit row creation: %w", err)
+			}
 		}
 		if len(chain.holder) > 0 {
 			h := db.HandOverSlotsParams{WorkerID: l.workerID}
