@@ -51,6 +51,12 @@ func (h *heartbeat) timeout() time.Duration {
 	return max(h.interval, min(5*time.Second, h.live.deadAfter/MinDeadAfterBeats))
 }
 
+// registered records that the worker's row was inserted, at at.
+func (h *heartbeat) registered(at time.Time) {
+	h.live.registered.Store(true)
+	h.succeeded(at)
+}
+
 // register inserts the worker's row. It reports false, without error, when
 // a row with the same id exists (another process uses or used the id).
 func (h *heartbeat) register(ctx context.Context) (bool, error) {
@@ -74,8 +80,7 @@ func (h *heartbeat) register(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("register worker: %w", err)
 	}
 	if n == 1 {
-		h.live.registered.Store(true)
-		h.succeeded(time.Now())
+		h.registered(time.Now())
 	}
 	return n == 1, nil
 }

@@ -130,10 +130,19 @@ func (s *Service) Register(ctx context.Context) error {
 	var (
 		seen                *db.GetWorkerLivenessRow
 		streakStart, lastOK time.Time
-		warned              bool
+		warned, slowWarned  bool
 	)
 	for {
 		ok, err := s.heartbeat.register(ctx)
+		if err != nil && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// The statement took longer than a heartbeat may (a loaded
+			// database): try again, as a heartbeat would.
+			if !slowWarned {
+				slowWarned = true
+				s.logger.Warn("worker registration slow; trying again", "worker_id", s.live.id, "error", err)
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -146,6 +155,11 @@ func (s *Service) Register(ctx context.Context) error {
 		}
 		if err != nil {
 			return fmt.Errorf("register worker: read the row of id %q: %w", s.live.id, err)
+		}
+		if row.Incarnation == s.live.incarnation {
+			// A registration that timed out had committed: the row is ours.
+			s.heartbeat.registered(time.Now())
+			return nil
 		}
 		now := time.Now()
 		if streakStart.IsZero() || now.Sub(lastOK) > 2*interval {

@@ -414,6 +414,12 @@ func checkOrder(r *record, vs *violations) {
 				continue
 			}
 			jFetch, _ := r.stateAt(jid, xj.start)
+			if r.changedBetween(kind, jFetch.at.Add(-limiter.LimitCacheTTL), xj.start) {
+				// Fetched while a worker may still follow the limits before
+				// a change (its copy of them is up to LimitCacheTTL old):
+				// jobs fetched together may take the old path and the new.
+				continue
+			}
 			for _, iid := range ids {
 				if iid >= jid {
 					break
@@ -1063,4 +1069,14 @@ func (r *record) grantedFirst(a, b int64, t time.Time) bool {
 	ta, atA := r.grantOf(a, t)
 	tb, atB := r.grantOf(b, t)
 	return ta != 0 && (ta == tb || tb == 0 || !atA.After(atB))
+}
+
+// changedBetween reports whether kind's limits changed in (t0, t1].
+func (r *record) changedBetween(kind string, t0, t1 time.Time) bool {
+	for _, c := range r.limits[kind] {
+		if c.at.After(t0) && !c.at.After(t1) {
+			return true
+		}
+	}
+	return false
 }
