@@ -71,6 +71,10 @@ type decisions struct {
 	mu   sync.Mutex
 	byID map[int64]*admitRequest
 	at   map[int64]time.Time
+	// claimed are the decisions to wait that their jobs took and that stay
+	// here until the jobs wait in the line (waitList.wait): the leased
+	// slots and the hand-over pass no younger job ahead of them meanwhile.
+	claimed map[int64]bool
 }
 
 // fetched decides, in one line transaction, the fetched jobs of kinds that
@@ -138,6 +142,7 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 			continue // decided again in the middleware
 		}
 		d.byID[r.job.ID], d.at[r.job.ID] = r, now
+		delete(d.claimed, r.job.ID)
 		if r.decision == admitWait && !slices.Contains(waitKinds, r.job.Kind) {
 			waitKinds = append(waitKinds, r.job.Kind)
 		}
@@ -193,8 +198,9 @@ func (l *Limiter) takeAhead(ctx context.Context, reqs []*admitRequest) []*admitR
 func (d *decisions) waiting(kind string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, r := range d.byID {
-		if r.decision == admitWait && r.job.Kind == kind {
+	for id, r := range d.byID {
+		// A claimed one is a decision to wait (its job now changes it).
+		if r.job.Kind == kind && (d.claimed[id] || r.decision == admitWait) {
 			return true
 		}
 	}
@@ -209,7 +215,7 @@ func (d *decisions) oldestWaiting(kind string) int64 {
 	defer d.mu.Unlock()
 	var oldest int64
 	for id, r := range d.byID {
-		if r.decision == admitWait && r.job.Kind == kind && (oldest == 0 || id < oldest) {
+		if r.job.Kind == kind && (d.claimed[id] || r.decision == admitWait) && (oldest == 0 || id < oldest) {
 			oldest = id
 		}
 	}
@@ -223,11 +229,31 @@ func (l *Limiter) takeDecided(id int64) *admitRequest {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r := d.byID[id]
-	if r != nil {
-		delete(d.byID, id)
-		delete(d.at, id)
+	if r == nil || d.claimed[id] {
+		return nil
 	}
+	delete(d.at, id)
+	if r.decision == admitWait {
+		// It stays known until it waits in the line (arrived).
+		if d.claimed == nil {
+			d.claimed = map[int64]bool{}
+		}
+		d.claimed[id] = true
+		return r
+	}
+	delete(d.byID, id)
 	return r
+}
+
+// arrived forgets the decision of job id, taken by its job, which now waits
+// in the line (or no longer needs to).
+func (d *decisions) arrived(id int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.claimed[id] {
+		delete(d.claimed, id)
+		delete(d.byID, id)
+	}
 }
 
 // dropUnclaimed undoes the decisions no job claimed within decidedTTL;

@@ -285,6 +285,7 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 // slot when it ends), or returns at once when it parked.
 func (l *Limiter) run(ctx context.Context, job *rivertype.JobRow, req *admitRequest, doInner func(context.Context) error) error {
 	decision, err := l.follow(req)
+	l.decided.arrived(job.ID) // a decision to wait taken at the fetch is done with
 	if err != nil {
 		return fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)
 	}

@@ -67,6 +67,7 @@ func (ws *waitList) wait(req *admitRequest) waitOutcome {
 		go ws.poll()
 	}
 	ws.mu.Unlock()
+	ws.l.decided.arrived(req.job.ID) // it waits here now (fetch.go)
 	// The line orders the kind's jobs waiting here (lease.go, yield).
 	ws.l.leases.yield(req.job.Kind)
 
