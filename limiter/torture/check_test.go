@@ -800,8 +800,12 @@ func checkResumes(r *record, vs *violations) {
 			}
 			// Jobs resumed under earlier limits (ahead of slots the old
 			// limits would have freed) wait on; only those resumed since
-			// the limits last changed count against the new ones.
-			regime := r.lastChange(kind, e.at).Add(-graceChange)
+			// the limits last changed count against the new ones. A
+			// resume holds the kind's limit row, which a change locks
+			// first: one resumed before the change was decided under the
+			// old limits (CI: 3 jobs of a key resumed 135 ms before a
+			// per-key limit of 1 was set, counted against it).
+			regime := r.lastChange(kind, e.at)
 			n, nKey := 0, 0
 			key := r.jobs[e.job].args.Key
 			for id, at := range set {
