@@ -192,29 +192,16 @@ func (l *Limiter) takeAhead(ctx context.Context, reqs []*admitRequest) []*admitR
 	return out
 }
 
-// waiting reports whether a job of kind was decided at its fetch to wait in
-// the line and has not reached the middleware yet: a job on its way to
-// the line, which the leased slots' path must not overtake (lease.go).
-func (d *decisions) waiting(kind string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for id, r := range d.byID {
-		// A claimed one is a decision to wait (its job now changes it).
-		if r.job.Kind == kind && (d.claimed[id] || r.decision == admitWait) {
-			return true
-		}
-	}
-	return false
-}
-
 // oldestWaiting returns the oldest job of kind decided at its fetch to wait
-// in the line that has not reached the middleware yet (0: none): a slot
-// handed over in memory goes to no younger job (handover.go).
+// in the line that does not wait there yet (0: none): a job on its way to
+// the line, which no younger job overtakes on the leased slots' path
+// (lease.go) or by a slot handed over in memory (handover.go).
 func (d *decisions) oldestWaiting(kind string) int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var oldest int64
 	for id, r := range d.byID {
+		// A claimed one is a decision to wait (its job now changes it).
 		if r.job.Kind == kind && (d.claimed[id] || r.decision == admitWait) && (oldest == 0 || id < oldest) {
 			oldest = id
 		}

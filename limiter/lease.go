@@ -145,7 +145,7 @@ func (s *leaser) acquire(ctx context.Context, st limitState, jobID int64) bool {
 		// word on it.
 		k.limit, k.fast = st.limit, st.fast()
 	}
-	if !k.fast || s.l.waits.has(st.kind) || s.l.decided.waiting(st.kind) {
+	if !k.fast || s.l.waits.has(st.kind) || s.l.decided.oldestWaiting(st.kind) != 0 {
 		// Not on leased slots, or jobs of the kind wait in the line in this
 		// worker (or were just decided to): it queues behind them.
 		s.mu.Unlock()

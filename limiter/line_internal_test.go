@@ -5,12 +5,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
+
+// newTestLimiter is a Limiter of worker id on a pool of a fresh database.
+func newTestLimiter(t *testing.T, id string) (*pgxpool.Pool, *Limiter) {
+	t.Helper()
+	pool, err := db.Open(context.Background(), testdb.New(t), 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: id})
+	require.NoError(t, err)
+	return pool, l
+}
 
 // TestLineLetsGoWhatAnUnlimitedJobHeld: a job that claimed a grant and is
 // decided again (its wait ended as the grant came) after its kind's limits
@@ -21,14 +33,10 @@ func TestLineLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.unlimited"
-	pool, err := db.Open(ctx, testdb.New(t), 10*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	l, err := New(Config{Pool: pool, WorkerID: "w1"})
-	require.NoError(t, err)
+	pool, l := newTestLimiter(t, "w1")
 	require.NoError(t, l.SetConcurrency(ctx, kind, 1))
 	// Job 42 waited in w1 and claimed the slot a grant round gave it.
-	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES (42, $1, 'w1')`, kind)
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES (42, $1, 'w1')`, kind)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
 	require.NoError(t, err)
@@ -64,11 +72,7 @@ func TestReleaseRacesLimitRowCreation(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.rowless"
-	pool, err := db.Open(ctx, testdb.New(t), 10*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	l, err := New(Config{Pool: pool, WorkerID: "w1"})
-	require.NoError(t, err)
+	pool, l := newTestLimiter(t, "w1")
 	admin, err := New(Config{Pool: pool, WorkerID: "cli"})
 	require.NoError(t, err)
 	for i := range int64(150) {
