@@ -210,7 +210,9 @@ type Config struct {
 	// stuck (--rescue-stuck-jobs-after; default 1 hour).
 	RescueStuckJobsAfter time.Duration
 	// ParkAfter is how long a job of a limited kind waits in the worker for
-	// a slot before it parks (--park-after; default 1 second).
+	// a slot before it parks (--park-after; default 1 second). A job waiting
+	// only for its key waits on while its key admitted a job within that
+	// time (its key's line moves).
 	ParkAfter time.Duration
 	// MaintenanceTimeout bounds a maintenance run (--maintenance-timeout;
 	// default 30 minutes).

@@ -311,6 +311,27 @@ func (q *Queries) HasAnyLine(ctx context.Context, kind string) (bool, error) {
 	return has, err
 }
 
+const hasGrants = `-- name: HasGrants :one
+SELECT EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w ON w.job_id = e.job_id
+               WHERE e.reserved AND w.worker_id = $1::text)
+    OR EXISTS (SELECT 1 FROM concurrency_starts s JOIN concurrency_waiters w ON w.job_id = s.job_id
+               WHERE s.reserved AND w.worker_id = $1::text) AS has
+`
+
+// Whether a job waiting in worker_id may have a grant to claim: a slot or a
+// start reserved for one of its waiters (whichever worker the grant
+// names: a job resumed ahead may be granted a slot as it is taken by its
+// worker, TakeAheadWaiters). Read from the partial indexes of reserved rows
+// (few: grants not claimed yet), so that a worker's line poller looks
+// every few ms for the price of a few index probes, and claims
+// (ClaimGrants) only when there is something.
+func (q *Queries) HasGrants(ctx context.Context, workerID string) (*bool, error) {
+	row := q.db.QueryRow(ctx, hasGrants, workerID)
+	var has *bool
+	err := row.Scan(&has)
+	return has, err
+}
+
 const hasKindLine = `-- name: HasKindLine :one
 SELECT (EXISTS (
     SELECT 1 FROM concurrency_parked_jobs p
@@ -356,7 +377,10 @@ SELECT k.key::text AS key,
             WHERE cw.kind = $1 AND cw.key IS NULL AND k.key = ''
               AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
             ORDER BY cw.job_id LIMIT 1)
-       ), 0)::bigint AS oldest
+       ), 0)::bigint AS oldest,
+       COALESCE((SELECT floor(extract(epoch FROM statement_timestamp() - max(e.admitted_at)) * 1000)
+                 FROM concurrency_executions e
+                 WHERE e.kind = $1 AND e.key = k.key), -1)::bigint AS admitted_ago_ms
 FROM unnest($2::text[]) AS k(key)
 CROSS JOIN LATERAL (
     SELECT count(*) AS starts,
@@ -377,19 +401,22 @@ type KeyLinesParams struct {
 }
 
 type KeyLinesRow struct {
-	Key       string `json:"key"`
-	Slots     int32  `json:"slots"`
-	Starts    int32  `json:"starts"`
-	FreesInMs int64  `json:"frees_in_ms"`
-	Oldest    int64  `json:"oldest"`
+	Key           string `json:"key"`
+	Slots         int32  `json:"slots"`
+	Starts        int32  `json:"starts"`
+	FreesInMs     int64  `json:"frees_in_ms"`
+	Oldest        int64  `json:"oldest"`
+	AdmittedAgoMs int64  `json:"admitted_ago_ms"`
 }
 
 // Per key of kind (keys: ” for a kind without a partition, which is one
 // line): the slots it holds (admitted and reserved), its starts in the rate
 // window of period_ms ending now (with those reserved), in how many ms the
 // window next frees a start (when its oldest start leaves it; period_ms
-// when every start in it is reserved), and the oldest job of its line still
-// waiting, parked or in the waiters without a grant (0: none). Each table
+// when every start in it is reserved), the oldest job of its line still
+// waiting, parked or in the waiters without a grant (0: none), and how many
+// ms ago it last admitted a job to a slot it still holds (-1: it holds
+// none): a key whose line moves. Each table
 // is read by its (kind, key) index: a key's rows match key = k.key, and
 // the one line of a kind without a partition, NULL keys (two branches, so
 // that neither hides the index behind a COALESCE).
@@ -408,6 +435,7 @@ func (q *Queries) KeyLines(ctx context.Context, arg KeyLinesParams) ([]*KeyLines
 			&i.Starts,
 			&i.FreesInMs,
 			&i.Oldest,
+			&i.AdmittedAgoMs,
 		); err != nil {
 			return nil, err
 		}

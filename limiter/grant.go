@@ -230,6 +230,9 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	}
 	// Lookahead: parked jobs next in line, resumed without a slot.
 	var ahead []*db.LineFrontRow
+	if perKind > 0 && have < 0 && !resumableFront(fronts, turnover, picked) {
+		perKind = 0 // nothing parked to resume ahead: no need to count
+	}
 	if perKind > 0 {
 		if have < 0 {
 			var err error
@@ -284,6 +287,19 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	slices.SortFunc(served, func(a, b string) int { return lastTurn[a] - lastTurn[b] })
 	err = l.afterGrants(ctx, q, kind, c, served, &res)
 	return res, err
+}
+
+// resumableFront reports whether the fronts of the keys turnover hold a
+// parked job that the lookahead could resume (not picked already).
+func resumableFront(fronts map[string][]*db.LineFrontRow, turnover []string, picked map[int64]bool) bool {
+	for _, key := range turnover {
+		for _, e := range fronts[key] {
+			if e.Parked && e.Ready && e.Resumable && !e.Ahead && !picked[e.JobID] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // nextReady is the next job of a key's front that a grant may go to (nil:

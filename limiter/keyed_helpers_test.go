@@ -139,10 +139,17 @@ var errFirstAttempt = firstAttemptError{}
 // works the keyed kind, with maxWorkers on the default queue.
 func startKeyedWorker(t testing.TB, url, id, kind string, tracker *keyedTracker, maxWorkers int) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
+	return startKeyedWorkerParkAfter(t, url, id, kind, tracker, maxWorkers, 20*time.Millisecond)
+}
+
+// startKeyedWorkerParkAfter is startKeyedWorker with its own park-after
+// time.
+func startKeyedWorkerParkAfter(t testing.TB, url, id, kind string, tracker *keyedTracker, maxWorkers int, parkAfter time.Duration) (*jobtest.Client, *limiter.Limiter) {
+	t.Helper()
 	pool, err := db.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{WorkerID: id, ParkAfter: 20 * time.Millisecond})
+	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{WorkerID: id, ParkAfter: parkAfter})
 	client := jobtest.Start(t, pool, deps, jobtest.Config{
 		ID: id,
 		Configure: func(c *river.Config) {

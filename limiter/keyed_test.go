@@ -366,3 +366,57 @@ func TestKeyedLimitSetBySQL(t *testing.T) {
 		WHERE a.id = ANY($1) AND b.id = ANY($1)
 		  AND abs(extract(epoch FROM a.finalized_at - b.finalized_at)) < 0.1`, ids))
 }
+
+// TestKeyWaitOutlastsParkAfterWhileKeyMoves: under a per-key limit of 1, a
+// tenant's 40 jobs of 25 ms wait longer than the park-after time (500 ms)
+// for their turn, but their key admits a job every few tens of ms: none
+// of them parks (parking would only have them fetched again behind younger
+// jobs: the cascade P10 measured), and they run one at a time in job-id
+// order. A key held by a job of 1.5 s does not move: the job behind it
+// parks.
+func TestKeyWaitOutlastsParkAfterWhileKeyMoves(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "moving"
+	const fullKind = "test.keyed." + kind
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	logParkings(t, pool)
+	lim := newLimiter(t, url)
+	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
+	tracker := newKeyedTracker()
+	a, _ := startKeyedWorkerParkAfter(t, url, kind+"-a", kind, tracker, 50, 500*time.Millisecond)
+	startKeyedWorkerParkAfter(t, url, kind+"-b", kind, tracker, 50, 500*time.Millisecond)
+
+	insertKeyed(t, a, kind, "slow", 100, 1, 1500)
+	insertKeyed(t, a, kind, "slow", 101, 1, 0)
+	moving := insertKeyed(t, a, kind, "busy", 0, 40, 25)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed' AND args->>'tenant' = 'busy'", fullKind) == 40
+	}, time.Minute, 10*time.Millisecond)
+
+	_, perKey, starts, worked := tracker.snapshot()
+	require.Equal(t, 1, perKey["busy"], "one busy job at a time")
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM test_parkings WHERE job_id = ANY($1)", moving),
+		"no busy job parked: its key kept moving")
+	var busy []keyedStart
+	for _, s := range starts {
+		if s.tenant == "busy" {
+			busy = append(busy, s)
+		}
+	}
+	require.Len(t, busy, 40)
+	for i, s := range busy {
+		require.Equal(t, i, s.seq, "busy jobs start in job-id order")
+		require.Equal(t, 1, worked[s.seq])
+	}
+	// The slow key's second job waited behind a job that started long
+	// before its park-after time ran out: it parked.
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM test_parkings p JOIN river_job j ON j.id = p.job_id WHERE j.args->>'seq' = '101'") > 0
+	}, 5*time.Second, 10*time.Millisecond, "the job behind a key that does not move parks")
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'", fullKind) == 42
+	}, 30*time.Second, 10*time.Millisecond)
+}

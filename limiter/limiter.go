@@ -151,6 +151,9 @@ type admitRequest struct {
 	done chan struct{}
 	// deadline is how long it may wait in its worker before it parks.
 	deadline time.Time
+	// since is when it started to wait, once its wait was extended (zero:
+	// its deadline less the park-after time).
+	since time.Time
 	// timedOut: its wait is over; it takes a grant it got, or parks.
 	timedOut bool
 	// reserve: decide for a job not fetched yet, and reserve what it would
@@ -202,7 +205,9 @@ type Config struct {
 	// before it started).
 	NeverPark bool
 	// ParkAfter is how long a job of a limited kind waits in its worker for
-	// a slot before it parks (default DefaultParkAfter).
+	// a slot before it parks (default DefaultParkAfter). A job waiting only
+	// for its key waits on, a ParkAfter at a time, while its key admitted a
+	// job within the last ParkAfter (keyLine.moving).
 	ParkAfter time.Duration
 }
 
@@ -297,9 +302,17 @@ func (l *Limiter) run(ctx context.Context, job *rivertype.JobRow, req *admitRequ
 		defer l.endSlot(ctx, job)
 	}
 	if req.reason != "" {
-		ctx = withHeld(ctx, Held{Since: req.deadline.Add(-l.parkAfter), Reason: req.reason})
+		ctx = withHeld(ctx, Held{Since: l.waitedSince(req), Reason: req.reason})
 	}
 	return doInner(ctx)
+}
+
+// waitedSince is when req started to wait in its worker.
+func (l *Limiter) waitedSince(req *admitRequest) time.Time {
+	if !req.since.IsZero() {
+		return req.since
+	}
+	return req.deadline.Add(-l.parkAfter)
 }
 
 // limitState is what a worker knows of a limited kind.

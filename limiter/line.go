@@ -71,6 +71,9 @@ type lineStep struct {
 	member            bool // it already was in the line's waiters
 	// giveBack: it does not run, and gives back what it holds (a grant).
 	giveBack bool
+	// extend: its park-after time passed while its key's line moves
+	// (keyLine.moving): it waits a park-after time more.
+	extend bool
 }
 
 // keyLine is what a decision knows of one key's line.
@@ -79,6 +82,23 @@ type keyLine struct {
 	starts  int32         // starts in the rate window (and reserved)
 	freesIn time.Duration // until the window frees a start
 	oldest  int64         // the oldest job waiting in the line (0: none)
+	// admittedAgo is how long ago the key last admitted a job to a slot it
+	// still holds (negative: it holds none).
+	admittedAgo time.Duration
+}
+
+// keyMoving reports whether a job held by reason waits for a line of its
+// key (ks) that moves: only for its key's slots or turn (not a rate
+// window), while the key admitted a job within the last within, or has
+// room (older jobs of the key take it first). Such a job keeps waiting in
+// its worker past its park-after time: parking it would only make it
+// fetched again a moment later, behind the younger jobs of its key that
+// took its place in the workers (the cascade of parkings P10 measured).
+func (c *kindCounts) keyMoving(reason string, ks keyLine, within time.Duration) bool {
+	if reason != reasonKeyLimit && reason != reasonKeyFIFO {
+		return false
+	}
+	return (ks.admittedAgo >= 0 && ks.admittedAgo < within) || (c.keyMax > 0 && ks.slots < c.keyMax)
 }
 
 // lineBatch decides a batch of requests, lineChunk jobs per transaction.
@@ -269,7 +289,7 @@ func keyLines(ctx context.Context, q *db.Queries, kind string, c *kindCounts, ke
 	out := make(map[string]keyLine, len(rows))
 	for _, row := range rows {
 		out[row.Key] = keyLine{slots: row.Slots, starts: row.Starts, freesIn: time.Duration(row.FreesInMs) * time.Millisecond,
-			oldest: row.Oldest}
+			oldest: row.Oldest, admittedAgo: time.Duration(row.AdmittedAgoMs) * time.Millisecond}
 	}
 	return out, nil
 }
@@ -370,6 +390,10 @@ func (l *Limiter) planLine(c kindCounts, reqs []*admitRequest, recs map[int64]*d
 				step.action = actFail
 			case reason == reasonBreaker:
 				step.action = actPark
+			case (r.timedOut || !now.Before(r.deadline)) && r.ctx.Err() == nil && !r.cancelled && c.keyMoving(reason, ks, l.parkAfter):
+				// Its park-after time passed, but its key's line moves: it
+				// waits on, from now.
+				step.action, step.extend = actWait, true
 			case r.timedOut || !now.Before(r.deadline) || (freesIn > 0 && now.Add(freesIn).After(r.deadline)):
 				// No time left to wait (or the window frees too late): it
 				// parks, unless a grant round of this transaction gives it
@@ -492,6 +516,12 @@ func (l *Limiter) writeLine(ctx context.Context, q *db.Queries, kind string, c *
 			}
 		case actWait:
 			r.decision = admitWait
+			if s.extend {
+				if r.since.IsZero() {
+					r.since = r.deadline.Add(-l.parkAfter)
+				}
+				r.timedOut, r.deadline = false, time.Now().Add(l.parkAfter)
+			}
 			waitIDs, waitKeys, waitReasons = append(waitIDs, r.job.ID), append(waitKeys, r.key), append(waitReasons, r.reason)
 			if c.fields != nil && !slices.Contains(turnKeys, r.key) {
 				turnKeys = append(turnKeys, r.key)

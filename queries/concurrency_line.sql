@@ -29,8 +29,10 @@ FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
 -- line): the slots it holds (admitted and reserved), its starts in the rate
 -- window of period_ms ending now (with those reserved), in how many ms the
 -- window next frees a start (when its oldest start leaves it; period_ms
--- when every start in it is reserved), and the oldest job of its line still
--- waiting, parked or in the waiters without a grant (0: none). Each table
+-- when every start in it is reserved), the oldest job of its line still
+-- waiting, parked or in the waiters without a grant (0: none), and how many
+-- ms ago it last admitted a job to a slot it still holds (-1: it holds
+-- none): a key whose line moves. Each table
 -- is read by its (kind, key) index: a key's rows match key = k.key, and
 -- the one line of a kind without a partition, NULL keys (two branches, so
 -- that neither hides the index behind a COALESCE).
@@ -58,7 +60,10 @@ SELECT k.key::text AS key,
             WHERE cw.kind = sqlc.arg(kind) AND cw.key IS NULL AND k.key = ''
               AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
             ORDER BY cw.job_id LIMIT 1)
-       ), 0)::bigint AS oldest
+       ), 0)::bigint AS oldest,
+       COALESCE((SELECT floor(extract(epoch FROM statement_timestamp() - max(e.admitted_at)) * 1000)
+                 FROM concurrency_executions e
+                 WHERE e.kind = sqlc.arg(kind) AND e.key = k.key), -1)::bigint AS admitted_ago_ms
 FROM unnest(sqlc.arg(keys)::text[]) AS k(key)
 CROSS JOIN LATERAL (
     SELECT count(*) AS starts,
@@ -109,6 +114,19 @@ DELETE FROM concurrency_waiters WHERE kind = sqlc.arg(kind);
 -- name: DeleteWaiters :exec
 -- Takes jobs out of the line's waiters (admitted, parked, or gone).
 DELETE FROM concurrency_waiters WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);
+
+-- name: HasGrants :one
+-- Whether a job waiting in worker_id may have a grant to claim: a slot or a
+-- start reserved for one of its waiters (whichever worker the grant
+-- names: a job resumed ahead may be granted a slot as it is taken by its
+-- worker, TakeAheadWaiters). Read from the partial indexes of reserved rows
+-- (few: grants not claimed yet), so that a worker's line poller looks
+-- every few ms for the price of a few index probes, and claims
+-- (ClaimGrants) only when there is something.
+SELECT EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w ON w.job_id = e.job_id
+               WHERE e.reserved AND w.worker_id = sqlc.arg(worker_id)::text)
+    OR EXISTS (SELECT 1 FROM concurrency_starts s JOIN concurrency_waiters w ON w.job_id = s.job_id
+               WHERE s.reserved AND w.worker_id = sqlc.arg(worker_id)::text) AS has;
 
 -- name: ClaimGrants :many
 -- A worker takes the grants its waiting jobs (job_ids) got from a release
