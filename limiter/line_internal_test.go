@@ -51,8 +51,8 @@ func TestLineLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
 	require.Equal(t, 1, rows, "a cleared limit leaves the slot of a running job to its release")
 	require.Equal(t, 1, admitted)
 
-	now := time.Now()
-	req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: 42, Kind: kind, AttemptedAt: &now}, deadline: now.Add(time.Second),
+	fetched := time.Now().Add(-time.Minute) // its attempt began before it claimed the grant
+	req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: 42, Kind: kind, AttemptedAt: &fetched}, deadline: time.Now().Add(time.Second),
 		done: make(chan struct{}), timedOut: true}
 	l.lineChunk([]*admitRequest{req})
 	require.NoError(t, req.err)
@@ -61,6 +61,49 @@ func TestLineLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
 	rows, admitted = held()
 	require.Zero(t, rows, "the slot it held went back")
 	require.Zero(t, admitted)
+}
+
+// TestLineDecidesARetryAfresh: a job retried at once is fetched again
+// before the release of its first attempt is written (the torture test's
+// seed 871459821, on a loaded machine): the first attempt's slot row and
+// start are still there. The new attempt is decided afresh and logs a
+// start of its own, so the rate window counts it; it did not (it ran on
+// the old attempt's slot, uncounted: 4 starts in a window of 3).
+func TestLineDecidesARetryAfresh(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.retried"
+	pool, l := newTestLimiter(t, "w1")
+	require.NoError(t, l.SetConcurrency(ctx, kind, 5))
+	require.NoError(t, l.SetRate(ctx, kind, Rate{Max: 10, Per: time.Minute}, nil))
+	// Attempt 1 of job 7 took a slot and a start 2 s ago, and ended.
+	for _, sql := range []string{
+		`INSERT INTO concurrency_executions (job_id, kind, worker_id, admitted_at) VALUES (7, $1, 'w1', now() - interval '2 seconds')`,
+		`UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`,
+		`INSERT INTO concurrency_starts (kind, job_id, started_at) VALUES ($1, 7, now() - interval '2 seconds')`,
+	} {
+		_, err := pool.Exec(ctx, sql, kind)
+		require.NoError(t, err)
+	}
+	starts := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM concurrency_starts WHERE job_id = 7`).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1, starts())
+
+	fetched := time.Now().Add(-100 * time.Millisecond) // attempt 2, fetched after attempt 1 ended
+	req := &admitRequest{ctx: ctx, job: &rivertype.JobRow{ID: 7, Kind: kind, Attempt: 2, AttemptedAt: &fetched},
+		deadline: time.Now().Add(time.Second), done: make(chan struct{})}
+	l.lineChunk([]*admitRequest{req})
+	require.NoError(t, req.err)
+	require.Equal(t, admitSlot, req.decision, "room in the limit and the rate: it starts with a slot")
+	require.Equal(t, 2, starts(), "attempt 2 logged a start of its own")
+	var rows, admitted int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM concurrency_executions WHERE job_id = 7),
+		(SELECT admitted FROM concurrency_limits WHERE kind = $1)`, kind).Scan(&rows, &admitted))
+	require.Equal(t, 1, rows, "one slot row per job")
+	require.Equal(t, rows, admitted, "the count equals the rows")
 }
 
 // TestReleaseRacesLimitRowCreation: slots of a kind without a limit row

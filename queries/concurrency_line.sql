@@ -10,14 +10,17 @@
 -- name: LineRecords :many
 -- What the limiter holds for jobs job_ids (attempted_ats in step: when
 -- each was fetched): a slot or a start reserved for it (a grant), a slot of
--- worker_id it already holds or a start of this attempt already logged (a
--- grant it claimed), and whether it is in the waiters (waits in a worker,
--- or was resumed ahead).
+-- worker_id or a start it took in this attempt (a grant it claimed), and
+-- whether it is in the waiters (waits in a worker, or was resumed ahead).
+-- A slot or start of an earlier attempt whose release is not written yet
+-- (a job retried at once) is not this attempt's: the attempt is decided
+-- afresh, and logs a start of its own.
 SELECT r.job_id::bigint AS job_id,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = r.job_id AND e.reserved) AS slot_reserved,
        EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = r.job_id AND s.reserved) AS start_reserved,
        EXISTS (SELECT 1 FROM concurrency_executions e
-               WHERE e.job_id = r.job_id AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text) AS slot_held,
+               WHERE e.job_id = r.job_id AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text
+                 AND e.admitted_at >= r.attempted_at) AS slot_held,
        EXISTS (SELECT 1 FROM concurrency_starts s
                WHERE s.job_id = r.job_id AND NOT s.reserved AND s.started_at >= r.attempted_at) AS start_held,
        EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS waiter
