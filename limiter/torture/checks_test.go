@@ -281,3 +281,35 @@ func TestCheckLimitsCountsNoRunThatStartedUnlimited(t *testing.T) {
 		t.Fatalf("limit violations: %q", got)
 	}
 }
+
+// TestCheckOutcomesToleratesAnUnwrittenHandOver: a job that waited in w1
+// (fetched at 0) and started at startMs, on a slot handed to it in memory,
+// ran to its end; w1 was killed at 250 ms before it wrote the move, so the
+// rescue took the job for one still waiting and undid its attempt: it ran
+// again on w2 and ended at attempt 1 with two executions. That is the
+// README's tolerance when it had waited; a job that started at its fetch
+// held no hand-over, and the same record is a violation.
+func TestCheckOutcomesToleratesAnUnwrittenHandOver(t *testing.T) {
+	for _, c := range []struct {
+		startMs int
+		want    int
+	}{{100, 0}, {5, 1}} {
+		f := newFakeRecord(limits{max: 2})
+		f.r.workers = append(f.r.workers, workerEvent{worker: "w2", what: "start", at: f.at(-10000)},
+			workerEvent{worker: "w1", what: "kill", at: f.at(250)})
+		f.r.jobs[1] = &job{id: 1, kind: "torture.a", maxAttempts: 5, final: "completed", attempt: 1}
+		f.state(1, "", "available", 0)
+		f.state(1, "available", "running", 0)
+		f.r.runs = append(f.r.runs, run{id: 1, job: 1, kind: "torture.a", attempt: 1, worker: "w1",
+			start: f.at(c.startMs), end: f.at(c.startMs + 10), outcome: "ok"})
+		f.state(1, "running", "pending", 300)
+		f.state(1, "pending", "available", 310)
+		f.r.changes[1] = append(f.r.changes[1], change{job: 1, from: "available", to: "running", client: "w2", at: f.at(320)})
+		f.r.runs = append(f.r.runs, run{id: 2, job: 1, kind: "torture.a", attempt: 1, worker: "w2",
+			start: f.at(320), end: f.at(330), outcome: "ok"})
+		f.state(1, "running", "completed", 330)
+		if got := f.found("outcome"); len(got) != c.want {
+			t.Fatalf("started %d ms after its fetch: outcome violations %q, want %d", c.startMs, got, c.want)
+		}
+	}
+}
