@@ -152,12 +152,12 @@ func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg Dele
 }
 
 const insertConcurrencyExecutions = `-- name: InsertConcurrencyExecutions :many
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
-SELECT r.job_id, r.kind, $1, $2::boolean, NULLIF(r.key, '')
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+SELECT r.job_id, r.kind, $1, $2::boolean, NULLIF(r.key, ''), clock_timestamp()
 FROM (SELECT unnest($3::bigint[]) AS job_id, unnest($4::text[]) AS kind,
              unnest($5::text[]) AS key) AS r
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now(), key = EXCLUDED.key
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
 RETURNING kind, (xmax::text = '0')::boolean AS inserted
 `
 

@@ -52,7 +52,7 @@ func (q *Queries) BackfillPartitionKeys(ctx context.Context, kind string) error 
 
 const claimReservedSlots = `-- name: ClaimReservedSlots :exec
 UPDATE concurrency_executions e
-SET reserved = false, worker_id = $1, admitted_at = now()
+SET reserved = false, worker_id = $1, admitted_at = clock_timestamp()
 WHERE e.job_id = ANY($2::bigint[]) AND e.reserved
 `
 

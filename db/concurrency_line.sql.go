@@ -13,7 +13,7 @@ import (
 const claimGrants = `-- name: ClaimGrants :many
 WITH slots AS (
     UPDATE concurrency_executions e
-    SET reserved = false, worker_id = $1::text, admitted_at = now()
+    SET reserved = false, worker_id = $1::text, admitted_at = clock_timestamp()
     WHERE e.job_id = ANY($2::bigint[]) AND e.reserved
     RETURNING e.job_id
 ),
@@ -174,14 +174,14 @@ WITH pairs AS (
 ),
 granted AS (
     UPDATE concurrency_executions e
-    SET reserved = false, worker_id = $3::text, admitted_at = now()
+    SET reserved = false, worker_id = $3::text, admitted_at = clock_timestamp()
     FROM pairs p
     WHERE e.job_id = p.to_id
     RETURNING e.job_id
 ),
 moved AS (
     UPDATE concurrency_executions e
-    SET job_id = p.to_id, admitted_at = now()
+    SET job_id = p.to_id, admitted_at = clock_timestamp()
     FROM pairs p
     WHERE e.job_id = p.from_id AND e.worker_id = $3::text
       AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
@@ -354,34 +354,26 @@ func (q *Queries) HasKindLine(ctx context.Context, kind string) (bool, error) {
 
 const keyLines = `-- name: KeyLines :many
 SELECT k.key::text AS key,
-       ((SELECT count(*) FROM concurrency_executions e
-         WHERE e.kind = $1 AND e.key = k.key)
-        + (SELECT count(*) FROM concurrency_executions e
-           WHERE e.kind = $1 AND e.key IS NULL AND k.key = ''))::integer AS slots,
+       e.slots::integer AS slots,
        w.starts::integer AS starts,
        w.frees_in_ms::bigint AS frees_in_ms,
        COALESCE(LEAST(
            (SELECT p.job_id FROM concurrency_parked_jobs p
             WHERE p.kind = $1 AND p.key = k.key
             ORDER BY p.job_id LIMIT 1),
-           (SELECT p.job_id FROM concurrency_parked_jobs p
-            WHERE p.kind = $1 AND p.key IS NULL AND k.key = ''
-            ORDER BY p.job_id LIMIT 1),
            (SELECT cw.job_id FROM concurrency_waiters cw
             JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
             WHERE cw.kind = $1 AND cw.key = k.key
-              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
-            ORDER BY cw.job_id LIMIT 1),
-           (SELECT cw.job_id FROM concurrency_waiters cw
-            JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
-            WHERE cw.kind = $1 AND cw.key IS NULL AND k.key = ''
-              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
+              AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = cw.job_id)
             ORDER BY cw.job_id LIMIT 1)
        ), 0)::bigint AS oldest,
-       COALESCE((SELECT floor(extract(epoch FROM statement_timestamp() - max(e.admitted_at)) * 1000)
-                 FROM concurrency_executions e
-                 WHERE e.kind = $1 AND e.key = k.key), -1)::bigint AS admitted_ago_ms
+       COALESCE(floor(extract(epoch FROM statement_timestamp() - e.last_admitted) * 1000), -1)::bigint AS admitted_ago_ms
 FROM unnest($2::text[]) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS slots, max(x.admitted_at) AS last_admitted
+    FROM concurrency_executions x
+    WHERE x.kind = $1 AND x.key = k.key
+) e
 CROSS JOIN LATERAL (
     SELECT count(*) AS starts,
            COALESCE(ceil(extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)
@@ -389,7 +381,7 @@ CROSS JOIN LATERAL (
                                             - statement_timestamp()) * 1000),
                     $3::bigint) AS frees_in_ms
     FROM concurrency_starts s
-    WHERE s.kind = $1 AND (s.key = k.key OR (s.key IS NULL AND k.key = ''))
+    WHERE s.kind = $1 AND s.key = k.key
       AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => $3::bigint / 1000.0))
 ) w
 `
@@ -409,17 +401,15 @@ type KeyLinesRow struct {
 	AdmittedAgoMs int64  `json:"admitted_ago_ms"`
 }
 
-// Per key of kind (keys: ” for a kind without a partition, which is one
-// line): the slots it holds (admitted and reserved), its starts in the rate
-// window of period_ms ending now (with those reserved), in how many ms the
-// window next frees a start (when its oldest start leaves it; period_ms
-// when every start in it is reserved), the oldest job of its line still
-// waiting, parked or in the waiters without a grant (0: none), and how many
-// ms ago it last admitted a job to a slot it still holds (-1: it holds
-// none): a key whose line moves. Each table
-// is read by its (kind, key) index: a key's rows match key = k.key, and
-// the one line of a kind without a partition, NULL keys (two branches, so
-// that neither hides the index behind a COALESCE).
+// Per key of kind (a kind with a partition; KindLine reads the one line of
+// a kind without): the slots it holds (admitted and reserved), its starts
+// in the rate window of period_ms ending now (with those reserved), in how
+// many ms the window next frees a start (when its oldest start leaves it;
+// period_ms when every start in it is reserved), the oldest job of its
+// line still waiting, parked or in the waiters without a grant (0: none),
+// and how many ms ago it last admitted a job to a slot it still holds (-1:
+// it holds none): a key whose line moves. Each table is read by its (kind,
+// key) index.
 func (q *Queries) KeyLines(ctx context.Context, arg KeyLinesParams) ([]*KeyLinesRow, error) {
 	rows, err := q.db.Query(ctx, keyLines, arg.Kind, arg.Keys, arg.PeriodMs)
 	if err != nil {
@@ -447,6 +437,138 @@ func (q *Queries) KeyLines(ctx context.Context, arg KeyLinesParams) ([]*KeyLines
 	return items, nil
 }
 
+const kindLine = `-- name: KindLine :one
+SELECT e.slots::integer AS slots,
+       w.starts::integer AS starts,
+       w.frees_in_ms::bigint AS frees_in_ms,
+       COALESCE(LEAST(
+           (SELECT p.job_id FROM concurrency_parked_jobs p
+            WHERE p.kind = $1 AND p.key IS NULL
+            ORDER BY p.job_id LIMIT 1),
+           (SELECT cw.job_id FROM concurrency_waiters cw
+            JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
+            WHERE cw.kind = $1 AND cw.key IS NULL
+              AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = cw.job_id)
+            ORDER BY cw.job_id LIMIT 1)
+       ), 0)::bigint AS oldest,
+       COALESCE(floor(extract(epoch FROM statement_timestamp() - e.last_admitted) * 1000), -1)::bigint AS admitted_ago_ms
+FROM (
+    SELECT count(*) AS slots, max(x.admitted_at) AS last_admitted
+    FROM concurrency_executions x
+    WHERE x.kind = $1 AND x.key IS NULL
+) e
+CROSS JOIN (
+    SELECT count(*) AS starts,
+           COALESCE(ceil(extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)
+                                            + make_interval(secs => $2::bigint / 1000.0)
+                                            - statement_timestamp()) * 1000),
+                    $2::bigint) AS frees_in_ms
+    FROM concurrency_starts s
+    WHERE s.kind = $1 AND s.key IS NULL
+      AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => $2::bigint / 1000.0))
+) w
+`
+
+type KindLineParams struct {
+	Kind     string `json:"kind"`
+	PeriodMs int64  `json:"period_ms"`
+}
+
+type KindLineRow struct {
+	Slots         int32 `json:"slots"`
+	Starts        int32 `json:"starts"`
+	FreesInMs     int64 `json:"frees_in_ms"`
+	Oldest        int64 `json:"oldest"`
+	AdmittedAgoMs int64 `json:"admitted_ago_ms"`
+}
+
+// KeyLines for the one line of a kind without a partition: its rows have
+// no key (NULL), read by the kind's indexes.
+func (q *Queries) KindLine(ctx context.Context, arg KindLineParams) (*KindLineRow, error) {
+	row := q.db.QueryRow(ctx, kindLine, arg.Kind, arg.PeriodMs)
+	var i KindLineRow
+	err := row.Scan(
+		&i.Slots,
+		&i.Starts,
+		&i.FreesInMs,
+		&i.Oldest,
+		&i.AdmittedAgoMs,
+	)
+	return &i, err
+}
+
+const kindLineFront = `-- name: KindLineFront :many
+SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
+FROM (
+    (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
+            (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
+            (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
+     FROM concurrency_parked_jobs p
+     JOIN river_job j ON j.id = p.job_id
+     WHERE p.kind = $1 AND p.key IS NULL
+     ORDER BY p.job_id
+     LIMIT $2)
+    UNION ALL
+    (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
+     FROM concurrency_waiters w
+     JOIN river_job j ON j.id = w.job_id
+         AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
+     WHERE w.kind = $1 AND w.key IS NULL
+       AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+     ORDER BY w.job_id
+     LIMIT $2)
+) x
+ORDER BY x.job_id
+LIMIT $2
+`
+
+type KindLineFrontParams struct {
+	Kind   string `json:"kind"`
+	PerKey int32  `json:"per_key"`
+}
+
+type KindLineFrontRow struct {
+	JobID     int64   `json:"job_id"`
+	Parked    bool    `json:"parked"`
+	WorkerID  *string `json:"worker_id"`
+	Ready     bool    `json:"ready"`
+	Resumable bool    `json:"resumable"`
+	Queue     string  `json:"queue"`
+	Reason    string  `json:"reason"`
+	Ahead     bool    `json:"ahead"`
+}
+
+// LineFront for the one line of a kind without a partition: its rows have
+// no key (NULL), read in job-id order from the (kind, job_id) indexes.
+func (q *Queries) KindLineFront(ctx context.Context, arg KindLineFrontParams) ([]*KindLineFrontRow, error) {
+	rows, err := q.db.Query(ctx, kindLineFront, arg.Kind, arg.PerKey)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*KindLineFrontRow
+	for rows.Next() {
+		var i KindLineFrontRow
+		if err := rows.Scan(
+			&i.JobID,
+			&i.Parked,
+			&i.WorkerID,
+			&i.Ready,
+			&i.Resumable,
+			&i.Queue,
+			&i.Reason,
+			&i.Ahead,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lineFront = `-- name: LineFront :many
 SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead
 FROM unnest($1::text[]) AS k(key)
@@ -462,29 +584,11 @@ CROSS JOIN LATERAL (
          ORDER BY p.job_id
          LIMIT $3)
         UNION ALL
-        (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
-                (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
-                (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
-         FROM concurrency_parked_jobs p
-         JOIN river_job j ON j.id = p.job_id
-         WHERE p.kind = $2 AND p.key IS NULL AND k.key = ''
-         ORDER BY p.job_id
-         LIMIT $3)
-        UNION ALL
         (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
          FROM concurrency_waiters w
          JOIN river_job j ON j.id = w.job_id
              AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
          WHERE w.kind = $2 AND w.key = k.key
-           AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
-         ORDER BY w.job_id
-         LIMIT $3)
-        UNION ALL
-        (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
-         FROM concurrency_waiters w
-         JOIN river_job j ON j.id = w.job_id
-             AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
-         WHERE w.kind = $2 AND w.key IS NULL AND k.key = ''
            AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
          ORDER BY w.job_id
          LIMIT $3)
@@ -513,16 +617,16 @@ type LineFrontRow struct {
 	Ahead     bool    `json:"ahead"`
 }
 
-// The front of the line of kind's keys (keys: ” for a kind without a
-// partition): per key its oldest per_key waiting jobs, parked or waiters
-// (not holding a grant; one resumed ahead counts from when it is available
-// until its worker decides it), in job-id order, each with where it waits (parked
-// job, or the worker a waiter waits in, NULL when resumed ahead), whether it
-// is ready (a parked job still completing its parking holds up the younger
-// ones unless it is more than 5 s late) and resumable (pending), its queue,
+// The front of the line of kind's keys (a kind with a partition;
+// KindLineFront reads the one line of a kind without): per key its oldest
+// per_key waiting jobs, parked or waiters (not holding a grant; one
+// resumed ahead counts from when it is available until its worker decides
+// it), in job-id order, each with where it waits (parked job, or the
+// worker a waiter waits in, NULL when resumed ahead), whether it is ready
+// (a parked job still completing its parking holds up the younger ones
+// unless it is more than 5 s late) and resumable (pending), its queue,
 // what holds it, and whether it was resumed ahead once already. A key's
-// rows are read in job-id order from the (kind, key, job_id) indexes: key =
-// k.key, or NULL for the one line of a kind without a partition.
+// rows are read in job-id order from the (kind, key, job_id) indexes.
 func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFrontRow, error) {
 	rows, err := q.db.Query(ctx, lineFront, arg.Keys, arg.Kind, arg.PerKey)
 	if err != nil {
@@ -597,7 +701,8 @@ type LineRecordsRow struct {
 // whether it is in the waiters (waits in a worker, or was resumed ahead).
 // A slot or start of an earlier attempt whose release is not written yet
 // (a job retried at once) is not this attempt's: the attempt is decided
-// afresh, and logs a start of its own.
+// afresh, and logs a start of its own. (A slot is stamped when taken with
+// the clock, not the transaction's start, which may precede the fetch.)
 func (q *Queries) LineRecords(ctx context.Context, arg LineRecordsParams) ([]*LineRecordsRow, error) {
 	rows, err := q.db.Query(ctx, lineRecords, arg.WorkerID, arg.JobIds, arg.AttemptedAts)
 	if err != nil {
@@ -687,12 +792,12 @@ func (q *Queries) ParkWorkerWaiters(ctx context.Context, workerID string) ([]*Pa
 }
 
 const reserveGrants = `-- name: ReserveGrants :many
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
-SELECT r.job_id, $1, NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, '')
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+SELECT r.job_id, $1, NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, ''), clock_timestamp()
 FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS key,
              unnest($4::text[]) AS worker_id, unnest($5::boolean[]) AS claimed) AS r
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now(), key = EXCLUDED.key
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
 RETURNING (xmax::text = '0')::boolean AS inserted
 `
 

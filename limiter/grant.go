@@ -164,13 +164,9 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 		depth = min(most+perKeyAhead, maxFront)
 	}
 	depth = max(depth, 1)
-	rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: keys, PerKey: int32(depth)})
+	fronts, err := lineFronts(ctx, q, kind, keys, int32(depth))
 	if err != nil {
-		return res, fmt.Errorf("front of the %s line: %w", kind, err)
-	}
-	fronts := map[string][]*db.LineFrontRow{}
-	for _, row := range rows {
-		fronts[row.Key] = append(fronts[row.Key], row)
+		return res, err
 	}
 
 	// The room of each key, and where its front stands.
@@ -287,6 +283,34 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	slices.SortFunc(served, func(a, b string) int { return lastTurn[a] - lastTurn[b] })
 	err = l.afterGrants(ctx, q, kind, c, served, &res)
 	return res, err
+}
+
+// lineFronts reads the fronts of the lines of kind's keys, depth jobs deep
+// ("": the one line of a kind without a partition, or the rows without a
+// key of one that has one now).
+func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, depth int32) (map[string][]*db.LineFrontRow, error) {
+	fronts := map[string][]*db.LineFrontRow{}
+	named := slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return k == "" })
+	if len(named) > 0 {
+		rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: named, PerKey: depth})
+		if err != nil {
+			return nil, fmt.Errorf("front of the %s line: %w", kind, err)
+		}
+		for _, row := range rows {
+			fronts[row.Key] = append(fronts[row.Key], row)
+		}
+	}
+	if len(named) < len(keys) {
+		rows, err := q.KindLineFront(ctx, db.KindLineFrontParams{Kind: kind, PerKey: depth})
+		if err != nil {
+			return nil, fmt.Errorf("front of the %s line: %w", kind, err)
+		}
+		for _, row := range rows {
+			fronts[""] = append(fronts[""], &db.LineFrontRow{JobID: row.JobID, Parked: row.Parked, WorkerID: row.WorkerID,
+				Ready: row.Ready, Resumable: row.Resumable, Queue: row.Queue, Reason: row.Reason, Ahead: row.Ahead})
+		}
+	}
+	return fronts, nil
 }
 
 // resumableFront reports whether the fronts of the keys turnover hold a

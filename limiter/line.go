@@ -279,19 +279,35 @@ func (l *Limiter) decideLine(ctx context.Context, q *db.Queries, kind string, c 
 	return l.writeLine(ctx, q, kind, c, plan, keys, undecided, out)
 }
 
-// keyLines reads the lines of kind's keys (one, "", for a kind without a
-// partition).
+// keyLines reads the lines of kind's keys ("": the one line of a kind
+// without a partition, or the rows without a key of one that has one now).
 func keyLines(ctx context.Context, q *db.Queries, kind string, c *kindCounts, keys []string) (map[string]keyLine, error) {
-	rows, err := q.KeyLines(ctx, db.KeyLinesParams{Kind: kind, Keys: keys, PeriodMs: c.ratePeriod.Milliseconds()})
-	if err != nil {
-		return nil, fmt.Errorf("lines of %s keys: %w", kind, err)
+	out := make(map[string]keyLine, len(keys))
+	period := c.ratePeriod.Milliseconds()
+	named := slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return k == "" })
+	if len(named) > 0 {
+		rows, err := q.KeyLines(ctx, db.KeyLinesParams{Kind: kind, Keys: named, PeriodMs: period})
+		if err != nil {
+			return nil, fmt.Errorf("lines of %s keys: %w", kind, err)
+		}
+		for _, row := range rows {
+			out[row.Key] = newKeyLine(row.Slots, row.Starts, row.FreesInMs, row.Oldest, row.AdmittedAgoMs)
+		}
 	}
-	out := make(map[string]keyLine, len(rows))
-	for _, row := range rows {
-		out[row.Key] = keyLine{slots: row.Slots, starts: row.Starts, freesIn: time.Duration(row.FreesInMs) * time.Millisecond,
-			oldest: row.Oldest, admittedAgo: time.Duration(row.AdmittedAgoMs) * time.Millisecond}
+	if len(named) < len(keys) {
+		row, err := q.KindLine(ctx, db.KindLineParams{Kind: kind, PeriodMs: period})
+		if err != nil {
+			return nil, fmt.Errorf("line of %s: %w", kind, err)
+		}
+		out[""] = newKeyLine(row.Slots, row.Starts, row.FreesInMs, row.Oldest, row.AdmittedAgoMs)
 	}
 	return out, nil
+}
+
+// newKeyLine is the keyLine of a row of KeyLines or KindLine.
+func newKeyLine(slots, starts int32, freesInMs, oldest, admittedAgoMs int64) keyLine {
+	return keyLine{slots: slots, starts: starts, freesIn: time.Duration(freesInMs) * time.Millisecond, oldest: oldest,
+		admittedAgo: time.Duration(admittedAgoMs) * time.Millisecond}
 }
 
 // undecidedOlder reads, per key, the oldest running job of kind older than

@@ -69,12 +69,12 @@ WHERE kind = sqlc.arg(kind);
 -- kinds of the rows it inserted (not those it updated), so that the caller
 -- raises the counts by exactly the rows added (xmax is 0 on a row this
 -- statement inserted).
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
-SELECT r.job_id, r.kind, sqlc.narg(worker_id), sqlc.arg(reserved)::boolean, NULLIF(r.key, '')
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+SELECT r.job_id, r.kind, sqlc.narg(worker_id), sqlc.arg(reserved)::boolean, NULLIF(r.key, ''), clock_timestamp()
 FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,
              unnest(sqlc.arg(keys)::text[]) AS key) AS r
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now(), key = EXCLUDED.key
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
 RETURNING kind, (xmax::text = '0')::boolean AS inserted;
 
 -- name: MarkJobsParking :many

@@ -42,7 +42,7 @@ FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys
 -- name: ClaimReservedSlots :exec
 -- Resumed jobs take their reserved slots as their own.
 UPDATE concurrency_executions e
-SET reserved = false, worker_id = sqlc.narg(worker_id), admitted_at = now()
+SET reserved = false, worker_id = sqlc.narg(worker_id), admitted_at = clock_timestamp()
 WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.reserved;
 
 -- name: ClaimReservedStarts :exec

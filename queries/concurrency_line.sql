@@ -14,7 +14,8 @@
 -- whether it is in the waiters (waits in a worker, or was resumed ahead).
 -- A slot or start of an earlier attempt whose release is not written yet
 -- (a job retried at once) is not this attempt's: the attempt is decided
--- afresh, and logs a start of its own.
+-- afresh, and logs a start of its own. (A slot is stamped when taken with
+-- the clock, not the transaction's start, which may precede the fetch.)
 SELECT r.job_id::bigint AS job_id,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = r.job_id AND e.reserved) AS slot_reserved,
        EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = r.job_id AND s.reserved) AS start_reserved,
@@ -28,46 +29,36 @@ FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
              unnest(sqlc.arg(attempted_ats)::timestamptz[]) AS attempted_at) AS r;
 
 -- name: KeyLines :many
--- Per key of kind (keys: '' for a kind without a partition, which is one
--- line): the slots it holds (admitted and reserved), its starts in the rate
--- window of period_ms ending now (with those reserved), in how many ms the
--- window next frees a start (when its oldest start leaves it; period_ms
--- when every start in it is reserved), the oldest job of its line still
--- waiting, parked or in the waiters without a grant (0: none), and how many
--- ms ago it last admitted a job to a slot it still holds (-1: it holds
--- none): a key whose line moves. Each table
--- is read by its (kind, key) index: a key's rows match key = k.key, and
--- the one line of a kind without a partition, NULL keys (two branches, so
--- that neither hides the index behind a COALESCE).
+-- Per key of kind (a kind with a partition; KindLine reads the one line of
+-- a kind without): the slots it holds (admitted and reserved), its starts
+-- in the rate window of period_ms ending now (with those reserved), in how
+-- many ms the window next frees a start (when its oldest start leaves it;
+-- period_ms when every start in it is reserved), the oldest job of its
+-- line still waiting, parked or in the waiters without a grant (0: none),
+-- and how many ms ago it last admitted a job to a slot it still holds (-1:
+-- it holds none): a key whose line moves. Each table is read by its (kind,
+-- key) index.
 SELECT k.key::text AS key,
-       ((SELECT count(*) FROM concurrency_executions e
-         WHERE e.kind = sqlc.arg(kind) AND e.key = k.key)
-        + (SELECT count(*) FROM concurrency_executions e
-           WHERE e.kind = sqlc.arg(kind) AND e.key IS NULL AND k.key = ''))::integer AS slots,
+       e.slots::integer AS slots,
        w.starts::integer AS starts,
        w.frees_in_ms::bigint AS frees_in_ms,
        COALESCE(LEAST(
            (SELECT p.job_id FROM concurrency_parked_jobs p
             WHERE p.kind = sqlc.arg(kind) AND p.key = k.key
             ORDER BY p.job_id LIMIT 1),
-           (SELECT p.job_id FROM concurrency_parked_jobs p
-            WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL AND k.key = ''
-            ORDER BY p.job_id LIMIT 1),
            (SELECT cw.job_id FROM concurrency_waiters cw
             JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
             WHERE cw.kind = sqlc.arg(kind) AND cw.key = k.key
-              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
-            ORDER BY cw.job_id LIMIT 1),
-           (SELECT cw.job_id FROM concurrency_waiters cw
-            JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
-            WHERE cw.kind = sqlc.arg(kind) AND cw.key IS NULL AND k.key = ''
-              AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = cw.job_id)
+              AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = cw.job_id)
             ORDER BY cw.job_id LIMIT 1)
        ), 0)::bigint AS oldest,
-       COALESCE((SELECT floor(extract(epoch FROM statement_timestamp() - max(e.admitted_at)) * 1000)
-                 FROM concurrency_executions e
-                 WHERE e.kind = sqlc.arg(kind) AND e.key = k.key), -1)::bigint AS admitted_ago_ms
+       COALESCE(floor(extract(epoch FROM statement_timestamp() - e.last_admitted) * 1000), -1)::bigint AS admitted_ago_ms
 FROM unnest(sqlc.arg(keys)::text[]) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS slots, max(x.admitted_at) AS last_admitted
+    FROM concurrency_executions x
+    WHERE x.kind = sqlc.arg(kind) AND x.key = k.key
+) e
 CROSS JOIN LATERAL (
     SELECT count(*) AS starts,
            COALESCE(ceil(extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)
@@ -75,7 +66,40 @@ CROSS JOIN LATERAL (
                                             - statement_timestamp()) * 1000),
                     sqlc.arg(period_ms)::bigint) AS frees_in_ms
     FROM concurrency_starts s
-    WHERE s.kind = sqlc.arg(kind) AND (s.key = k.key OR (s.key IS NULL AND k.key = ''))
+    WHERE s.kind = sqlc.arg(kind) AND s.key = k.key
+      AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => sqlc.arg(period_ms)::bigint / 1000.0))
+) w;
+
+-- name: KindLine :one
+-- KeyLines for the one line of a kind without a partition: its rows have
+-- no key (NULL), read by the kind's indexes.
+SELECT e.slots::integer AS slots,
+       w.starts::integer AS starts,
+       w.frees_in_ms::bigint AS frees_in_ms,
+       COALESCE(LEAST(
+           (SELECT p.job_id FROM concurrency_parked_jobs p
+            WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL
+            ORDER BY p.job_id LIMIT 1),
+           (SELECT cw.job_id FROM concurrency_waiters cw
+            JOIN river_job j ON j.id = cw.job_id AND j.state IN ('running', 'available')
+            WHERE cw.kind = sqlc.arg(kind) AND cw.key IS NULL
+              AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = cw.job_id)
+            ORDER BY cw.job_id LIMIT 1)
+       ), 0)::bigint AS oldest,
+       COALESCE(floor(extract(epoch FROM statement_timestamp() - e.last_admitted) * 1000), -1)::bigint AS admitted_ago_ms
+FROM (
+    SELECT count(*) AS slots, max(x.admitted_at) AS last_admitted
+    FROM concurrency_executions x
+    WHERE x.kind = sqlc.arg(kind) AND x.key IS NULL
+) e
+CROSS JOIN (
+    SELECT count(*) AS starts,
+           COALESCE(ceil(extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)
+                                            + make_interval(secs => sqlc.arg(period_ms)::bigint / 1000.0)
+                                            - statement_timestamp()) * 1000),
+                    sqlc.arg(period_ms)::bigint) AS frees_in_ms
+    FROM concurrency_starts s
+    WHERE s.kind = sqlc.arg(kind) AND s.key IS NULL
       AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => sqlc.arg(period_ms)::bigint / 1000.0))
 ) w;
 
@@ -140,7 +164,7 @@ SELECT EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w
 -- safety net dropped them): they are decided again.
 WITH slots AS (
     UPDATE concurrency_executions e
-    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = now()
+    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = clock_timestamp()
     WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.reserved
     RETURNING e.job_id
 ),
@@ -166,16 +190,16 @@ WHERE NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id)
   AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.job_id = r.job_id);
 
 -- name: LineFront :many
--- The front of the line of kind's keys (keys: '' for a kind without a
--- partition): per key its oldest per_key waiting jobs, parked or waiters
--- (not holding a grant; one resumed ahead counts from when it is available
--- until its worker decides it), in job-id order, each with where it waits (parked
--- job, or the worker a waiter waits in, NULL when resumed ahead), whether it
--- is ready (a parked job still completing its parking holds up the younger
--- ones unless it is more than 5 s late) and resumable (pending), its queue,
+-- The front of the line of kind's keys (a kind with a partition;
+-- KindLineFront reads the one line of a kind without): per key its oldest
+-- per_key waiting jobs, parked or waiters (not holding a grant; one
+-- resumed ahead counts from when it is available until its worker decides
+-- it), in job-id order, each with where it waits (parked job, or the
+-- worker a waiter waits in, NULL when resumed ahead), whether it is ready
+-- (a parked job still completing its parking holds up the younger ones
+-- unless it is more than 5 s late) and resumable (pending), its queue,
 -- what holds it, and whether it was resumed ahead once already. A key's
--- rows are read in job-id order from the (kind, key, job_id) indexes: key =
--- k.key, or NULL for the one line of a kind without a partition.
+-- rows are read in job-id order from the (kind, key, job_id) indexes.
 SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead
 FROM unnest(sqlc.arg(keys)::text[]) AS k(key)
 CROSS JOIN LATERAL (
@@ -190,15 +214,6 @@ CROSS JOIN LATERAL (
          ORDER BY p.job_id
          LIMIT sqlc.arg(per_key))
         UNION ALL
-        (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
-                (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
-                (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
-         FROM concurrency_parked_jobs p
-         JOIN river_job j ON j.id = p.job_id
-         WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL AND k.key = ''
-         ORDER BY p.job_id
-         LIMIT sqlc.arg(per_key))
-        UNION ALL
         (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
          FROM concurrency_waiters w
          JOIN river_job j ON j.id = w.job_id
@@ -207,20 +222,37 @@ CROSS JOIN LATERAL (
            AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
          ORDER BY w.job_id
          LIMIT sqlc.arg(per_key))
-        UNION ALL
-        (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
-         FROM concurrency_waiters w
-         JOIN river_job j ON j.id = w.job_id
-             AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
-         WHERE w.kind = sqlc.arg(kind) AND w.key IS NULL AND k.key = ''
-           AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
-         ORDER BY w.job_id
-         LIMIT sqlc.arg(per_key))
     ) x
     ORDER BY x.job_id
     LIMIT sqlc.arg(per_key)
 ) f
 ORDER BY k.key, f.job_id;
+
+-- name: KindLineFront :many
+-- LineFront for the one line of a kind without a partition: its rows have
+-- no key (NULL), read in job-id order from the (kind, job_id) indexes.
+SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
+FROM (
+    (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
+            (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
+            (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
+     FROM concurrency_parked_jobs p
+     JOIN river_job j ON j.id = p.job_id
+     WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL
+     ORDER BY p.job_id
+     LIMIT sqlc.arg(per_key))
+    UNION ALL
+    (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
+     FROM concurrency_waiters w
+     JOIN river_job j ON j.id = w.job_id
+         AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
+     WHERE w.kind = sqlc.arg(kind) AND w.key IS NULL
+       AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+     ORDER BY w.job_id
+     LIMIT sqlc.arg(per_key))
+) x
+ORDER BY x.job_id
+LIMIT sqlc.arg(per_key);
 
 -- name: TurnKeys :many
 -- Up to max_keys keys of kind with waiting jobs, in the round's order: the
@@ -270,12 +302,12 @@ WHERE w.kind = sqlc.arg(kind)
 -- claimed: taken at once by a job waiting in the granting worker): a slot
 -- row each, reserved for the job unless claimed. Returns the kinds of the
 -- rows added (xmax 0), so that the count grows by exactly those.
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key)
-SELECT r.job_id, sqlc.arg(kind), NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, '')
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+SELECT r.job_id, sqlc.arg(kind), NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, ''), clock_timestamp()
 FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key,
              unnest(sqlc.arg(worker_ids)::text[]) AS worker_id, unnest(sqlc.arg(claimed)::boolean[]) AS claimed) AS r
 ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = now(), key = EXCLUDED.key
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
 RETURNING (xmax::text = '0')::boolean AS inserted;
 
 -- name: RevokeGrants :many
@@ -390,14 +422,14 @@ WITH pairs AS (
 ),
 granted AS (
     UPDATE concurrency_executions e
-    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = now()
+    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = clock_timestamp()
     FROM pairs p
     WHERE e.job_id = p.to_id
     RETURNING e.job_id
 ),
 moved AS (
     UPDATE concurrency_executions e
-    SET job_id = p.to_id, admitted_at = now()
+    SET job_id = p.to_id, admitted_at = clock_timestamp()
     FROM pairs p
     WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
       AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)

@@ -88,7 +88,10 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 			}
 			defer clientPool.Close()
 		}
-		j, _ := NewJobs(tb, clientPool)
+		// Each client is a worker process of its own, as in production:
+		// its own worker ID (a grant to a job waiting in one worker is
+		// claimed by that worker only).
+		j, _ := NewJobsConfig(tb, clientPool, app.JobsConfig{WorkerID: fmt.Sprintf("test-%s-%d", tb.Name(), i)})
 		cfg := &river.Config{
 			FetchCooldown:     time.Millisecond,
 			FetchPollInterval: 20 * time.Millisecond,
