@@ -188,9 +188,10 @@ func TestLimitsWorkerKilled(t *testing.T) {
 
 // TestRunningButWaiting: a job waiting in its worker for a slot is running
 // to River; SQL, limits list and jobs list tell it from one that works.
-// Limit 2, two workers, 12 jobs of 3 s: the workers fetch them all, 2 work
+// Limit 2, two workers, 12 jobs of 10 s: the workers fetch them all, 2 work
 // and the other 10 wait (park-after 20 s), and the overview, limits list
-// and jobs list all say so.
+// and jobs list all say so. (Jobs of 3 s ended before jobs list ran on a
+// loaded machine: two completed, two more working, 8 waiting.)
 func TestRunningButWaiting(t *testing.T) {
 	t.Parallel()
 
@@ -203,7 +204,7 @@ func TestRunningButWaiting(t *testing.T) {
 	startWorkerProcess(t, url, "SLUICE_PARK_AFTER=20s")
 	const n = 12
 	for range n {
-		code, out := sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 3000}`)
+		code, out := sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 10000}`)
 		require.Equal(t, 0, code, out)
 	}
 
@@ -289,7 +290,7 @@ func TestKilledWorkersWaitingJobsPark(t *testing.T) {
 			a := startWorkerProcess(t, url, append(fast, "SLUICE_WORKER_ID=doomed")...)
 			const n = 4
 			for range n {
-				code, out := sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 3000}`)
+				code, out := sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 10000}`)
 				require.Equal(t, 0, code, out)
 			}
 			// One runs, three wait in the worker (running to River).
