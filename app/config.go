@@ -212,7 +212,7 @@ type Config struct {
 	// ParkAfter is how long a job of a limited kind waits in the worker for
 	// a slot before it parks (--park-after; default 1 second). A job waiting
 	// only for its key waits on while its key admitted a job within that
-	// time (its key's line moves).
+	// time or has room (its key's line moves).
 	ParkAfter time.Duration
 	// MaintenanceTimeout bounds a maintenance run (--maintenance-timeout;
 	// default 30 minutes).

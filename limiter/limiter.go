@@ -207,7 +207,7 @@ type Config struct {
 	// ParkAfter is how long a job of a limited kind waits in its worker for
 	// a slot before it parks (default DefaultParkAfter). A job waiting only
 	// for its key waits on, a ParkAfter at a time, while its key admitted a
-	// job within the last ParkAfter (keyLine.moving).
+	// job within the last ParkAfter or has room (kindCounts.keyMoving).
 	ParkAfter time.Duration
 }
 

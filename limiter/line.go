@@ -72,7 +72,7 @@ type lineStep struct {
 	// giveBack: it does not run, and gives back what it holds (a grant).
 	giveBack bool
 	// extend: its park-after time passed while its key's line moves
-	// (keyLine.moving): it waits a park-after time more.
+	// (kindCounts.keyMoving): it waits a park-after time more.
 	extend bool
 }
 
