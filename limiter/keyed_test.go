@@ -259,7 +259,11 @@ func TestKeyedRiverClient(t *testing.T) {
 	require.Zero(t, worked[1]+worked[2], "the cancelled and the deleted job never ran")
 	require.Equal(t, "cancelled", jobState(t, pool, held[0]))
 	require.Empty(t, jobState(t, pool, held[1]))
-	require.Zero(t, count(t, pool, "SELECT count(*) FROM sluice_concurrency_keys WHERE kind = $1", fullKind))
+	// The last release is written in the background, perhaps after River
+	// completed the job (a loaded machine): the key's rows go with it.
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM sluice_concurrency_keys WHERE kind = $1", fullKind) == 0
+	}, 10*time.Second, 10*time.Millisecond, "a key without activity leaves no rows")
 }
 
 // TestKeyedLimitChangedUnderLoad: under a steady stream of jobs of 4
