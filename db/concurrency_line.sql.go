@@ -312,22 +312,23 @@ func (q *Queries) HasAnyLine(ctx context.Context, kind string) (bool, error) {
 }
 
 const hasGrants = `-- name: HasGrants :one
-SELECT EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w ON w.job_id = e.job_id
-               WHERE e.reserved AND w.worker_id = $1::text)
-    OR EXISTS (SELECT 1 FROM concurrency_starts s JOIN concurrency_waiters w ON w.job_id = s.job_id
-               WHERE s.reserved AND w.worker_id = $1::text) AS has
+SELECT (EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w ON w.job_id = e.job_id
+                WHERE e.reserved AND w.worker_id = $1::text)
+     OR EXISTS (SELECT 1 FROM concurrency_starts s JOIN concurrency_waiters w ON w.job_id = s.job_id
+                WHERE s.reserved AND w.worker_id = $1::text))::boolean AS has
 `
 
 // Whether a job waiting in worker_id may have a grant to claim: a slot or a
 // start reserved for one of its waiters (whichever worker the grant
 // names: a job resumed ahead may be granted a slot as it is taken by its
-// worker, TakeAheadWaiters). Read from the partial indexes of reserved rows
-// (few: grants not claimed yet), so that a worker's line poller looks
-// every few ms for the price of a few index probes, and claims
-// (ClaimGrants) only when there is something.
-func (q *Queries) HasGrants(ctx context.Context, workerID string) (*bool, error) {
+// worker, TakeAheadWaiters). It reads the reserved rows (few: grants not
+// claimed yet) and their waiters, so that a worker's line poller looks
+// every few ms for less than a claim costs (under P10's churn about
+// 0.9 ms against 1.2-1.4 ms), and claims (ClaimGrants) only when there is
+// something.
+func (q *Queries) HasGrants(ctx context.Context, workerID string) (bool, error) {
 	row := q.db.QueryRow(ctx, hasGrants, workerID)
-	var has *bool
+	var has bool
 	err := row.Scan(&has)
 	return has, err
 }

@@ -290,7 +290,7 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 // key of one that has one now).
 func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, depth int32) (map[string][]*db.LineFrontRow, error) {
 	fronts := map[string][]*db.LineFrontRow{}
-	named := slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return k == "" })
+	named, unkeyed := splitKeys(keys)
 	if len(named) > 0 {
 		rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: named, PerKey: depth})
 		if err != nil {
@@ -300,7 +300,7 @@ func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, 
 			fronts[row.Key] = append(fronts[row.Key], row)
 		}
 	}
-	if len(named) < len(keys) {
+	if unkeyed {
 		rows, err := q.KindLineFront(ctx, db.KindLineFrontParams{Kind: kind, PerKey: depth})
 		if err != nil {
 			return nil, fmt.Errorf("front of the %s line: %w", kind, err)

@@ -284,7 +284,7 @@ func (l *Limiter) decideLine(ctx context.Context, q *db.Queries, kind string, c 
 func keyLines(ctx context.Context, q *db.Queries, kind string, c *kindCounts, keys []string) (map[string]keyLine, error) {
 	out := make(map[string]keyLine, len(keys))
 	period := c.ratePeriod.Milliseconds()
-	named := slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return k == "" })
+	named, unkeyed := splitKeys(keys)
 	if len(named) > 0 {
 		rows, err := q.KeyLines(ctx, db.KeyLinesParams{Kind: kind, Keys: named, PeriodMs: period})
 		if err != nil {
@@ -294,7 +294,7 @@ func keyLines(ctx context.Context, q *db.Queries, kind string, c *kindCounts, ke
 			out[row.Key] = newKeyLine(row.Slots, row.Starts, row.FreesInMs, row.Oldest, row.AdmittedAgoMs)
 		}
 	}
-	if len(named) < len(keys) {
+	if unkeyed {
 		row, err := q.KindLine(ctx, db.KindLineParams{Kind: kind, PeriodMs: period})
 		if err != nil {
 			return nil, fmt.Errorf("line of %s: %w", kind, err)
@@ -302,6 +302,13 @@ func keyLines(ctx context.Context, q *db.Queries, kind string, c *kindCounts, ke
 		out[""] = newKeyLine(row.Slots, row.Starts, row.FreesInMs, row.Oldest, row.AdmittedAgoMs)
 	}
 	return out, nil
+}
+
+// splitKeys separates the partition keys of keys from "" (the line of rows
+// without a key), which KindLine and KindLineFront read.
+func splitKeys(keys []string) (named []string, unkeyed bool) {
+	named = slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return k == "" })
+	return named, len(named) < len(keys)
 }
 
 // newKeyLine is the keyLine of a row of KeyLines or KindLine.

@@ -267,7 +267,7 @@ func (ws *waitList) claim(ctx context.Context, ids []int64, all bool) ([]*db.Cla
 		if err != nil {
 			return nil, err
 		}
-		if has == nil || !*has {
+		if !has {
 			return nil, nil
 		}
 	}

@@ -146,14 +146,15 @@ DELETE FROM concurrency_waiters WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);
 -- Whether a job waiting in worker_id may have a grant to claim: a slot or a
 -- start reserved for one of its waiters (whichever worker the grant
 -- names: a job resumed ahead may be granted a slot as it is taken by its
--- worker, TakeAheadWaiters). Read from the partial indexes of reserved rows
--- (few: grants not claimed yet), so that a worker's line poller looks
--- every few ms for the price of a few index probes, and claims
--- (ClaimGrants) only when there is something.
-SELECT EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w ON w.job_id = e.job_id
-               WHERE e.reserved AND w.worker_id = sqlc.arg(worker_id)::text)
-    OR EXISTS (SELECT 1 FROM concurrency_starts s JOIN concurrency_waiters w ON w.job_id = s.job_id
-               WHERE s.reserved AND w.worker_id = sqlc.arg(worker_id)::text) AS has;
+-- worker, TakeAheadWaiters). It reads the reserved rows (few: grants not
+-- claimed yet) and their waiters, so that a worker's line poller looks
+-- every few ms for less than a claim costs (under P10's churn about
+-- 0.9 ms against 1.2-1.4 ms), and claims (ClaimGrants) only when there is
+-- something.
+SELECT (EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters w ON w.job_id = e.job_id
+                WHERE e.reserved AND w.worker_id = sqlc.arg(worker_id)::text)
+     OR EXISTS (SELECT 1 FROM concurrency_starts s JOIN concurrency_waiters w ON w.job_id = s.job_id
+                WHERE s.reserved AND w.worker_id = sqlc.arg(worker_id)::text))::boolean AS has;
 
 -- name: ClaimGrants :many
 -- A worker takes the grants its waiting jobs (job_ids) got from a release
