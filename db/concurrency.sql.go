@@ -395,6 +395,22 @@ func (q *Queries) LockConcurrencyLimits(ctx context.Context, kinds []string) ([]
 	return items, nil
 }
 
+const lockLimitRows = `-- name: LockLimitRows :exec
+SELECT 1
+FROM concurrency_limits
+WHERE kind = ANY($1::text[])
+ORDER BY kind
+FOR UPDATE
+`
+
+// LockConcurrencyLimits without reading the rows: a statement of its own
+// (the next statements of the transaction read snapshots taken once the
+// rows are locked) that travels with them (db.Pipeline).
+func (q *Queries) LockLimitRows(ctx context.Context, kinds []string) error {
+	_, err := q.db.Exec(ctx, lockLimitRows, kinds)
+	return err
+}
+
 const markJobsParking = `-- name: MarkJobsParking :many
 UPDATE river_job j
 SET metadata = j.metadata || '{"sluice_park": true}'::jsonb
@@ -576,6 +592,9 @@ SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
 RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked, p.keys::text[] AS freed_keys,
+          l.partition_fields, l.key_max, l.rate_max,
+          COALESCE((extract(epoch FROM l.rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+          l.rate_per_key,
           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
           (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
            OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind))::boolean AS any_waiting,
@@ -590,14 +609,19 @@ type ReleaseJobsParams struct {
 }
 
 type ReleaseJobsRow struct {
-	Kind           string   `json:"kind"`
-	MaxConcurrency int32    `json:"max_concurrency"`
-	Admitted       int32    `json:"admitted"`
-	HasParked      bool     `json:"has_parked"`
-	FreedKeys      []string `json:"freed_keys"`
-	Keyed          bool     `json:"keyed"`
-	AnyWaiting     bool     `json:"any_waiting"`
-	HasTurns       bool     `json:"has_turns"`
+	Kind            string   `json:"kind"`
+	MaxConcurrency  int32    `json:"max_concurrency"`
+	Admitted        int32    `json:"admitted"`
+	HasParked       bool     `json:"has_parked"`
+	FreedKeys       []string `json:"freed_keys"`
+	PartitionFields []string `json:"partition_fields"`
+	KeyMax          *int32   `json:"key_max"`
+	RateMax         *int32   `json:"rate_max"`
+	RatePeriodMs    int64    `json:"rate_period_ms"`
+	RatePerKey      bool     `json:"rate_per_key"`
+	Keyed           bool     `json:"keyed"`
+	AnyWaiting      bool     `json:"any_waiting"`
+	HasTurns        bool     `json:"has_turns"`
 }
 
 // The release fast path: frees the slots of jobs that ended (job_ids: the
@@ -605,12 +629,13 @@ type ReleaseJobsRow struct {
 // (forget_ids: the caller's, or a grant not claimed yet; those also leave
 // the waiters, with any start reserved for them), lowers the kinds'
 // admitted counts (limit rows locked in kind order first), and returns the
-// state of the kinds released (freed_keys: the keys whose slots freed, ”
-// without a partition; keyed: a per-key or rate limit; any_waiting: jobs
-// of the kind's line wait, for the kind or for their keys; has_turns: its
-// keys have places in the round, which a grant round forgets once nothing
-// waits), so the caller
-// can grant the free slots. A job rescued and running
+// state of the kinds released with their limits, as LockConcurrencyLimits
+// reads them (freed_keys: the keys whose slots freed, ” without a
+// partition; keyed: a per-key or rate limit; any_waiting: jobs of the
+// kind's line wait, for the kind or for their keys; has_turns: its keys
+// have places in the round, which a grant round forgets once nothing
+// waits), so the caller can grant the free slots in the same transaction
+// without reading the rows again. A job rescued and running
 // on another worker keeps the slot of its new attempt when the old
 // attempt's worker releases late.
 func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*ReleaseJobsRow, error) {
@@ -633,6 +658,11 @@ func (q *Queries) ReleaseJobs(ctx context.Context, arg ReleaseJobsParams) ([]*Re
 			&i.Admitted,
 			&i.HasParked,
 			&i.FreedKeys,
+			&i.PartitionFields,
+			&i.KeyMax,
+			&i.RateMax,
+			&i.RatePeriodMs,
+			&i.RatePerKey,
 			&i.Keyed,
 			&i.AnyWaiting,
 			&i.HasTurns,

@@ -168,6 +168,28 @@ func (q *Queries) EnsureKeyTurns(ctx context.Context, arg EnsureKeyTurnsParams) 
 	return err
 }
 
+const forceCustomPlans = `-- name: ForceCustomPlans :exec
+
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
+`
+
+// The line of a limited kind (limiter/line.go, grant.go, waiters.go): every
+// job that waits for the kind's limits — parked (concurrency_parked_jobs),
+// waiting in a worker or resumed ahead of a free slot
+// (concurrency_waiters) — in job-id order within a key, round-robin across
+// keys (concurrency_key_turns). Every statement that decides runs after
+// LockConcurrencyLimits has locked the kind's limit row, in the same
+// transaction; ClaimGrants alone does not: it only takes what a grant
+// already counted.
+// For the rest of the transaction, plans each statement for its own
+// arguments and the tables as they are now (db.Pipeline's first statement:
+// the line tables swing from empty to thousands of rows and back, and a
+// cached generic plan made while one looked empty would scan it whole).
+func (q *Queries) ForceCustomPlans(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, forceCustomPlans)
+	return err
+}
+
 const handOverSlots = `-- name: HandOverSlots :many
 WITH pairs AS (
     SELECT unnest($1::bigint[]) AS from_id, unnest($2::bigint[]) AS to_id
@@ -499,7 +521,9 @@ func (q *Queries) KindLine(ctx context.Context, arg KindLineParams) (*KindLineRo
 }
 
 const kindLineFront = `-- name: KindLineFront :many
-SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
+SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead,
+       (SELECT count(*) FROM concurrency_executions e
+        WHERE e.kind = $1 AND e.key IS NULL)::integer AS key_slots
 FROM (
     (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
             (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
@@ -537,6 +561,7 @@ type KindLineFrontRow struct {
 	Queue     string  `json:"queue"`
 	Reason    string  `json:"reason"`
 	Ahead     bool    `json:"ahead"`
+	KeySlots  int32   `json:"key_slots"`
 }
 
 // LineFront for the one line of a kind without a partition: its rows have
@@ -559,6 +584,7 @@ func (q *Queries) KindLineFront(ctx context.Context, arg KindLineFrontParams) ([
 			&i.Queue,
 			&i.Reason,
 			&i.Ahead,
+			&i.KeySlots,
 		); err != nil {
 			return nil, err
 		}
@@ -571,8 +597,12 @@ func (q *Queries) KindLineFront(ctx context.Context, arg KindLineFrontParams) ([
 }
 
 const lineFront = `-- name: LineFront :many
-SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead
+SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead,
+       e.slots::integer AS key_slots
 FROM unnest($1::text[]) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS slots FROM concurrency_executions x WHERE x.kind = $2 AND x.key = k.key
+) e
 CROSS JOIN LATERAL (
     SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
     FROM (
@@ -616,6 +646,7 @@ type LineFrontRow struct {
 	Queue     string  `json:"queue"`
 	Reason    string  `json:"reason"`
 	Ahead     bool    `json:"ahead"`
+	KeySlots  int32   `json:"key_slots"`
 }
 
 // The front of the line of kind's keys (a kind with a partition;
@@ -626,8 +657,11 @@ type LineFrontRow struct {
 // worker a waiter waits in, NULL when resumed ahead), whether it is ready
 // (a parked job still completing its parking holds up the younger ones
 // unless it is more than 5 s late) and resumable (pending), its queue,
-// what holds it, and whether it was resumed ahead once already. A key's
-// rows are read in job-id order from the (kind, key, job_id) indexes.
+// what holds it, and whether it was resumed ahead once already; and, on
+// each row, the slots its key holds (admitted and reserved, as KeyLines
+// counts them: a grant round under a per-key limit without a per-key rate
+// needs nothing else of KeyLines). A key's rows are read in job-id order
+// from the (kind, key, job_id) indexes.
 func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFrontRow, error) {
 	rows, err := q.db.Query(ctx, lineFront, arg.Keys, arg.Kind, arg.PerKey)
 	if err != nil {
@@ -647,6 +681,7 @@ func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFr
 			&i.Queue,
 			&i.Reason,
 			&i.Ahead,
+			&i.KeySlots,
 		); err != nil {
 			return nil, err
 		}
@@ -659,7 +694,6 @@ func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFr
 }
 
 const lineRecords = `-- name: LineRecords :many
-
 SELECT r.job_id::bigint AS job_id,
        EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = r.job_id AND e.reserved) AS slot_reserved,
        EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = r.job_id AND s.reserved) AS start_reserved,
@@ -688,14 +722,6 @@ type LineRecordsRow struct {
 	Waiter        bool  `json:"waiter"`
 }
 
-// The line of a limited kind (limiter/line.go, grant.go, waiters.go): every
-// job that waits for the kind's limits — parked (concurrency_parked_jobs),
-// waiting in a worker or resumed ahead of a free slot
-// (concurrency_waiters) — in job-id order within a key, round-robin across
-// keys (concurrency_key_turns). Every statement that decides runs after
-// LockConcurrencyLimits has locked the kind's limit row, in the same
-// transaction; ClaimGrants alone does not: it only takes what a grant
-// already counted.
 // What the limiter holds for jobs job_ids (attempted_ats in step: when
 // each was fetched): a slot or a start reserved for it (a grant), a slot of
 // worker_id or a start it took in this attempt (a grant it claimed), and
@@ -792,14 +818,19 @@ func (q *Queries) ParkWorkerWaiters(ctx context.Context, workerID string) ([]*Pa
 	return items, nil
 }
 
-const reserveGrants = `-- name: ReserveGrants :many
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
-SELECT r.job_id, $1, NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, ''), clock_timestamp()
-FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS key,
-             unnest($4::text[]) AS worker_id, unnest($5::boolean[]) AS claimed) AS r
-ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
-RETURNING (xmax::text = '0')::boolean AS inserted
+const reserveGrants = `-- name: ReserveGrants :exec
+WITH granted AS (
+    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+    SELECT r.job_id, $1, NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, ''), clock_timestamp()
+    FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS key,
+                 unnest($4::text[]) AS worker_id, unnest($5::boolean[]) AS claimed) AS r
+    ON CONFLICT (job_id) DO UPDATE
+    SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
+    RETURNING (xmax::text = '0')::boolean AS inserted
+)
+UPDATE concurrency_limits l
+SET admitted = l.admitted + (SELECT count(*) FROM granted g WHERE g.inserted)::integer
+WHERE l.kind = $1
 `
 
 type ReserveGrantsParams struct {
@@ -813,32 +844,20 @@ type ReserveGrantsParams struct {
 // Grants slots of kind to the jobs at the front of its line (job_ids,
 // keys, worker_ids in step: the worker a job waits in, ” for none, and
 // claimed: taken at once by a job waiting in the granting worker): a slot
-// row each, reserved for the job unless claimed. Returns the kinds of the
-// rows added (xmax 0), so that the count grows by exactly those.
-func (q *Queries) ReserveGrants(ctx context.Context, arg ReserveGrantsParams) ([]bool, error) {
-	rows, err := q.db.Query(ctx, reserveGrants,
+// row each, reserved for the job unless claimed, and raises the kind's
+// count (its row locked by the caller) by the rows added (xmax 0): a job
+// that still had a row (a stale one of an earlier attempt) keeps it,
+// counted when it was added. Returns nothing, so that it travels with the
+// transaction's next statement (db.Pipeline).
+func (q *Queries) ReserveGrants(ctx context.Context, arg ReserveGrantsParams) error {
+	_, err := q.db.Exec(ctx, reserveGrants,
 		arg.Kind,
 		arg.JobIds,
 		arg.Keys,
 		arg.WorkerIds,
 		arg.Claimed,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []bool
-	for rows.Next() {
-		var inserted bool
-		if err := rows.Scan(&inserted); err != nil {
-			return nil, err
-		}
-		items = append(items, inserted)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	return err
 }
 
 const revokeGrants = `-- name: RevokeGrants :many

@@ -144,8 +144,8 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 		return res, err
 	}
 	var lines map[string]keyLine
-	if c.keyMax > 0 || (c.rateMax > 0 && c.ratePerKey) {
-		// The keys' own room.
+	if c.rateMax > 0 && c.ratePerKey {
+		// The keys' own room, their rate windows with it.
 		var err error
 		if lines, err = keyLines(ctx, q, kind, c, keys); err != nil {
 			return res, err
@@ -167,6 +167,14 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	fronts, err := lineFronts(ctx, q, kind, keys, int32(depth))
 	if err != nil {
 		return res, err
+	}
+	if lines == nil && c.keyMax > 0 {
+		// The keys' own room: the slots each holds, read with its front
+		// (a key with nothing waiting is given nothing).
+		lines = make(map[string]keyLine, len(fronts))
+		for key, front := range fronts {
+			lines[key] = keyLine{slots: front[0].KeySlots}
+		}
 	}
 
 	// The room of each key, and where its front stands.
@@ -307,7 +315,8 @@ func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, 
 		}
 		for _, row := range rows {
 			fronts[""] = append(fronts[""], &db.LineFrontRow{JobID: row.JobID, Parked: row.Parked, WorkerID: row.WorkerID,
-				Ready: row.Ready, Resumable: row.Resumable, Queue: row.Queue, Reason: row.Reason, Ahead: row.Ahead})
+				Ready: row.Ready, Resumable: row.Resumable, Queue: row.Queue, Reason: row.Reason, Ahead: row.Ahead,
+				KeySlots: row.KeySlots})
 		}
 	}
 	return fronts, nil
@@ -415,14 +424,9 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 		}
 	}
 	if c.slotted() && len(grant.JobIds) > 0 {
-		inserted, err := q.ReserveGrants(ctx, grant)
-		if err != nil {
+		// It raises the kind's count by the rows it adds.
+		if err := q.ReserveGrants(ctx, grant); err != nil {
 			return fmt.Errorf("grant %s slots: %w", kind, err)
-		}
-		for _, ins := range inserted {
-			if ins {
-				c.dAdmit++
-			}
 		}
 		c.taken += int32(len(grant.JobIds))
 	}

@@ -30,11 +30,8 @@ func TestHandOverSlotsKeepsCounts(t *testing.T) {
 	admitSlotRow(t, pool, 7, "a")
 	admitSlotRow(t, pool, 9, "a")
 	// A grant round reserved a slot for job 10 (waiting in a).
-	_, err := q.ReserveGrants(ctx, db.ReserveGrantsParams{Kind: "demo.sleep", JobIds: []int64{10}, Keys: []string{""},
-		WorkerIds: []string{"a"}, Claimed: []bool{false}})
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "UPDATE concurrency_limits SET admitted = admitted + 1 WHERE kind = 'demo.sleep'")
-	require.NoError(t, err)
+	require.NoError(t, q.ReserveGrants(ctx, db.ReserveGrantsParams{Kind: "demo.sleep", JobIds: []int64{10}, Keys: []string{""},
+		WorkerIds: []string{"a"}, Claimed: []bool{false}}))
 	require.Equal(t, 3, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"))
 
 	lowered, err := q.HandOverSlots(ctx, db.HandOverSlotsParams{FromIds: []int64{7, 9}, ToIds: []int64{8, 10}, WorkerID: "a"})

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/db"
@@ -125,12 +124,11 @@ type lineOutcome struct {
 // slots, starts, waiters and parkings it decided.
 func (l *Limiter) lineChunk(batch []*admitRequest) {
 	var out lineOutcome
-	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, q *db.Queries) error {
 		out = lineOutcome{wakes: map[string]time.Duration{}, local: map[int64]admission{}}
 		for _, r := range batch {
 			r.decision, r.reason, r.err, r.giveBack = admitRun, "", nil, false
 		}
-		q := db.New(db.CustomPlans(tx))
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
 		counts, err := lockKinds(ctx, q, kinds)
 		if err != nil {

@@ -7,8 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/sluice-dev/sluice/db"
 )
 
@@ -63,25 +61,18 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	p.ForgetIds = append(p.ForgetIds, chain.ended...)
 	var local map[int64]admission
 	var wakes map[string]time.Duration
-	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, tx pgx.Tx) error {
-		q := db.New(db.CustomPlans(tx))
-		locked, err := lockKinds(ctx, q, p.Kinds)
-		if err != nil {
-			return err
-		}
+	err := l.withBatchTx(batch[0].ctx, func(ctx context.Context, q *db.Queries) error {
 		// A kind without a limit row (its limits were cleared) may be
 		// given one meanwhile, counting the slots this batch frees: wait
-		// for it (LockLimitRowCreation), so that the release lowers it.
-		var rowless []string
-		for _, kind := range p.Kinds {
-			if locked[kind] == nil {
-				rowless = append(rowless, kind)
-			}
+		// for it (LockLimitRowCreation, for every kind: which have a row
+		// is not known before the rows are locked), so that the release
+		// lowers it. Then the rows are locked, by a statement of their own
+		// (see above). Both travel with the release (db.Pipeline).
+		if err := q.LockLimitRowCreation(ctx, p.Kinds); err != nil {
+			return fmt.Errorf("lock limit row creation: %w", err)
 		}
-		if len(rowless) > 0 {
-			if err := q.LockLimitRowCreation(ctx, rowless); err != nil {
-				return fmt.Errorf("lock limit row creation: %w", err)
-			}
+		if err := q.LockLimitRows(ctx, p.Kinds); err != nil {
+			return fmt.Errorf("lock limits: %w", err)
 		}
 		if len(chain.holder) > 0 {
 			h := db.HandOverSlotsParams{WorkerID: l.workerID}
@@ -95,6 +86,12 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		rows, err := q.ReleaseJobs(ctx, p)
 		if err != nil {
 			return fmt.Errorf("release slots: %w", err)
+		}
+		// The kinds' limits and counts, locked, as the release left them.
+		counts := make(map[string]*kindCounts, len(rows))
+		for _, row := range rows {
+			counts[row.Kind] = newKindCounts(row.MaxConcurrency, row.Admitted, row.HasParked, row.PartitionFields,
+				row.KeyMax, row.RateMax, row.RatePeriodMs, row.RatePerKey)
 		}
 		turnover := map[string][]string{}
 		for _, kind := range handKinds {
@@ -139,7 +136,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			return nil
 		}
 		sort.Strings(grantKinds)
-		local, wakes, err = l.grantKinds(ctx, q, grantKinds, turnover)
+		local, wakes, err = l.grantKinds(ctx, q, grantKinds, counts, turnover)
 		return err
 	})
 	l.waits.written(handedIDs)
@@ -159,16 +156,13 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 }
 
 // grantKinds runs a grant round for each of kinds (sorted) in the
-// transaction of q (turnover: the keys whose slots the release freed, per
+// transaction of q (counts: the kinds' limit rows, locked; turnover: the keys whose slots the release freed, per
 // kind), or lets the line of a kind without limits go, and returns the
 // grants claimed for jobs waiting in this worker and when rate windows
 // next free a start.
-func (l *Limiter) grantKinds(ctx context.Context, q *db.Queries, kinds []string, turnover map[string][]string) (map[int64]admission, map[string]time.Duration, error) {
+func (l *Limiter) grantKinds(ctx context.Context, q *db.Queries, kinds []string, counts map[string]*kindCounts,
+	turnover map[string][]string) (map[int64]admission, map[string]time.Duration, error) {
 	local, wakes := map[int64]admission{}, map[string]time.Duration{}
-	counts, err := lockKinds(ctx, q, kinds)
-	if err != nil {
-		return nil, nil, err
-	}
 	for _, kind := range kinds {
 		c, ok := counts[kind]
 		if !ok || c.unlimited() {

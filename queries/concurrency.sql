@@ -38,6 +38,16 @@ WHERE kind = ANY(sqlc.arg(kinds)::text[])
 ORDER BY kind
 FOR UPDATE;
 
+-- name: LockLimitRows :exec
+-- LockConcurrencyLimits without reading the rows: a statement of its own
+-- (the next statements of the transaction read snapshots taken once the
+-- rows are locked) that travels with them (db.Pipeline).
+SELECT 1
+FROM concurrency_limits
+WHERE kind = ANY(sqlc.arg(kinds)::text[])
+ORDER BY kind
+FOR UPDATE;
+
 -- name: AddConcurrencyCounts :exec
 -- Adjusts the counts of limit rows locked by LockConcurrencyLimits, in the
 -- transaction that changed the rows they count, and sets their parked flags.
@@ -195,12 +205,13 @@ FROM unnest(sqlc.arg(queues)::text[]) AS q;
 -- (forget_ids: the caller's, or a grant not claimed yet; those also leave
 -- the waiters, with any start reserved for them), lowers the kinds'
 -- admitted counts (limit rows locked in kind order first), and returns the
--- state of the kinds released (freed_keys: the keys whose slots freed, ''
--- without a partition; keyed: a per-key or rate limit; any_waiting: jobs
--- of the kind's line wait, for the kind or for their keys; has_turns: its
--- keys have places in the round, which a grant round forgets once nothing
--- waits), so the caller
--- can grant the free slots. A job rescued and running
+-- state of the kinds released with their limits, as LockConcurrencyLimits
+-- reads them (freed_keys: the keys whose slots freed, '' without a
+-- partition; keyed: a per-key or rate limit; any_waiting: jobs of the
+-- kind's line wait, for the kind or for their keys; has_turns: its keys
+-- have places in the round, which a grant round forgets once nothing
+-- waits), so the caller can grant the free slots in the same transaction
+-- without reading the rows again. A job rescued and running
 -- on another worker keeps the slot of its new attempt when the old
 -- attempt's worker releases late.
 WITH lk AS (
@@ -240,6 +251,9 @@ SET admitted = GREATEST(l.admitted - p.n, 0)
 FROM per_kind p
 WHERE l.kind = p.kind
 RETURNING l.kind, l.max_concurrency, l.admitted, l.has_parked, p.keys::text[] AS freed_keys,
+          l.partition_fields, l.key_max, l.rate_max,
+          COALESCE((extract(epoch FROM l.rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+          l.rate_per_key,
           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
           (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind)
            OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = l.kind))::boolean AS any_waiting,

@@ -7,6 +7,13 @@
 -- transaction; ClaimGrants alone does not: it only takes what a grant
 -- already counted.
 
+-- name: ForceCustomPlans :exec
+-- For the rest of the transaction, plans each statement for its own
+-- arguments and the tables as they are now (db.Pipeline's first statement:
+-- the line tables swing from empty to thousands of rows and back, and a
+-- cached generic plan made while one looked empty would scan it whole).
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
+
 -- name: LineRecords :many
 -- What the limiter holds for jobs job_ids (attempted_ats in step: when
 -- each was fetched): a slot or a start reserved for it (a grant), a slot of
@@ -199,10 +206,17 @@ WHERE NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id)
 -- worker a waiter waits in, NULL when resumed ahead), whether it is ready
 -- (a parked job still completing its parking holds up the younger ones
 -- unless it is more than 5 s late) and resumable (pending), its queue,
--- what holds it, and whether it was resumed ahead once already. A key's
--- rows are read in job-id order from the (kind, key, job_id) indexes.
-SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead
+-- what holds it, and whether it was resumed ahead once already; and, on
+-- each row, the slots its key holds (admitted and reserved, as KeyLines
+-- counts them: a grant round under a per-key limit without a per-key rate
+-- needs nothing else of KeyLines). A key's rows are read in job-id order
+-- from the (kind, key, job_id) indexes.
+SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead,
+       e.slots::integer AS key_slots
 FROM unnest(sqlc.arg(keys)::text[]) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS slots FROM concurrency_executions x WHERE x.kind = sqlc.arg(kind) AND x.key = k.key
+) e
 CROSS JOIN LATERAL (
     SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
     FROM (
@@ -232,7 +246,9 @@ ORDER BY k.key, f.job_id;
 -- name: KindLineFront :many
 -- LineFront for the one line of a kind without a partition: its rows have
 -- no key (NULL), read in job-id order from the (kind, job_id) indexes.
-SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
+SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead,
+       (SELECT count(*) FROM concurrency_executions e
+        WHERE e.kind = sqlc.arg(kind) AND e.key IS NULL)::integer AS key_slots
 FROM (
     (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
             (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds')::boolean AS ready,
@@ -297,19 +313,27 @@ JOIN river_job j ON j.id = w.job_id AND j.state IN ('running', 'available')
 WHERE w.kind = sqlc.arg(kind)
   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id);
 
--- name: ReserveGrants :many
+-- name: ReserveGrants :exec
 -- Grants slots of kind to the jobs at the front of its line (job_ids,
 -- keys, worker_ids in step: the worker a job waits in, '' for none, and
 -- claimed: taken at once by a job waiting in the granting worker): a slot
--- row each, reserved for the job unless claimed. Returns the kinds of the
--- rows added (xmax 0), so that the count grows by exactly those.
-INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
-SELECT r.job_id, sqlc.arg(kind), NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, ''), clock_timestamp()
-FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key,
-             unnest(sqlc.arg(worker_ids)::text[]) AS worker_id, unnest(sqlc.arg(claimed)::boolean[]) AS claimed) AS r
-ON CONFLICT (job_id) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
-RETURNING (xmax::text = '0')::boolean AS inserted;
+-- row each, reserved for the job unless claimed, and raises the kind's
+-- count (its row locked by the caller) by the rows added (xmax 0): a job
+-- that still had a row (a stale one of an earlier attempt) keeps it,
+-- counted when it was added. Returns nothing, so that it travels with the
+-- transaction's next statement (db.Pipeline).
+WITH granted AS (
+    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+    SELECT r.job_id, sqlc.arg(kind), NULLIF(r.worker_id, ''), NOT r.claimed, NULLIF(r.key, ''), clock_timestamp()
+    FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key,
+                 unnest(sqlc.arg(worker_ids)::text[]) AS worker_id, unnest(sqlc.arg(claimed)::boolean[]) AS claimed) AS r
+    ON CONFLICT (job_id) DO UPDATE
+    SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key
+    RETURNING (xmax::text = '0')::boolean AS inserted
+)
+UPDATE concurrency_limits l
+SET admitted = l.admitted + (SELECT count(*) FROM granted g WHERE g.inserted)::integer
+WHERE l.kind = sqlc.arg(kind);
 
 -- name: RevokeGrants :many
 -- Takes back the n newest unclaimed grants of kind (its limit was lowered,

@@ -1,0 +1,260 @@
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Pipeline is one transaction on a connection of a pool whose statements
+// travel together where they can: BEGIN, and every statement whose result
+// nobody reads (an sqlc ":exec"), wait and go with the next statement that
+// returns something, or with COMMIT, in one round trip (a pgx batch).
+// Every statement of it is planned for its own arguments (plan_cache_mode
+// force_custom_plan for the transaction), as CustomPlans does.
+//
+// It is for the limiter's line and release transactions, which hold a
+// kind's row lock from their first statement to their commit: on a busy
+// 2-CPU machine each round trip costs 1-2 ms of scheduling, so the lock
+// is held for the round trips, not for the work. The statements still run
+// one after another, each with a snapshot of its own, exactly as if sent
+// one by one; an error of a deferred statement is returned by the call
+// that sends it (naming the statement), and the transaction rolls back.
+type Pipeline struct {
+	conn    *pgxpool.Conn
+	batch   *pgx.Batch
+	names   []string // the names of the queued statements, for errors
+	done    bool     // committed, rolled back, or failed
+	aborted bool     // a statement failed: only ROLLBACK is left
+}
+
+// BeginPipeline acquires a connection of pool and queues the BEGIN of its
+// transaction (sent with its first statement).
+func BeginPipeline(ctx context.Context, pool *pgxpool.Pool) (*Pipeline, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire a connection: %w", err)
+	}
+	p := &Pipeline{conn: conn, batch: &pgx.Batch{}}
+	p.queue("begin", "BEGIN")
+	p.queue("ForceCustomPlans", forceCustomPlans)
+	return p, nil
+}
+
+// PipelineFunc runs fn in a Pipeline's transaction on pool and commits, or
+// rolls back when fn or the commit fails.
+func PipelineFunc(ctx context.Context, pool *pgxpool.Pool, fn func(p *Pipeline) error) (err error) {
+	p, err := BeginPipeline(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			p.Rollback(ctx)
+		}
+	}()
+	if err := fn(p); err != nil {
+		return err
+	}
+	return p.Commit(ctx)
+}
+
+// queue adds a statement to the next round trip.
+func (p *Pipeline) queue(name, sql string, args ...any) {
+	p.batch.Queue(sql, args...)
+	p.names = append(p.names, name)
+}
+
+// deferrable reports whether sql is an sqlc ":exec", whose caller reads
+// nothing of its result but its error.
+func deferrable(sql string) (string, bool) {
+	const prefix = "-- name: "
+	if !strings.HasPrefix(sql, prefix) {
+		return "", false
+	}
+	line, _, _ := strings.Cut(sql[len(prefix):], "\n")
+	name, annotation, _ := strings.Cut(strings.TrimSpace(line), " ")
+	return name, strings.TrimSpace(annotation) == ":exec"
+}
+
+// send sends the queued statements and sql as one batch, reads the
+// results of the queued ones, and returns the batch positioned at sql's.
+func (p *Pipeline) send(ctx context.Context, name, sql string, args ...any) (pgx.BatchResults, error) {
+	if p.done {
+		return nil, errors.New("pipeline: transaction already ended")
+	}
+	p.queue(name, sql, args...)
+	batch, names := p.batch, p.names
+	p.batch, p.names = &pgx.Batch{}, nil
+	br := p.conn.SendBatch(ctx, batch)
+	for _, n := range names[:len(names)-1] {
+		if _, err := br.Exec(); err != nil {
+			p.aborted = true
+			_ = br.Close()
+			return nil, fmt.Errorf("%s: %w", n, err)
+		}
+	}
+	return br, nil
+}
+
+// Exec runs sql: an sqlc ":exec" waits for the next round trip; any other
+// statement goes now, with those waiting.
+func (p *Pipeline) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	name, later := deferrable(sql)
+	if later && !p.done {
+		p.queue(name, sql, args...)
+		return pgconn.CommandTag{}, nil
+	}
+	br, err := p.send(ctx, name, sql, args...)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		p.aborted = true
+	}
+	return tag, err
+}
+
+// Query runs sql with the statements waiting, in one round trip.
+func (p *Pipeline) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	name, _ := deferrable(sql)
+	br, err := p.send(ctx, name, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		p.aborted = true
+		_ = br.Close()
+		return nil, err
+	}
+	return &pipelineRows{Rows: rows, br: br, p: p}, nil
+}
+
+// QueryRow runs sql with the statements waiting and returns its first row.
+func (p *Pipeline) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := p.Query(ctx, sql, args...)
+	return &pipelineRow{rows: rows, err: err}
+}
+
+// Commit sends the statements waiting and COMMIT in one round trip.
+func (p *Pipeline) Commit(ctx context.Context) error {
+	if p.done {
+		return errors.New("pipeline: transaction already ended")
+	}
+	br, err := p.send(ctx, "commit", "COMMIT")
+	if err != nil {
+		return err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		p.aborted = true
+		return fmt.Errorf("commit: %w", err)
+	}
+	p.done = true
+	p.conn.Release()
+	return nil
+}
+
+// Rollback ends the transaction without committing (what waits is
+// dropped) and releases the connection. It is a no-op once ended.
+func (p *Pipeline) Rollback(ctx context.Context) {
+	if p.done {
+		return
+	}
+	p.done = true
+	p.batch, p.names = &pgx.Batch{}, nil
+	conn := p.conn.Conn()
+	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+			// The connection is in an unknown state: it is not reused.
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+	}
+	p.conn.Release()
+}
+
+// pipelineRows are a statement's rows; closing them ends their batch.
+type pipelineRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	p   *Pipeline
+	err error
+	end bool
+}
+
+// Next advances to the next row; after the last, the batch ends.
+func (r *pipelineRows) Next() bool {
+	if r.end {
+		return false
+	}
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+// Close closes the rows and their batch.
+func (r *pipelineRows) Close() {
+	if r.end {
+		return
+	}
+	r.end = true
+	r.Rows.Close()
+	r.err = r.Rows.Err()
+	if err := r.br.Close(); r.err == nil {
+		r.err = err
+	}
+	if r.err != nil {
+		r.p.aborted = true
+	}
+}
+
+// Err is the error of the rows or of their batch.
+func (r *pipelineRows) Err() error {
+	if r.end {
+		return r.err
+	}
+	return r.Rows.Err()
+}
+
+// pipelineRow is the first row of a statement's rows, as pgx's QueryRow.
+type pipelineRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+// Scan reads the first row into dest, or returns pgx.ErrNoRows.
+func (r *pipelineRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
