@@ -47,17 +47,13 @@ func BeginPipeline(ctx context.Context, pool *pgxpool.Pool) (*Pipeline, error) {
 }
 
 // PipelineFunc runs fn in a Pipeline's transaction on pool and commits, or
-// rolls back when fn or the commit fails.
-func PipelineFunc(ctx context.Context, pool *pgxpool.Pool, fn func(p *Pipeline) error) (err error) {
+// rolls back when fn or the commit fails (or fn panics).
+func PipelineFunc(ctx context.Context, pool *pgxpool.Pool, fn func(p *Pipeline) error) error {
 	p, err := BeginPipeline(ctx, pool)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			p.Rollback(ctx)
-		}
-	}()
+	defer p.Rollback(ctx) // a no-op once committed
 	if err := fn(p); err != nil {
 		return err
 	}
