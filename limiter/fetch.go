@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"bytes"
 	"context"
 	"slices"
 	"sync"
@@ -65,6 +66,11 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 	return res, err
 }
 
+// parkingKey is the key of a job's parking record in its metadata
+// (migration 00014_parking_metadata): only a job that parked can hold a
+// grant when it is fetched.
+var parkingKey = []byte(`"sluice_parking"`)
+
 // decisions holds the decisions made at fetches until their jobs reach the
 // middleware.
 type decisions struct {
@@ -93,21 +99,28 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 			continue
 		}
 		st, ok, err := l.stateOf(ctx, job.Kind)
-		if err != nil || !ok || (st.limit == 0 && !st.keyed) {
-			continue // not limited
+		if err != nil {
+			continue
+		}
+		unlimited := !ok || (st.limit == 0 && !st.keyed)
+		if unlimited && !bytes.Contains(job.Metadata, parkingKey) {
+			continue // not limited, and never parked: the line holds nothing for it
 		}
 		r := &admitRequest{ctx: context.WithoutCancel(ctx), job: job, deadline: now.Add(l.parkAfter), done: make(chan struct{})}
-		if st.fast() {
+		if unlimited || st.fast() {
+			// Checked below: a job resumed from its parking may hold a grant
+			// given under limits this worker's copy does not show yet.
 			leased = append(leased, r)
 			continue
 		}
 		reqs = append(reqs, r)
 	}
 	if len(leased) > 0 {
-		// A kind on leased slots, as this worker last read it: its jobs
-		// take leased slots, but those the line holds something for (a job
-		// resumed ahead, or granted a slot: the kind's line formed since)
-		// go through the line, which knows them.
+		// A kind on leased slots, or without limits, as this worker last
+		// read it: its jobs take leased slots or run, but those the line
+		// holds something for (a job resumed ahead, or granted a slot: the
+		// kind's line formed since, or its limits were set since) go
+		// through the line, which knows them and the limits in force.
 		recs, err := l.lineRecords(ctx, l.q, leased)
 		for _, r := range leased {
 			// Unread (an error): the line, which reads them under the

@@ -717,3 +717,53 @@ func TestLimitChangesRace(t *testing.T) {
 	require.NoError(t, setter.SetConcurrency(ctx, "race.kind", 3))
 	require.Equal(t, 3, count(t, openPool(t, url), "SELECT max_concurrency FROM concurrency_limits WHERE kind = 'race.kind'"))
 }
+
+// TestResumedGrantUnderStaleLimits: a parked job resumed with a slot
+// reserved for it (a grant round of another process, under a limit set a
+// moment ago) is fetched by a worker whose copy of the limits still says
+// the kind has none. It claims its slot (the line knows the grant) and
+// frees it when it ends, rather than run beside it and leave the slot
+// taken (and the kind's count raised) until the safety net frees it a
+// minute later.
+func TestResumedGrantUnderStaleLimits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.probe.stalegrant"
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	tracker := newProbeTracker()
+	client := startProbeWorker(t, url, "stalegrant", "stalegrant", tracker, 0, nil)
+
+	// The worker reads the limits (none for the kind) as it fetches a job.
+	first := insertProbes(t, client, "stalegrant", 0, 1, 0)
+	firstAt := *client.WaitFinished(t, 10*time.Second, first...)[first[0]].Job.AttemptedAt
+
+	// Within its copy's life: a limit of 1 and a job resumed from its
+	// parking with the slot reserved for it, as a grant round leaves them.
+	var resumed int64
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		res, err := client.InsertTx(ctx, tx, probeArgs{Seq: 1, K: "stalegrant"}, &river.InsertOpts{
+			Metadata: []byte(`{"sluice_parking": {"attempt": 1, "parks": 1, "reason": "limit"}}`),
+		})
+		if err != nil {
+			return err
+		}
+		resumed = res.Job.ID
+		if _, err := tx.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, reserved) VALUES ($1, $2, true)`, resumed, kind); err != nil {
+			return err
+		}
+		// The new row counts the slot rows it finds (admitted 1).
+		_, err = tx.Exec(ctx, `INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ($1, 1)`, kind)
+		return err
+	}))
+	require.Equal(t, 1, count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", kind))
+	events := client.WaitFinished(t, 10*time.Second, resumed)
+	if gap := events[resumed].Job.AttemptedAt.Sub(firstAt); gap > limiter.LimitCacheTTL {
+		t.Logf("the resumed job was fetched %s after the first: the worker's copy of the limits may have been fresh", gap)
+	}
+
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM concurrency_executions WHERE kind = $1", kind) == 0 &&
+			count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", kind) == 0
+	}, 5*time.Second, 20*time.Millisecond, "the slot reserved for the resumed job is still taken after it ended")
+}
