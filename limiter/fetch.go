@@ -245,6 +245,24 @@ func (l *Limiter) takeDecided(id int64) *admitRequest {
 	return r
 }
 
+// inTransit records that r, decided by a line transaction of the
+// middleware (its first decision, or a decision again after its wait),
+// is on its way to the line: until it waits there (arrived) or its
+// decision is followed, no younger job of its kind overtakes it by a slot
+// handed over in memory or a leased slot (oldestWaiting), as for a job
+// decided at its fetch.
+func (d *decisions) inTransit(r *admitRequest) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byID == nil {
+		d.byID, d.at = map[int64]*admitRequest{}, map[int64]time.Time{}
+	}
+	if d.claimed == nil {
+		d.claimed = map[int64]bool{}
+	}
+	d.byID[r.job.ID], d.claimed[r.job.ID] = r, true
+}
+
 // arrived forgets the decision of job id, taken by its job, which now waits
 // in the line (or no longer needs to).
 func (d *decisions) arrived(id int64) {

@@ -281,6 +281,7 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		req.cancelled = true
 	}
 	req.done = make(chan struct{})
+	l.decided.inTransit(req)
 	l.line.submit(req, req.done)
 	return l.run(ctx, job, req, doInner)
 }

@@ -42,6 +42,7 @@ func (l *Limiter) follow(req *admitRequest) (admission, error) {
 			req.timedOut = true
 		}
 		req.done = make(chan struct{})
+		l.decided.inTransit(req)
 		l.line.submit(req, req.done)
 	}
 }
