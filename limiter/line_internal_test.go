@@ -133,3 +133,53 @@ func TestReleaseRacesLimitRowCreation(t *testing.T) {
 		require.Equal(t, rows, admitted, "round %d: the count equals the slot rows", i)
 	}
 }
+
+// TestCleanUpWaitsForALimitRowInTheMaking: the safety net frees the stale
+// slot of a kind that has no limit row while another transaction is
+// giving the kind one (SetConcurrency: the new row counts the slot rows it
+// finds). It waits for that transaction, then frees the slot under the
+// new row and lowers its count: it does not delete a row the new count
+// includes (admitted 1, no row, until a later recount).
+func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.rowless"
+	pool, l := newTestLimiter(t, "w1")
+	// A slot left by job 42 (no longer in River) of a kind whose limits
+	// were cleared while it ran.
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES (42, $1, 'w1')`, kind)
+	require.NoError(t, err)
+
+	// A limit being set: the row-creation lock taken, the row inserted
+	// (counting the slot), not committed yet.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	q := db.New(tx)
+	require.NoError(t, q.LockLimitRowCreation(ctx, []string{kind}))
+	_, err = tx.Exec(ctx, `INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ($1, 1)`, kind)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := l.cleanUpKind(ctx, kind, l.logger, "test")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the clean-up did not wait for the limit row being created (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the clean-up did not finish")
+	}
+	var rows, admitted int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM concurrency_executions WHERE kind = $1),
+		(SELECT admitted FROM concurrency_limits WHERE kind = $1)`, kind).Scan(&rows, &admitted))
+	require.Zero(t, rows, "the stale slot is still there")
+	require.Equal(t, rows, admitted, "the count does not match the slot rows")
+}

@@ -46,6 +46,12 @@ func (l *Limiter) LockSlotsOf(ctx context.Context, tx pgx.Tx, workerID string, k
 	slices.Sort(kinds)
 	kinds = slices.Compact(kinds)
 	q := db.New(db.CustomPlans(tx))
+	// A kind without a limit row may be given one meanwhile, counting the
+	// slot rows Release deletes: wait for it (in kind order, before the
+	// rows, as a release does).
+	if err := q.LockLimitRowCreation(ctx, kinds); err != nil {
+		return nil, fmt.Errorf("lock limit row creation: %w", err)
+	}
 	counts, err := lockKinds(ctx, q, kinds)
 	if err != nil {
 		return nil, err

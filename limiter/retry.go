@@ -93,6 +93,11 @@ func (l *Limiter) cleanUpKind(ctx context.Context, kind string, logger *slog.Log
 		resumed, remaining, wakeIn = 0, false, 0
 		clear(local)
 		q := db.New(db.CustomPlans(tx))
+		// A kind without a limit row may be given one meanwhile, counting
+		// the slot rows this deletes: wait for it, as a release does.
+		if err := q.LockLimitRowCreation(ctx, []string{kind}); err != nil {
+			return fmt.Errorf("lock limit row creation: %w", err)
+		}
 		counts, err := lockKinds(ctx, q, []string{kind})
 		if err != nil {
 			return err
