@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,6 +33,9 @@ type Pipeline struct {
 	done    bool     // committed, rolled back, or failed
 	aborted bool     // a statement failed: only ROLLBACK is left
 }
+
+// rollbackTimeout bounds a Pipeline's ROLLBACK.
+const rollbackTimeout = 5 * time.Second
 
 // BeginPipeline acquires a connection of pool and queues the BEGIN of its
 // transaction (sent with its first statement).
@@ -177,10 +181,14 @@ func (p *Pipeline) Rollback(ctx context.Context) {
 	p.batch, p.names = &pgx.Batch{}, nil
 	conn := p.conn.Conn()
 	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+		// Even when ctx has ended (a rollback after a timeout), for a
+		// bounded time.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
 			// The connection is in an unknown state: it is not reused.
-			_ = conn.Close(context.WithoutCancel(ctx))
+			_ = conn.Close(rctx)
 		}
+		cancel()
 	}
 	p.conn.Release()
 }
