@@ -121,8 +121,10 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			case (row.HasParked || row.HasTurns) && !row.AnyWaiting:
 				// The line emptied (its last jobs took slots handed over, or
 				// claimed their grants after the round that gave them): the
-				// round clears the kind's flag and forgets the keys' turns.
+				// round clears the kind's flag and forgets the keys' turns,
+				// reading every key that has one.
 				grantKinds = append(grantKinds, row.Kind)
+				turnover[row.Kind] = nil
 			}
 		}
 		// A recheck of a kind whose limit row is gone (an operator deleted
