@@ -702,36 +702,67 @@ SELECT r.job_id::bigint AS job_id,
                  AND e.admitted_at >= r.attempted_at) AS slot_held,
        EXISTS (SELECT 1 FROM concurrency_starts s
                WHERE s.job_id = r.job_id AND NOT s.reserved AND s.started_at >= r.attempted_at) AS start_held,
-       EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS waiter
+       EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS waiter,
+       r.kind::text AS kind,
+       (l.kind IS NOT NULL)::boolean AS limited,
+       COALESCE(l.max_concurrency, 0)::integer AS max_concurrency,
+       COALESCE(l.admitted, 0)::integer AS admitted,
+       COALESCE(l.has_parked, false)::boolean AS has_parked,
+       l.partition_fields, l.key_max, l.rate_max,
+       COALESCE((extract(epoch FROM l.rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+       COALESCE(l.rate_per_key, false)::boolean AS rate_per_key
 FROM (SELECT unnest($2::bigint[]) AS job_id,
-             unnest($3::timestamptz[]) AS attempted_at) AS r
+             unnest($3::text[]) AS kind,
+             unnest($4::timestamptz[]) AS attempted_at) AS r
+LEFT JOIN concurrency_limits l ON l.kind = r.kind
 `
 
 type LineRecordsParams struct {
 	WorkerID     string      `json:"worker_id"`
 	JobIds       []int64     `json:"job_ids"`
+	Kinds        []string    `json:"kinds"`
 	AttemptedAts []time.Time `json:"attempted_ats"`
 }
 
 type LineRecordsRow struct {
-	JobID         int64 `json:"job_id"`
-	SlotReserved  bool  `json:"slot_reserved"`
-	StartReserved bool  `json:"start_reserved"`
-	SlotHeld      bool  `json:"slot_held"`
-	StartHeld     bool  `json:"start_held"`
-	Waiter        bool  `json:"waiter"`
+	JobID           int64    `json:"job_id"`
+	SlotReserved    bool     `json:"slot_reserved"`
+	StartReserved   bool     `json:"start_reserved"`
+	SlotHeld        bool     `json:"slot_held"`
+	StartHeld       bool     `json:"start_held"`
+	Waiter          bool     `json:"waiter"`
+	Kind            string   `json:"kind"`
+	Limited         bool     `json:"limited"`
+	MaxConcurrency  int32    `json:"max_concurrency"`
+	Admitted        int32    `json:"admitted"`
+	HasParked       bool     `json:"has_parked"`
+	PartitionFields []string `json:"partition_fields"`
+	KeyMax          *int32   `json:"key_max"`
+	RateMax         *int32   `json:"rate_max"`
+	RatePeriodMs    int64    `json:"rate_period_ms"`
+	RatePerKey      bool     `json:"rate_per_key"`
 }
 
-// What the limiter holds for jobs job_ids (attempted_ats in step: when
-// each was fetched): a slot or a start reserved for it (a grant), a slot of
-// worker_id or a start it took in this attempt (a grant it claimed), and
-// whether it is in the waiters (waits in a worker, or was resumed ahead).
+// What the limiter holds for jobs job_ids (kinds and attempted_ats in
+// step: each job's kind, and when it was fetched): a slot or a start
+// reserved for it (a grant), a slot of worker_id or a start it took in
+// this attempt (a grant it claimed), and whether it is in the waiters
+// (waits in a worker, or was resumed ahead); and its kind's limit row as
+// LockConcurrencyLimits reads it (limited false: no row), so that a line
+// transaction reads both in the round trip of its lock (LockLimitRows, a
+// statement before it: this one's snapshot is taken once the rows are
+// locked).
 // A slot or start of an earlier attempt whose release is not written yet
 // (a job retried at once) is not this attempt's: the attempt is decided
 // afresh, and logs a start of its own. (A slot is stamped when taken with
 // the clock, not the transaction's start, which may precede the fetch.)
 func (q *Queries) LineRecords(ctx context.Context, arg LineRecordsParams) ([]*LineRecordsRow, error) {
-	rows, err := q.db.Query(ctx, lineRecords, arg.WorkerID, arg.JobIds, arg.AttemptedAts)
+	rows, err := q.db.Query(ctx, lineRecords,
+		arg.WorkerID,
+		arg.JobIds,
+		arg.Kinds,
+		arg.AttemptedAts,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -746,6 +777,16 @@ func (q *Queries) LineRecords(ctx context.Context, arg LineRecordsParams) ([]*Li
 			&i.SlotHeld,
 			&i.StartHeld,
 			&i.Waiter,
+			&i.Kind,
+			&i.Limited,
+			&i.MaxConcurrency,
+			&i.Admitted,
+			&i.HasParked,
+			&i.PartitionFields,
+			&i.KeyMax,
+			&i.RateMax,
+			&i.RatePeriodMs,
+			&i.RatePerKey,
 		); err != nil {
 			return nil, err
 		}

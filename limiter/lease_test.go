@@ -211,8 +211,13 @@ func TestClearLimitRacesGrant(t *testing.T) {
 		_, err := clearLimits(t, pool, "demo.sleep")
 		done <- err
 	}()
+	// The clear ensures the row and locks it in one statement
+	// (EnsureLimitRow). This looked for LockConcurrencyLimits, which the
+	// clear does not reach while the row is locked: it passed while some
+	// other statement of that name waited on the row, and failed once the
+	// safety net's clean-up took the row-creation lock first.
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockConcurrencyLimits%'") == 1
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%EnsureLimitRow%'") == 1
 	}, 10*time.Second, 5*time.Millisecond, "clear waits for the lock")
 	_, err = tx.Exec(ctx, `INSERT INTO concurrency_leases (kind, worker_id, slots) VALUES ('demo.sleep', 'w', 2)`)
 	require.NoError(t, err)

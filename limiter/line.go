@@ -131,13 +131,21 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 			r.decision, r.reason, r.err, r.giveBack = admitRun, "", nil, false
 		}
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
-		counts, err := lockKinds(ctx, q, kinds)
-		if err != nil {
-			return err
+		// The lock travels with the reading of the jobs' records and their
+		// kinds' limits, which it precedes (db.Pipeline): one round trip.
+		if err := q.LockLimitRows(ctx, kinds); err != nil {
+			return fmt.Errorf("lock limits: %w", err)
 		}
 		recs, err := l.lineRecords(ctx, q, batch)
 		if err != nil {
 			return err
+		}
+		counts := make(map[string]*kindCounts, len(kinds))
+		for _, rec := range recs {
+			if _, ok := counts[rec.Kind]; !ok && rec.Limited {
+				counts[rec.Kind] = newKindCounts(rec.MaxConcurrency, rec.Admitted, rec.HasParked, rec.PartitionFields,
+					rec.KeyMax, rec.RateMax, rec.RatePeriodMs, rec.RatePerKey)
+			}
 		}
 		var toPark []*admitRequest
 		for _, kind := range kinds {
@@ -205,11 +213,13 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 	}
 }
 
-// lineRecords reads what the limiter holds for the jobs of batch.
+// lineRecords reads what the limiter holds for the jobs of batch, and
+// their kinds' limit rows.
 func (l *Limiter) lineRecords(ctx context.Context, q *db.Queries, batch []*admitRequest) (map[int64]*db.LineRecordsRow, error) {
 	p := db.LineRecordsParams{WorkerID: l.workerID}
 	for _, r := range batch {
 		p.JobIds = append(p.JobIds, r.job.ID)
+		p.Kinds = append(p.Kinds, r.job.Kind)
 		at := time.Time{}
 		if r.job.AttemptedAt != nil {
 			at = *r.job.AttemptedAt

@@ -15,10 +15,15 @@
 SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
 
 -- name: LineRecords :many
--- What the limiter holds for jobs job_ids (attempted_ats in step: when
--- each was fetched): a slot or a start reserved for it (a grant), a slot of
--- worker_id or a start it took in this attempt (a grant it claimed), and
--- whether it is in the waiters (waits in a worker, or was resumed ahead).
+-- What the limiter holds for jobs job_ids (kinds and attempted_ats in
+-- step: each job's kind, and when it was fetched): a slot or a start
+-- reserved for it (a grant), a slot of worker_id or a start it took in
+-- this attempt (a grant it claimed), and whether it is in the waiters
+-- (waits in a worker, or was resumed ahead); and its kind's limit row as
+-- LockConcurrencyLimits reads it (limited false: no row), so that a line
+-- transaction reads both in the round trip of its lock (LockLimitRows, a
+-- statement before it: this one's snapshot is taken once the rows are
+-- locked).
 -- A slot or start of an earlier attempt whose release is not written yet
 -- (a job retried at once) is not this attempt's: the attempt is decided
 -- afresh, and logs a start of its own. (A slot is stamped when taken with
@@ -31,9 +36,19 @@ SELECT r.job_id::bigint AS job_id,
                  AND e.admitted_at >= r.attempted_at) AS slot_held,
        EXISTS (SELECT 1 FROM concurrency_starts s
                WHERE s.job_id = r.job_id AND NOT s.reserved AND s.started_at >= r.attempted_at) AS start_held,
-       EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS waiter
+       EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS waiter,
+       r.kind::text AS kind,
+       (l.kind IS NOT NULL)::boolean AS limited,
+       COALESCE(l.max_concurrency, 0)::integer AS max_concurrency,
+       COALESCE(l.admitted, 0)::integer AS admitted,
+       COALESCE(l.has_parked, false)::boolean AS has_parked,
+       l.partition_fields, l.key_max, l.rate_max,
+       COALESCE((extract(epoch FROM l.rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+       COALESCE(l.rate_per_key, false)::boolean AS rate_per_key
 FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id,
-             unnest(sqlc.arg(attempted_ats)::timestamptz[]) AS attempted_at) AS r;
+             unnest(sqlc.arg(kinds)::text[]) AS kind,
+             unnest(sqlc.arg(attempted_ats)::timestamptz[]) AS attempted_at) AS r
+LEFT JOIN concurrency_limits l ON l.kind = r.kind;
 
 -- name: KeyLines :many
 -- Per key of kind (a kind with a partition; KindLine reads the one line of
