@@ -380,8 +380,10 @@ func TestAdmitLostReservation(t *testing.T) {
 			return nil
 		})
 	}()
+	// The admission's line transaction locks the rows with LockLimitRows
+	// (sent with the reading of the line).
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockConcurrencyLimits%'") == 1
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockLimitRows%'") == 1
 	}, 10*time.Second, 5*time.Millisecond, "admission waits for the lock")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-done)
