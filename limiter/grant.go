@@ -217,7 +217,7 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 			if room[key] <= 0 {
 				continue
 			}
-			e := nextReady(fronts[key], &next, key, picked, !c.keyed())
+			e := nextReady(fronts[key], &next, key, picked)
 			if e == nil || (hold[key] != 0 && hold[key] < e.JobID) {
 				continue
 			}
@@ -337,17 +337,18 @@ func resumableFront(fronts map[string][]*db.LineFrontRow, turnover []string, pic
 
 // nextReady is the next job of a key's front that a grant may go to (nil:
 // none): in job-id order, past those picked. A parked job still completing
-// its parking cannot be resumed yet: it holds up the younger jobs of its
-// key (strict order), or, under a per-kind limit alone (skip), is passed
-// over until its parking completes; one late in completing it (its worker
-// is gone: it waits for a rescue) is passed over either way.
-func nextReady(front []*db.LineFrontRow, next *map[string]int, key string, picked map[int64]bool, skip bool) *db.LineFrontRow {
+// its parking (its worker committed the parking; River has not moved it to
+// pending yet) cannot be resumed yet, and holds up the younger jobs of its
+// key, under a per-kind limit alone too (a younger job granted meanwhile
+// would start before it: torture seed 399460107); the rechecks after a
+// parking grant it once it is pending. One late in completing it (its
+// worker is gone: it waits for a rescue) is passed over.
+func nextReady(front []*db.LineFrontRow, next *map[string]int, key string, picked map[int64]bool) *db.LineFrontRow {
 	for i := (*next)[key]; i < len(front); i++ {
 		e := front[i]
 		(*next)[key] = i + 1
 		switch {
 		case picked[e.JobID]:
-		case !e.Ready && skip:
 		case !e.Ready:
 			(*next)[key] = i // holds up its key until it is parked
 			return nil
