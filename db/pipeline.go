@@ -27,11 +27,10 @@ import (
 // one by one; an error of a deferred statement is returned by the call
 // that sends it (naming the statement), and the transaction rolls back.
 type Pipeline struct {
-	conn    *pgxpool.Conn
-	batch   *pgx.Batch
-	names   []string // the names of the queued statements, for errors
-	done    bool     // committed, rolled back, or failed
-	aborted bool     // a statement failed: only ROLLBACK is left
+	conn  *pgxpool.Conn
+	batch *pgx.Batch
+	names []string // the names of the queued statements, for errors
+	done  bool     // committed or rolled back
 }
 
 // rollbackTimeout bounds a Pipeline's ROLLBACK.
@@ -94,7 +93,6 @@ func (p *Pipeline) send(ctx context.Context, name, sql string, args ...any) (pgx
 	br := p.conn.SendBatch(ctx, batch)
 	for _, n := range names[:len(names)-1] {
 		if _, err := br.Exec(); err != nil {
-			p.aborted = true
 			_ = br.Close()
 			return nil, fmt.Errorf("%s: %w", n, err)
 		}
@@ -118,9 +116,6 @@ func (p *Pipeline) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		p.aborted = true
-	}
 	return tag, err
 }
 
@@ -133,11 +128,10 @@ func (p *Pipeline) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 	}
 	rows, err := br.Query()
 	if err != nil {
-		p.aborted = true
 		_ = br.Close()
 		return nil, err
 	}
-	return &pipelineRows{Rows: rows, br: br, p: p}, nil
+	return &pipelineRows{Rows: rows, br: br}, nil
 }
 
 // QueryRow runs sql with the statements waiting and returns its first row.
@@ -163,7 +157,6 @@ func (p *Pipeline) Commit(ctx context.Context) error {
 		err = pgx.ErrTxCommitRollback
 	}
 	if err != nil {
-		p.aborted = true
 		return fmt.Errorf("commit: %w", err)
 	}
 	p.done = true
@@ -197,7 +190,6 @@ func (p *Pipeline) Rollback(ctx context.Context) {
 type pipelineRows struct {
 	pgx.Rows
 	br  pgx.BatchResults
-	p   *Pipeline
 	err error
 	end bool
 }
@@ -224,9 +216,6 @@ func (r *pipelineRows) Close() {
 	r.err = r.Rows.Err()
 	if err := r.br.Close(); r.err == nil {
 		r.err = err
-	}
-	if r.err != nil {
-		r.p.aborted = true
 	}
 }
 
