@@ -168,28 +168,6 @@ func (q *Queries) EnsureKeyTurns(ctx context.Context, arg EnsureKeyTurnsParams) 
 	return err
 }
 
-const forceCustomPlans = `-- name: ForceCustomPlans :exec
-
-SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
-`
-
-// The line of a limited kind (limiter/line.go, grant.go, waiters.go): every
-// job that waits for the kind's limits — parked (concurrency_parked_jobs),
-// waiting in a worker or resumed ahead of a free slot
-// (concurrency_waiters) — in job-id order within a key, round-robin across
-// keys (concurrency_key_turns). Every statement that decides runs after
-// LockConcurrencyLimits has locked the kind's limit row, in the same
-// transaction; ClaimGrants alone does not: it only takes what a grant
-// already counted.
-// For the rest of the transaction, plans each statement for its own
-// arguments and the tables as they are now (db.Pipeline's first statement:
-// the line tables swing from empty to thousands of rows and back, and a
-// cached generic plan made while one looked empty would scan it whole).
-func (q *Queries) ForceCustomPlans(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, forceCustomPlans)
-	return err
-}
-
 const handOverSlots = `-- name: HandOverSlots :many
 WITH pairs AS (
     SELECT unnest($1::bigint[]) AS from_id, unnest($2::bigint[]) AS to_id
@@ -604,6 +582,14 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS slots FROM concurrency_executions x WHERE x.kind = $2 AND x.key = k.key
 ) e
 CROSS JOIN LATERAL (
+    SELECT CASE WHEN $3::integer > 0
+                THEN LEAST($4::integer, GREATEST($3::integer - e.slots, 0)
+                           + CASE WHEN EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+                                               WHERE p.kind = $2 AND p.key = k.key)
+                                  THEN $5::integer ELSE 0 END)
+                ELSE $4::integer END AS depth
+) d
+CROSS JOIN LATERAL (
     SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead
     FROM (
         (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
@@ -613,7 +599,7 @@ CROSS JOIN LATERAL (
          JOIN river_job j ON j.id = p.job_id
          WHERE p.kind = $2 AND p.key = k.key
          ORDER BY p.job_id
-         LIMIT $3)
+         LIMIT d.depth)
         UNION ALL
         (SELECT w.job_id, false, w.worker_id, true::boolean, true, j.queue, w.reason, w.ahead
          FROM concurrency_waiters w
@@ -622,10 +608,10 @@ CROSS JOIN LATERAL (
          WHERE w.kind = $2 AND w.key = k.key
            AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
          ORDER BY w.job_id
-         LIMIT $3)
+         LIMIT d.depth)
     ) x
     ORDER BY x.job_id
-    LIMIT $3
+    LIMIT d.depth
 ) f
 ORDER BY k.key, f.job_id
 `
@@ -633,7 +619,9 @@ ORDER BY k.key, f.job_id
 type LineFrontParams struct {
 	Keys   []string `json:"keys"`
 	Kind   string   `json:"kind"`
+	KeyMax int32    `json:"key_max"`
 	PerKey int32    `json:"per_key"`
+	Ahead  int32    `json:"ahead"`
 }
 
 type LineFrontRow struct {
@@ -661,9 +649,19 @@ type LineFrontRow struct {
 // each row, the slots its key holds (admitted and reserved, as KeyLines
 // counts them: a grant round under a per-key limit without a per-key rate
 // needs nothing else of KeyLines). A key's rows are read in job-id order
-// from the (kind, key, job_id) indexes.
+// from the (kind, key, job_id) indexes. Under a per-key limit (key_max > 0)
+// a key's front is read only as deep as a round can use it: its free slots
+// (key_max less those it holds), and, when parked jobs of it wait, ahead
+// more (the lookahead looks that far past the grants); under P10's churn
+// most keys that freed a slot are read one job deep instead of four.
 func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFrontRow, error) {
-	rows, err := q.db.Query(ctx, lineFront, arg.Keys, arg.Kind, arg.PerKey)
+	rows, err := q.db.Query(ctx, lineFront,
+		arg.Keys,
+		arg.Kind,
+		arg.KeyMax,
+		arg.PerKey,
+		arg.Ahead,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -798,6 +796,30 @@ func (q *Queries) LineRecords(ctx context.Context, arg LineRecordsParams) ([]*Li
 	return items, nil
 }
 
+const listenGrants = `-- name: ListenGrants :exec
+LISTEN sluice_grants
+`
+
+// Subscribes this session to the notifications of grants (NotifyGrants).
+func (q *Queries) ListenGrants(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, listenGrants)
+	return err
+}
+
+const notifyGrants = `-- name: NotifyGrants :exec
+SELECT pg_notify('sluice_grants', w) FROM unnest($1::text[]) AS w
+`
+
+// Tells the workers named (worker_ids) that a grant waits for one of their
+// jobs (payload: the worker id; "*": a job resumed ahead, which any worker
+// may have taken meanwhile): their line pollers, LISTENing on
+// sluice_grants, claim it at once. Postgres delivers it when the grant's
+// transaction commits, and sends each distinct payload once.
+func (q *Queries) NotifyGrants(ctx context.Context, workerIds []string) error {
+	_, err := q.db.Exec(ctx, notifyGrants, workerIds)
+	return err
+}
+
 const parkWorkerWaiters = `-- name: ParkWorkerWaiters :many
 WITH waiting AS (
     SELECT w.job_id, w.kind, w.key, w.reason FROM concurrency_waiters w
@@ -857,6 +879,36 @@ func (q *Queries) ParkWorkerWaiters(ctx context.Context, workerID string) ([]*Pa
 		return nil, err
 	}
 	return items, nil
+}
+
+const pipelineSettings = `-- name: PipelineSettings :exec
+
+SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
+`
+
+// The line of a limited kind (limiter/line.go, grant.go, waiters.go): every
+// job that waits for the kind's limits — parked (concurrency_parked_jobs),
+// waiting in a worker or resumed ahead of a free slot
+// (concurrency_waiters) — in job-id order within a key, round-robin across
+// keys (concurrency_key_turns). Every statement that decides runs after
+// LockConcurrencyLimits has locked the kind's limit row, in the same
+// transaction; ClaimGrants alone does not: it only takes what a grant
+// already counted.
+// For the rest of the transaction (db.Pipeline's first statement), reads
+// every table by an index where one serves. The line tables swing from
+// empty to thousands of rows and back: a plan made while one looked small
+// scans it, once per key of a nested loop (a generic plan, cached for the
+// connection's life, scanned concurrency_parked_jobs whole at 80 ms a
+// statement; custom plans still scanned concurrency_executions 400 times a
+// statement under P10's churn). With sequential scans off, the statements'
+// cached generic plans are safe to keep, which also spares planning each
+// one (0.1 to 0.6 ms a statement under the kind's lock, P10). A plan
+// that has to scan a table anyway costs more than jit_above_cost with
+// sequential scans off: JIT is off too (it compiled for 190 ms a
+// statement that runs in a millisecond).
+func (q *Queries) PipelineSettings(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, pipelineSettings)
+	return err
 }
 
 const reserveGrants = `-- name: ReserveGrants :exec

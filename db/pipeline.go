@@ -16,8 +16,10 @@ import (
 // travel together where they can: BEGIN, and every statement whose result
 // nobody reads (an sqlc ":exec"), wait and go with the next statement that
 // returns something, or with COMMIT, in one round trip (a pgx batch).
-// Every statement of it is planned for its own arguments (plan_cache_mode
-// force_custom_plan for the transaction), as CustomPlans does.
+// Every table is read by an index where one serves (enable_seqscan off
+// for the transaction, PipelineSettings), so that the statements run from
+// the generic plans Postgres caches for each prepared statement, unplanned,
+// without the risk CustomPlans avoids for the statements sent alone.
 //
 // It is for the limiter's line and release transactions, which hold a
 // kind's row lock from their first statement to their commit: on a busy
@@ -45,7 +47,7 @@ func BeginPipeline(ctx context.Context, pool *pgxpool.Pool) (*Pipeline, error) {
 	}
 	p := &Pipeline{conn: conn, batch: &pgx.Batch{}}
 	p.queue("begin", "BEGIN")
-	p.queue("ForceCustomPlans", forceCustomPlans)
+	p.queue("PipelineSettings", pipelineSettings)
 	return p, nil
 }
 

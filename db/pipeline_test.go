@@ -22,7 +22,7 @@ const (
 	pipeInsert = "-- name: PipeInsert :exec\nINSERT INTO pipe_rows (id) VALUES ($1)"
 	pipeLock   = "-- name: PipeLock :exec\nLOCK TABLE pipe_rows IN ACCESS EXCLUSIVE MODE"
 	pipeCount  = "-- name: PipeCount :one\nSELECT count(*)::int FROM pipe_rows"
-	pipeMode   = "-- name: PipeMode :one\nSELECT current_setting('plan_cache_mode')"
+	pipeMode   = "-- name: PipeMode :one\nSELECT current_setting('enable_seqscan')"
 )
 
 // newPipePool is a pool of one connection over a database with an empty
@@ -44,8 +44,8 @@ func newPipePool(t *testing.T) *pgxpool.Pool {
 // TestPipelineDefersExecs: an :exec is not sent when called (another
 // connection still reads the table it will lock), but goes, in order,
 // with the next statement that returns something (which sees its row, and
-// after which the lock is held); the transaction plans every statement
-// for its arguments, and the connection is back to the default once it
+// after which the lock is held); the transaction runs with sequential
+// scans off, and the connection is back to the default once it
 // committed; what it wrote is there after the commit.
 func TestPipelineDefersExecs(t *testing.T) {
 	t.Parallel()
@@ -75,7 +75,7 @@ func TestPipelineDefersExecs(t *testing.T) {
 		require.Equal(t, "55P03", pgErr.Code)
 		var mode string
 		require.NoError(t, p.QueryRow(ctx, pipeMode).Scan(&mode))
-		require.Equal(t, "force_custom_plan", mode)
+		require.Equal(t, "off", mode, "sequential scans are on in the pipeline")
 		_, err := p.Exec(ctx, pipeInsert, 2)
 		return err
 	})
@@ -85,8 +85,8 @@ func TestPipelineDefersExecs(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pipe_rows").Scan(&n))
 	require.Equal(t, 2, n, "the insert queued before the commit was not committed")
 	var mode string
-	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('plan_cache_mode')").Scan(&mode))
-	require.Equal(t, "auto", mode, "plan_cache_mode outlived the transaction")
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('enable_seqscan')").Scan(&mode))
+	require.Equal(t, "on", mode, "enable_seqscan off outlived the transaction")
 }
 
 // TestPipelineDeferredErrorRollsBack: an :exec that fails returns no error

@@ -197,7 +197,7 @@ func (l *Limiter) takeAhead(ctx context.Context, reqs []*admitRequest) []*admitR
 	var out []*admitRequest
 	for _, r := range cands {
 		if slices.Contains(taken, r.job.ID) {
-			r.decision, r.reason = admitWait, reasonLimit
+			r.decision, r.reason, r.takenAhead = admitWait, reasonLimit, true
 			close(r.done)
 			out = append(out, r)
 		}

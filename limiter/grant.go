@@ -164,13 +164,14 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 		depth = min(most+perKeyAhead, maxFront)
 	}
 	depth = max(depth, 1)
-	fronts, err := lineFronts(ctx, q, kind, keys, int32(depth))
+	fronts, err := lineFronts(ctx, q, kind, keys, int32(depth), c.keyMax, int32(perKeyAhead))
 	if err != nil {
 		return res, err
 	}
 	if lines == nil && c.keyMax > 0 {
 		// The keys' own room: the slots each holds, read with its front
-		// (a key with nothing waiting is given nothing).
+		// (a key with nothing waiting, or no room and nothing parked, has
+		// no row, and is given nothing).
 		lines = make(map[string]keyLine, len(fronts))
 		for key, front := range fronts {
 			lines[key] = keyLine{slots: front[0].KeySlots}
@@ -295,12 +296,14 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 
 // lineFronts reads the fronts of the lines of kind's keys, depth jobs deep
 // ("": the one line of a kind without a partition, or the rows without a
-// key of one that has one now).
-func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, depth int32) (map[string][]*db.LineFrontRow, error) {
+// key of one that has one now); under a per-key limit (keyMax > 0) a
+// named key's front only as deep as its free slots, and ahead more when
+// parked jobs of it wait (LineFront).
+func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, depth, keyMax, ahead int32) (map[string][]*db.LineFrontRow, error) {
 	fronts := map[string][]*db.LineFrontRow{}
 	named, unkeyed := splitKeys(keys)
 	if len(named) > 0 {
-		rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: named, PerKey: depth})
+		rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: named, PerKey: depth, KeyMax: keyMax, Ahead: ahead})
 		if err != nil {
 			return nil, fmt.Errorf("front of the %s line: %w", kind, err)
 		}
@@ -393,7 +396,7 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 	var grant db.ReserveGrantsParams
 	grant.Kind = kind
 	var reservedStarts, claimedStarts, claimed []int64
-	var sKeysR, sKeysC []string
+	var sKeysR, sKeysC, notify []string
 	for _, p := range picks {
 		if p.Parked {
 			if _, ok := resumed[p.JobID]; !ok {
@@ -405,6 +408,17 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 			worker = *p.WorkerID
 		}
 		p.claimed = worker == l.workerID
+		switch {
+		case p.claimed || p.Parked:
+			// Claimed at once; or resumed, and claimed when fetched.
+		case worker == "":
+			// Resumed ahead: a worker may be taking it (TakeAheadWaiters).
+			if !slices.Contains(notify, anyWorker) {
+				notify = append(notify, anyWorker)
+			}
+		case !slices.Contains(notify, worker):
+			notify = append(notify, worker)
+		}
 		grant.JobIds = append(grant.JobIds, p.JobID)
 		grant.Keys = append(grant.Keys, p.Key)
 		grant.WorkerIds = append(grant.WorkerIds, worker)
@@ -443,6 +457,12 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 			Kind: kind, JobIds: claimedStarts, Keys: sKeysC, Reserved: false,
 		}); err != nil {
 			return fmt.Errorf("log %s starts: %w", kind, err)
+		}
+	}
+	if len(notify) > 0 {
+		// Their workers' line pollers claim them as soon as this commits.
+		if err := q.NotifyGrants(ctx, notify); err != nil {
+			return fmt.Errorf("notify the workers of %s grants: %w", kind, err)
 		}
 	}
 	if len(claimed) > 0 {

@@ -165,6 +165,9 @@ type admitRequest struct {
 	// giveBack: it gives back what the line held for it (a grant, its
 	// place): it was decided not to run, or runs without a limit now.
 	giveBack bool
+	// takenAhead: resumed ahead and taken by this worker without a line
+	// transaction (fetch.go, takeAhead).
+	takenAhead bool
 
 	decision admission
 	reason   string // what holds it, when it waits or parked

@@ -51,6 +51,8 @@ type waitList struct {
 	handed  map[int64]bool
 	polling bool
 	stopped bool
+	// listener is the running poller's grant listener (nil: none).
+	listener *grantListener
 }
 
 // waiter is one waiting job.
@@ -72,7 +74,13 @@ func (ws *waitList) wait(req *admitRequest) waitOutcome {
 		ws.polling = true
 		go ws.poll()
 	}
+	gl := ws.listener
 	ws.mu.Unlock()
+	if req.takenAhead && gl != nil {
+		// Taken ahead without a line transaction: a grant may have named no
+		// worker (notified to all before it was taken); look now.
+		gl.notify()
+	}
 	ws.l.decided.arrived(req.job.ID) // it waits here now (fetch.go)
 	// The line orders the kind's jobs waiting here (lease.go, yield).
 	ws.l.leases.yield(req.job.Kind)
@@ -211,47 +219,88 @@ func (ws *waitList) grant(granted map[int64]admission) {
 	}
 }
 
-// poll takes, every LinePoll while jobs wait, the grants they got from
-// other processes, and sends the jobs whose place went to be decided again.
+// pollLinger is how long the line poller, and its grant listener's
+// connection, outlive the last wait in this worker: a worker whose jobs
+// wait off and on keeps its connection.
+const pollLinger = time.Second
+
+// poll takes the grants that other processes gave the jobs waiting here:
+// at once when the grant listener hears of one (grant_listener.go), else
+// every LinePoll after a quick look (HasGrants) while the listener is not
+// connected; every claimEvery polls it claims for all of them whatever it
+// heard, which also sends the jobs whose place went to be decided again.
+// It ends pollLinger after the last wait here ends, or when the worker
+// stops.
 func (ws *waitList) poll() {
+	ctx, cancel := context.WithCancel(context.Background())
+	gl := newGrantListener(ws.l)
+	listened := make(chan struct{})
+	go func() {
+		defer close(listened)
+		gl.run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-listened
+	}()
+	ws.mu.Lock()
+	ws.listener = gl
+	ws.mu.Unlock()
 	ticker := time.NewTicker(LinePoll)
 	defer ticker.Stop()
-	var warned time.Time
+	var warned, idleSince time.Time
 	polls := 0
-	for range ticker.C {
+	for {
+		heard := false
+		select {
+		case <-ticker.C:
+			polls++
+		case <-gl.wake:
+			heard = true
+		}
 		ws.mu.Lock()
 		if len(ws.waiting) == 0 || ws.stopped {
-			ws.polling = false
+			if idleSince.IsZero() {
+				idleSince = time.Now()
+			}
+			if ws.stopped || time.Since(idleSince) >= pollLinger {
+				ws.polling, ws.listener = false, nil
+				ws.mu.Unlock()
+				return
+			}
 			ws.mu.Unlock()
-			return
+			continue
 		}
+		idleSince = time.Time{}
 		ids := make([]int64, 0, len(ws.waiting))
 		for id := range ws.waiting {
 			ids = append(ids, id)
 		}
 		ws.mu.Unlock()
-		polls++
-		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-		rows, err := ws.claim(ctx, ids, polls%claimEvery == 0)
-		cancel()
-		if err != nil {
-			if time.Since(warned) > time.Second {
-				ws.l.logger.Warn("concurrency line: grants not taken; trying again", "error", err)
-				warned = time.Now()
+		all := heard || polls%claimEvery == 0
+		if all || !gl.listening.Load() {
+			claimCtx, claimCancel := context.WithTimeout(ctx, batchTimeout)
+			rows, err := ws.claim(claimCtx, ids, all)
+			claimCancel()
+			if err != nil {
+				if time.Since(warned) > time.Second {
+					ws.l.logger.Warn("concurrency line: grants not taken; trying again", "error", err)
+					warned = time.Now()
+				}
+				continue
 			}
-			continue
-		}
-		for _, row := range rows {
-			switch {
-			case row.Gone:
-				ws.finish(row.JobID, waitGone, admitRun)
-			case row.Slot:
-				ws.finish(row.JobID, waitGranted, admitSlot)
-			default:
-				ws.finish(row.JobID, waitGranted, admitRun)
+			for _, row := range rows {
+				switch {
+				case row.Gone:
+					ws.finish(row.JobID, waitGone, admitRun)
+				case row.Slot:
+					ws.finish(row.JobID, waitGranted, admitSlot)
+				default:
+					ws.finish(row.JobID, waitGranted, admitRun)
+				}
 			}
 		}
-		if polls%handOverReadEvery == 0 {
+		if !heard && polls%handOverReadEvery == 0 {
 			ws.readHandOvers()
 		}
 	}
