@@ -91,6 +91,7 @@ func (g *grantListener) listenOnce(ctx context.Context) error {
 		return fmt.Errorf("listen %s: %w", GrantChannel, err)
 	}
 	g.listening.Store(true)
+	g.l.TestSignals.GrantListening.Signal(struct{}{})
 	// Grants given before the LISTEN took effect: claim them now.
 	g.notify()
 	for {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/rivertype"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
@@ -182,4 +183,106 @@ func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
 		(SELECT admitted FROM concurrency_limits WHERE kind = $1)`, kind).Scan(&rows, &admitted))
 	require.Zero(t, rows, "the stale slot is still there")
 	require.Equal(t, rows, admitted, "the count does not match the slot rows")
+}
+
+// TestLineFrontReadsOnlyWhatARoundCanUse: under a per-key limit a key's
+// front is read as deep as its free slots, and the lookahead more only
+// when parked jobs of the key wait: a key holding both its slots with
+// three jobs waiting gives no row, one holding one slot gives its oldest
+// waiter, and once a job of the key is parked, the lookahead's depth more
+// (oldest first, the parked job among them); without a per-key limit
+// (key_max 0) the depth asked for.
+func TestLineFrontReadsOnlyWhatARoundCanUse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.front"
+	pool, _ := newTestLimiter(t, "w1")
+	ids := make([]int64, 6)
+	for i := range ids {
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
+			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&ids[i]))
+	}
+	// Jobs 0 and 1 hold key k's two slots; 2, 3 and 4 wait in w1.
+	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id, key) VALUES ($1, $3, 'w1', 'k'), ($2, $3, 'w1', 'k')`,
+		ids[0], ids[1], kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
+		SELECT id, $2, 'k', 'w1', 'key_limit' FROM unnest($1::bigint[]) AS id`, ids[2:5], kind)
+	require.NoError(t, err)
+	front := func(keyMax, ahead int32) []int64 {
+		rows, err := db.New(pool).LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: []string{"k"}, PerKey: 4, KeyMax: keyMax, Ahead: ahead})
+		require.NoError(t, err)
+		var out []int64
+		for _, r := range rows {
+			out = append(out, r.JobID)
+		}
+		return out
+	}
+	require.Empty(t, front(2, 2), "a key without room and nothing parked: nothing to read")
+	require.Equal(t, ids[2:5], front(0, 2), "no per-key limit: the depth asked for")
+
+	_, err = pool.Exec(ctx, `DELETE FROM concurrency_executions WHERE job_id = $1`, ids[1])
+	require.NoError(t, err)
+	require.Equal(t, ids[2:3], front(2, 2), "one free slot: the oldest waiter")
+
+	// Job 5 parks: the lookahead reads past the grants.
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'pending' WHERE id = $1`, ids[5])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason) VALUES ($1, $2, 'k', 'key_limit')`, ids[5], kind)
+	require.NoError(t, err)
+	require.Equal(t, ids[2:5], front(2, 2), "a parked job waits: one free slot and two more")
+	require.Equal(t, []int64{ids[2], ids[3], ids[4], ids[5]}, front(2, 3), "as deep as the lookahead asks, the parked job last")
+}
+
+// TestGrantWakesItsWorker: a grant round in one worker that gives a slot to
+// a job waiting in another notifies that worker, whose line poller claims
+// it at the notification (not at a poll) and the job runs with the slot.
+func TestGrantWakesItsWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.notified"
+	pool, l1 := newTestLimiter(t, "w1")
+	l2, err := New(Config{Pool: pool, WorkerID: "w2"})
+	require.NoError(t, err)
+	l2.TestSignals.Init(t)
+	require.NoError(t, l1.SetConcurrency(ctx, kind, 1))
+	jobs := make([]*rivertype.JobRow, 2)
+	for i := range jobs {
+		at := time.Now()
+		jobs[i] = &rivertype.JobRow{Kind: kind, AttemptedAt: &at}
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
+			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&jobs[i].ID))
+	}
+	// The first job holds the one slot, in w1.
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, jobs[0].ID, kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+	require.NoError(t, err)
+
+	// The second waits for it in w2.
+	req := &admitRequest{ctx: ctx, job: jobs[1], deadline: time.Now().Add(time.Minute), done: make(chan struct{})}
+	l2.lineChunk([]*admitRequest{req})
+	require.NoError(t, req.err)
+	require.Equal(t, admitWait, req.decision)
+	decided := make(chan admission, 1)
+	go func() {
+		dec, err := l2.follow(req)
+		assert.NoError(t, err)
+		decided <- dec
+	}()
+	l2.TestSignals.GrantListening.WaitOrTimeout()
+
+	l1.releaseBatch([]*releaseRequest{{ctx: ctx, job: jobs[0], kind: kind}})
+	require.Equal(t, jobs[1].ID, l2.TestSignals.GrantHeard.WaitOrTimeout(), "claimed at the notification")
+	select {
+	case dec := <-decided:
+		require.Equal(t, admitSlot, dec)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the granted job did not run")
+	}
+	var worker string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT worker_id FROM concurrency_executions WHERE job_id = $1 AND NOT reserved`, jobs[1].ID).Scan(&worker))
+	require.Equal(t, "w2", worker)
+	l1.Flush()
+	l2.Flush()
 }

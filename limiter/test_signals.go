@@ -17,6 +17,11 @@ type TestSignals struct {
 	// HandedOver: a job that ended handed its slot to a job waiting in
 	// the same worker, in memory (value: the job handed the slot).
 	HandedOver testsignal.TestSignal[int64]
+	// GrantListening: the line poller's grant listener LISTENs (again).
+	GrantListening testsignal.TestSignal[struct{}]
+	// GrantHeard: the line poller claimed a grant at a notification
+	// (value: the job that got it).
+	GrantHeard testsignal.TestSignal[int64]
 }
 
 // Init initializes every signal for tb.
@@ -24,4 +29,6 @@ func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.Renewed.Init(tb)
 	ts.RateWake.Init(tb)
 	ts.HandedOver.Init(tb)
+	ts.GrantListening.Init(tb)
+	ts.GrantHeard.Init(tb)
 }

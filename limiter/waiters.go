@@ -290,6 +290,9 @@ func (ws *waitList) poll() {
 				continue
 			}
 			for _, row := range rows {
+				if heard && !row.Gone {
+					ws.l.TestSignals.GrantHeard.Signal(row.JobID)
+				}
 				switch {
 				case row.Gone:
 					ws.finish(row.JobID, waitGone, admitRun)
