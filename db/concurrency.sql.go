@@ -584,7 +584,8 @@ unstarted AS (
 ),
 per_kind AS (
     SELECT lk.kind, (SELECT count(*) FROM freed f WHERE f.kind = lk.kind)::integer AS n,
-           (SELECT COALESCE(array_agg(DISTINCT COALESCE(f.key, '')), '{}') FROM freed f WHERE f.kind = lk.kind) AS keys
+           (SELECT COALESCE(array_agg(DISTINCT COALESCE(f.key, '') COLLATE "C" ORDER BY COALESCE(f.key, '') COLLATE "C"), '{}')
+            FROM freed f WHERE f.kind = lk.kind) AS keys
     FROM lk
 )
 UPDATE concurrency_limits l
@@ -631,7 +632,7 @@ type ReleaseJobsRow struct {
 // admitted counts (limit rows locked in kind order first), and returns the
 // state of the kinds released with their limits, as LockConcurrencyLimits
 // reads them (freed_keys: the keys whose slots freed, ” without a
-// partition; keyed: a per-key or rate limit; any_waiting: jobs of the
+// partition, in byte order, as Go sorts them; keyed: a per-key or rate limit; any_waiting: jobs of the
 // kind's line wait, for the kind or for their keys; has_turns: its keys
 // have places in the round, which a grant round forgets once nothing
 // waits), so the caller can grant the free slots in the same transaction

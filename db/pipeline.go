@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 
@@ -15,7 +16,9 @@ import (
 // Pipeline is one transaction on a connection of a pool whose statements
 // travel together where they can: BEGIN, and every statement whose result
 // nobody reads (an sqlc ":exec"), wait and go with the next statement that
-// returns something, or with COMMIT, in one round trip (a pgx batch).
+// returns something, or with COMMIT, in one round trip (a pgx batch); and a
+// read the caller expects to make next may go ahead with the statement
+// before it (Prefetch).
 // Every table is read by an index where one serves (enable_seqscan off
 // for the transaction, PipelineSettings), so that the statements run from
 // the generic plans Postgres caches for each prepared statement, unplanned,
@@ -33,6 +36,21 @@ type Pipeline struct {
 	batch *pgx.Batch
 	names []string // the names of the queued statements, for errors
 	done  bool     // committed or rolled back
+	trips int      // round trips sent
+
+	// prefetch is a statement to send right after the next one that
+	// returns rows (Prefetch); once sent, open holds the batch whose last
+	// result is its rows, until a Query takes them or they are dropped.
+	prefetch *prefetched
+	open     pgx.BatchResults
+}
+
+// prefetched is a statement sent ahead of its Query (Prefetch).
+type prefetched struct {
+	name string
+	sql  string
+	args []any
+	sent bool
 }
 
 // rollbackTimeout bounds a Pipeline's ROLLBACK.
@@ -83,15 +101,75 @@ func deferrable(sql string) (string, bool) {
 	return name, strings.TrimSpace(annotation) == ":exec"
 }
 
-// send sends the queued statements and sql as one batch, reads the
-// results of the queued ones, and returns the batch positioned at sql's.
-func (p *Pipeline) send(ctx context.Context, name, sql string, args ...any) (pgx.BatchResults, error) {
+// Prefetch asks for sql (a statement that returns rows; name for errors)
+// to be sent right after the next statement that returns rows, in the
+// same round trip, when the caller expects to run it next: the Query that
+// follows with the same sql and arguments, nothing queued in between,
+// reads its rows without a round trip of its own. Any other statement
+// drops them unread (they were read in the same transaction, so nothing
+// but the server's work is lost). A second Prefetch replaces the first.
+func (p *Pipeline) Prefetch(name, sql string, args ...any) {
+	p.prefetch = &prefetched{name: name, sql: sql, args: args}
+}
+
+// Trips is how many round trips the pipeline has sent.
+func (p *Pipeline) Trips() int { return p.trips }
+
+// takePrefetched returns the rows prefetched for sql and args (nil: none
+// match, and whatever was prefetched is dropped).
+func (p *Pipeline) takePrefetched(sql string, args []any) (pgx.Rows, pgx.BatchResults, error) {
+	if p.prefetch == nil || !p.prefetch.sent || p.open == nil {
+		return nil, nil, p.dropPrefetched()
+	}
+	pf, br := p.prefetch, p.open
+	if pf.sql != sql || len(p.names) > 0 || !reflect.DeepEqual(pf.args, args) {
+		return nil, nil, p.dropPrefetched()
+	}
+	p.prefetch, p.open = nil, nil
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, nil, fmt.Errorf("%s (prefetched): %w", pf.name, err)
+	}
+	return rows, br, nil
+}
+
+// dropPrefetched drops rows prefetched and not asked for.
+func (p *Pipeline) dropPrefetched() error {
+	pf, br := p.prefetch, p.open
+	if pf == nil || !pf.sent {
+		return nil
+	}
+	p.prefetch, p.open = nil, nil
+	if br == nil {
+		return nil // the rows before them were not closed: nothing to read yet
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("%s (prefetched): %w", pf.name, err)
+	}
+	return nil
+}
+
+// send sends the queued statements and sql as one batch (followed by the
+// statement prefetched, when withPrefetch), reads the results of the
+// queued ones, and returns the batch positioned at sql's.
+func (p *Pipeline) send(ctx context.Context, withPrefetch bool, name, sql string, args ...any) (pgx.BatchResults, error) {
 	if p.done {
 		return nil, errors.New("pipeline: transaction already ended")
 	}
+	if err := p.dropPrefetched(); err != nil {
+		return nil, err
+	}
 	p.queue(name, sql, args...)
+	if pf := p.prefetch; withPrefetch && pf != nil {
+		p.batch.Queue(pf.sql, pf.args...)
+		pf.sent = true
+	} else {
+		p.prefetch = nil
+	}
 	batch, names := p.batch, p.names
 	p.batch, p.names = &pgx.Batch{}, nil
+	p.trips++
 	br := p.conn.SendBatch(ctx, batch)
 	for _, n := range names[:len(names)-1] {
 		if _, err := br.Exec(); err != nil {
@@ -110,7 +188,7 @@ func (p *Pipeline) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 		p.queue(name, sql, args...)
 		return pgconn.CommandTag{}, nil
 	}
-	br, err := p.send(ctx, name, sql, args...)
+	br, err := p.send(ctx, false, name, sql, args...)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -121,19 +199,37 @@ func (p *Pipeline) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 	return tag, err
 }
 
-// Query runs sql with the statements waiting, in one round trip.
+// Query runs sql with the statements waiting, in one round trip (none:
+// the rows of a statement prefetched, Prefetch).
 func (p *Pipeline) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	name, _ := deferrable(sql)
-	br, err := p.send(ctx, name, sql, args...)
+	if p.done {
+		return nil, errors.New("pipeline: transaction already ended")
+	}
+	rows, br, err := p.takePrefetched(sql, args)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := br.Query()
+	if rows != nil {
+		return &pipelineRows{Rows: rows, br: br, p: p, last: true}, nil
+	}
+	name, _ := deferrable(sql)
+	br, err = p.send(ctx, true, name, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	rows, err = br.Query()
 	if err != nil {
 		_ = br.Close()
+		p.prefetch = nil
 		return nil, err
 	}
-	return &pipelineRows{Rows: rows, br: br}, nil
+	out := &pipelineRows{Rows: rows, br: br, p: p, last: true}
+	if p.prefetch != nil && p.prefetch.sent {
+		// The batch goes on with the prefetched rows: closing these rows
+		// leaves it open for them.
+		out.last = false
+	}
+	return out, nil
 }
 
 // QueryRow runs sql with the statements waiting and returns its first row.
@@ -147,7 +243,7 @@ func (p *Pipeline) Commit(ctx context.Context) error {
 	if p.done {
 		return errors.New("pipeline: transaction already ended")
 	}
-	br, err := p.send(ctx, "commit", "COMMIT")
+	br, err := p.send(ctx, false, "commit", "COMMIT")
 	if err != nil {
 		return err
 	}
@@ -174,6 +270,10 @@ func (p *Pipeline) Rollback(ctx context.Context) {
 	}
 	p.done = true
 	p.batch, p.names = &pgx.Batch{}, nil
+	if p.open != nil {
+		_ = p.open.Close()
+		p.open, p.prefetch = nil, nil
+	}
 	conn := p.conn.Conn()
 	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 		// Even when ctx has ended (a rollback after a timeout), for a
@@ -188,12 +288,16 @@ func (p *Pipeline) Rollback(ctx context.Context) {
 	p.conn.Release()
 }
 
-// pipelineRows are a statement's rows; closing them ends their batch.
+// pipelineRows are a statement's rows; closing them ends their batch,
+// unless rows prefetched follow them in it (last false): then the batch
+// stays open for them (Pipeline.open).
 type pipelineRows struct {
 	pgx.Rows
-	br  pgx.BatchResults
-	err error
-	end bool
+	br   pgx.BatchResults
+	p    *Pipeline
+	last bool
+	err  error
+	end  bool
 }
 
 // Next advances to the next row; after the last, the batch ends.
@@ -216,6 +320,13 @@ func (r *pipelineRows) Close() {
 	r.end = true
 	r.Rows.Close()
 	r.err = r.Rows.Err()
+	if pf := r.p.prefetch; !r.last && pf != nil && pf.sent {
+		if r.err == nil {
+			r.p.open = r.br // the prefetched rows come next
+			return
+		}
+		r.p.prefetch = nil
+	}
 	if err := r.br.Close(); r.err == nil {
 		r.err = err
 	}

@@ -137,3 +137,91 @@ func TestPipelineDeferredErrorRollsBack(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pipe_rows").Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// pipeAbove counts the rows above an id: a statement to prefetch.
+const pipeAbove = "-- name: PipeAbove :one\nSELECT count(*)::int FROM pipe_rows WHERE id > $1"
+
+// TestPipelinePrefetch: a statement prefetched goes with the next
+// statement that returns rows, after it (it sees that statement's
+// effects), and the Query that asks for it next, with the same arguments
+// and nothing queued in between, reads its rows without a round trip;
+// other arguments, or an :exec queued in between, drop it, and the
+// statement runs afresh, in order (it sees the exec's row). A Query after
+// an unused prefetch and the commit still work.
+func TestPipelinePrefetch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPipePool(t)
+	_, err := pool.Exec(ctx, "INSERT INTO pipe_rows VALUES (1), (2), (3)")
+	require.NoError(t, err)
+	const pipeDelete = "-- name: PipeDelete :many\nDELETE FROM pipe_rows WHERE id = $1 RETURNING id"
+
+	err = db.PipelineFunc(ctx, pool, func(p *db.Pipeline) error {
+		var n, deleted int
+		// Used: one trip for both; it sees the delete before it.
+		p.Prefetch("PipeAbove", pipeAbove, 0)
+		require.NoError(t, p.QueryRow(ctx, pipeDelete, 3).Scan(&deleted))
+		trips := p.Trips()
+		require.NoError(t, p.QueryRow(ctx, pipeAbove, 0).Scan(&n))
+		require.Equal(t, 2, n, "the prefetched count ran after the delete")
+		require.Equal(t, trips, p.Trips(), "the prefetched rows took a round trip")
+
+		// Other arguments: dropped, and the statement runs afresh.
+		p.Prefetch("PipeAbove", pipeAbove, 0)
+		require.NoError(t, p.QueryRow(ctx, pipeDelete, 2).Scan(&deleted))
+		require.NoError(t, p.QueryRow(ctx, pipeAbove, 5).Scan(&n))
+		require.Zero(t, n)
+		require.Equal(t, trips+2, p.Trips())
+
+		// An :exec queued in between: dropped; the count sees its row.
+		p.Prefetch("PipeAbove", pipeAbove, 0)
+		require.NoError(t, p.QueryRow(ctx, pipeDelete, 1).Scan(&deleted))
+		_, err := p.Exec(ctx, pipeInsert, 7)
+		require.NoError(t, err)
+		require.NoError(t, p.QueryRow(ctx, pipeAbove, 0).Scan(&n))
+		require.Equal(t, 1, n, "the count ran before the insert queued ahead of it")
+
+		// Unused at the commit.
+		p.Prefetch("PipeAbove", pipeAbove, 0)
+		return p.QueryRow(ctx, pipeCount).Scan(&n)
+	})
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pipe_rows").Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+// TestPrefetchMatchesTheQueries: PrefetchLineFront and PrefetchKeyLines
+// send their statements with the arguments LineFront and KeyLines send
+// (the generated methods' order): the query that follows takes no trip.
+func TestPrefetchMatchesTheQueries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	err := db.PipelineFunc(ctx, pool, func(p *db.Pipeline) error {
+		q := db.New(p)
+		front := db.LineFrontParams{Kind: "k", Keys: []string{"a", "b"}, PerKey: 4, KeyMax: 2, Ahead: 2}
+		q.PrefetchLineFront(front)
+		if _, err := q.LimitStates(ctx); err != nil {
+			return err
+		}
+		trips := p.Trips()
+		if _, err := q.LineFront(ctx, front); err != nil {
+			return err
+		}
+		require.Equal(t, trips, p.Trips(), "LineFront was not prefetched")
+
+		lines := db.KeyLinesParams{Kind: "k", Keys: []string{"a"}, PeriodMs: 1000}
+		q.PrefetchKeyLines(lines)
+		if _, err := q.LimitStates(ctx); err != nil {
+			return err
+		}
+		trips = p.Trips()
+		if _, err := q.KeyLines(ctx, lines); err != nil {
+			return err
+		}
+		require.Equal(t, trips, p.Trips(), "KeyLines was not prefetched")
+		return nil
+	})
+	require.NoError(t, err)
+}

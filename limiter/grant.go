@@ -151,20 +151,7 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 			return res, err
 		}
 	}
-	// How deep to read each key's front: its most grants and lookahead.
-	depth := capacity + perKind
-	if c.fields != nil {
-		most := capacity
-		if c.keyMax > 0 {
-			most = min(most, int(c.keyMax))
-		}
-		if c.rateMax > 0 && c.ratePerKey {
-			most = min(most, int(c.rateMax))
-		}
-		depth = min(most+perKeyAhead, maxFront)
-	}
-	depth = max(depth, 1)
-	fronts, err := lineFronts(ctx, q, kind, keys, int32(depth), c.keyMax, int32(perKeyAhead))
+	fronts, err := lineFronts(ctx, q, kind, keys, frontDepth(c, capacity, perKind, perKeyAhead), c.keyMax, int32(perKeyAhead))
 	if err != nil {
 		return res, err
 	}
@@ -292,6 +279,24 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 	slices.SortFunc(served, func(a, b string) int { return lastTurn[a] - lastTurn[b] })
 	err = l.afterGrants(ctx, q, kind, c, served, within, &res)
 	return res, err
+}
+
+// frontDepth is how deep a grant round reads each key's front: its most
+// grants (capacity, within the key's limits) and the lookahead (perKind,
+// perKeyAhead).
+func frontDepth(c *kindCounts, capacity, perKind, perKeyAhead int) int32 {
+	depth := capacity + perKind
+	if c.fields != nil {
+		most := capacity
+		if c.keyMax > 0 {
+			most = min(most, int(c.keyMax))
+		}
+		if c.rateMax > 0 && c.ratePerKey {
+			most = min(most, int(c.rateMax))
+		}
+		depth = min(most+perKeyAhead, maxFront)
+	}
+	return int32(max(depth, 1))
 }
 
 // lineFronts reads the fronts of the lines of kind's keys, depth jobs deep

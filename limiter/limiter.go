@@ -133,6 +133,9 @@ type Limiter struct {
 	decided  decisions               // decisions made at fetches, for the middleware (fetch.go)
 	// handStates are the line poller's readings for hand-overs (handover.go).
 	handStates handOvers
+	// seen are the kinds' limits as the last transactions read them, to
+	// send their next reads ahead (prefetch.go).
+	seen seenLimits
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
 
@@ -707,10 +710,10 @@ func retryDeadlock[T any](fn func() (T, error)) (T, error) {
 
 // withBatchTx runs fn in a line or release transaction (retried after a
 // deadlock) whose statements travel in as few round trips as they can
-// (db.Pipeline: the writes go with the next read or the commit), each
-// planned for its own arguments: the transaction holds a kind's row lock
-// from its first statement to its commit, and on a busy machine each
-// round trip is 1-2 ms of it (P10).
+// (db.Pipeline: the writes go with the next read or the commit, and a read
+// expected next may go ahead, prefetch.go): the transaction holds a kind's
+// row lock from its first statement to its commit, and on a busy machine
+// each round trip is 1-2 ms of it (P10).
 func (l *Limiter) withBatchTx(parent context.Context, fn func(ctx context.Context, q *db.Queries) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), batchTimeout)
 	defer cancel()

@@ -132,7 +132,9 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 		}
 		kinds := distinctKinds(len(batch), func(i int) string { return batch[i].job.Kind })
 		// The lock travels with the reading of the jobs' records and their
-		// kinds' limits, which it precedes (db.Pipeline): one round trip.
+		// kinds' limits, which it precedes (db.Pipeline), and so, most
+		// likely, does the reading of their keys' lines: one round trip.
+		l.prefetchKeyLines(q, batch, kinds)
 		if err := q.LockLimitRows(ctx, kinds); err != nil {
 			return fmt.Errorf("lock limits: %w", err)
 		}
@@ -145,6 +147,7 @@ func (l *Limiter) lineChunk(batch []*admitRequest) {
 			if _, ok := counts[rec.Kind]; !ok && rec.Limited {
 				counts[rec.Kind] = newKindCounts(rec.MaxConcurrency, rec.Admitted, rec.HasParked, rec.PartitionFields,
 					rec.KeyMax, rec.RateMax, rec.RatePeriodMs, rec.RatePerKey)
+				l.seen.set(rec.Kind, counts[rec.Kind])
 			}
 		}
 		var toPark []*admitRequest

@@ -68,6 +68,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		// is not known before the rows are locked), so that the release
 		// lowers it. Then the rows are locked, by a statement of their own
 		// (see above). Both travel with the release (db.Pipeline).
+		l.prefetchReleaseFront(q, batch, p, len(chain.holder) > 0)
 		if err := q.LockLimitRowCreation(ctx, p.Kinds); err != nil {
 			return fmt.Errorf("lock limit row creation: %w", err)
 		}
@@ -92,6 +93,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 		for _, row := range rows {
 			counts[row.Kind] = newKindCounts(row.MaxConcurrency, row.Admitted, row.HasParked, row.PartitionFields,
 				row.KeyMax, row.RateMax, row.RatePeriodMs, row.RatePerKey)
+			l.seen.set(row.Kind, counts[row.Kind])
 		}
 		turnover := map[string][]string{}
 		for _, kind := range handKinds {
