@@ -807,16 +807,17 @@ func (q *Queries) ListenGrants(ctx context.Context) error {
 }
 
 const notifyGrants = `-- name: NotifyGrants :exec
-SELECT pg_notify('sluice_grants', w) FROM unnest($1::text[]) AS w
+SELECT pg_notify('sluice_grants', p) FROM unnest($1::text[]) AS p
 `
 
-// Tells the workers named (worker_ids) that a grant waits for one of their
-// jobs (payload: the worker id; "*": a job resumed ahead, which any worker
-// may have taken meanwhile): their line pollers, LISTENing on
-// sluice_grants, claim it at once. Postgres delivers it when the grant's
-// transaction commits, and sends each distinct payload once.
-func (q *Queries) NotifyGrants(ctx context.Context, workerIds []string) error {
-	_, err := q.db.Exec(ctx, notifyGrants, workerIds)
+// Tells the workers whose jobs got grants that they can claim them: one
+// notification per worker (payloads, built by the grant round: the worker
+// id and its jobs, or "*" for a job resumed ahead, which any worker may
+// have taken meanwhile). Their line pollers, LISTENing on sluice_grants,
+// claim them at once. Postgres delivers them when the grant's transaction
+// commits, and sends each distinct payload once.
+func (q *Queries) NotifyGrants(ctx context.Context, payloads []string) error {
+	_, err := q.db.Exec(ctx, notifyGrants, payloads)
 	return err
 }
 

@@ -401,7 +401,8 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 	var grant db.ReserveGrantsParams
 	grant.Kind = kind
 	var reservedStarts, claimedStarts, claimed []int64
-	var sKeysR, sKeysC, notify []string
+	var sKeysR, sKeysC []string
+	notify := grantNotes{}
 	for _, p := range picks {
 		if p.Parked {
 			if _, ok := resumed[p.JobID]; !ok {
@@ -418,11 +419,9 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 			// Claimed at once; or resumed, and claimed when fetched.
 		case worker == "":
 			// Resumed ahead: a worker may be taking it (TakeAheadWaiters).
-			if !slices.Contains(notify, anyWorker) {
-				notify = append(notify, anyWorker)
-			}
-		case !slices.Contains(notify, worker):
-			notify = append(notify, worker)
+			notify.add(anyWorker, p.JobID)
+		default:
+			notify.add(worker, p.JobID)
 		}
 		grant.JobIds = append(grant.JobIds, p.JobID)
 		grant.Keys = append(grant.Keys, p.Key)
@@ -466,7 +465,7 @@ func (l *Limiter) writeGrants(ctx context.Context, q *db.Queries, kind string, c
 	}
 	if len(notify) > 0 {
 		// Their workers' line pollers claim them as soon as this commits.
-		if err := q.NotifyGrants(ctx, notify); err != nil {
+		if err := q.NotifyGrants(ctx, notify.payloads()); err != nil {
 			return fmt.Errorf("notify the workers of %s grants: %w", kind, err)
 		}
 	}

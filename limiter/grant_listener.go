@@ -2,7 +2,10 @@ package limiter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -10,14 +13,102 @@ import (
 )
 
 // GrantChannel is the channel a grant round notifies (NotifyGrants) when it
-// gives a slot or a start to a job waiting in another worker, with that
-// worker's id as the payload ("*": a job resumed ahead, which any worker
-// may have taken), and on which a worker's line poller LISTENs while jobs
-// wait in it.
+// gives a slot or a start to a job waiting in another worker, and on which
+// a worker's line poller LISTENs while jobs wait in it. The payload is a
+// grantNote in JSON: the worker and its jobs granted ("*": a job resumed
+// ahead, which any worker may have taken).
 const GrantChannel = "sluice_grants"
 
-// anyWorker is NotifyGrants' payload for every worker.
+// anyWorker is the worker of a grantNote for every worker.
 const anyWorker = "*"
+
+// maxNotePayload bounds a notification's payload (Postgres takes 8000
+// bytes): a note whose jobs do not fit names none (claim for all).
+const maxNotePayload = 7900
+
+// grantNote is a notification's payload: jobs waiting in worker got
+// grants (Jobs empty: any of its jobs may have).
+type grantNote struct {
+	Worker string  `json:"worker"`
+	Jobs   []int64 `json:"jobs,omitempty"`
+}
+
+// grantNotes gathers a grant round's notes, one per worker.
+type grantNotes map[string][]int64
+
+// add notes that job, waiting in worker, got a grant.
+func (n grantNotes) add(worker string, job int64) { n[worker] = append(n[worker], job) }
+
+// payloads are the notes as NotifyGrants sends them.
+func (n grantNotes) payloads() []string {
+	out := make([]string, 0, len(n))
+	for worker, jobs := range n {
+		b, err := json.Marshal(grantNote{Worker: worker, Jobs: jobs})
+		if err != nil || len(b) > maxNotePayload {
+			b, _ = json.Marshal(grantNote{Worker: worker})
+		}
+		out = append(out, string(b))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// heardGrants are the jobs the notifications named since the poller last
+// claimed (all: claim for every waiting job).
+type heardGrants struct {
+	mu   sync.Mutex
+	jobs map[int64]bool
+	all  bool
+}
+
+// add records a note for this worker.
+func (h *heardGrants) add(n grantNote) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(n.Jobs) == 0 || n.Worker == anyWorker {
+		h.all = true
+		return
+	}
+	if h.jobs == nil {
+		h.jobs = map[int64]bool{}
+	}
+	for _, id := range n.Jobs {
+		h.jobs[id] = true
+	}
+}
+
+// has reports whether job was named and not claimed yet.
+func (h *heardGrants) has(job int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.jobs[job]
+}
+
+// putBack keeps jobs named but not waiting here yet (a grant can reach a
+// job between its decision's commit and its wait): the wait claims them
+// when it starts (waitList.wait), or the next claim for all forgets them.
+func (h *heardGrants) putBack(jobs []int64) {
+	if len(jobs) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.jobs == nil {
+		h.jobs = map[int64]bool{}
+	}
+	for _, id := range jobs {
+		h.jobs[id] = true
+	}
+}
+
+// take returns what was heard since the last take, and forgets it.
+func (h *heardGrants) take() (jobs map[int64]bool, all bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	jobs, all = h.jobs, h.all
+	h.jobs, h.all = nil, false
+	return jobs, all
+}
 
 // Reconnect backoff of the grant listener's connection.
 const (
@@ -33,6 +124,7 @@ const (
 type grantListener struct {
 	l         *Limiter
 	wake      chan struct{} // buffered 1: a claim is due
+	heard     heardGrants
 	listening atomic.Bool
 }
 
@@ -41,7 +133,14 @@ func newGrantListener(l *Limiter) *grantListener {
 	return &grantListener{l: l, wake: make(chan struct{}, 1)}
 }
 
-// notify asks the poller for a claim (coalesced with one already asked).
+// notifyAll asks the poller for a claim for every waiting job.
+func (g *grantListener) notifyAll() {
+	g.heard.add(grantNote{Worker: anyWorker})
+	g.notify()
+}
+
+// notify asks the poller for a claim of what was heard (coalesced with one
+// already asked).
 func (g *grantListener) notify() {
 	select {
 	case g.wake <- struct{}{}:
@@ -93,7 +192,7 @@ func (g *grantListener) listenOnce(ctx context.Context) error {
 	g.listening.Store(true)
 	g.l.TestSignals.GrantListening.Signal(struct{}{})
 	// Grants given before the LISTEN took effect: claim them now.
-	g.notify()
+	g.notifyAll()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -102,7 +201,12 @@ func (g *grantListener) listenOnce(ctx context.Context) error {
 			}
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		if n.Payload == g.l.workerID || n.Payload == anyWorker {
+		var note grantNote
+		if err := json.Unmarshal([]byte(n.Payload), &note); err != nil {
+			continue // not a note of this version: the periodic claim finds it
+		}
+		if note.Worker == g.l.workerID || note.Worker == anyWorker {
+			g.heard.add(note)
 			g.notify()
 		}
 	}

@@ -76,6 +76,16 @@ func (h *handOvers) set(rows []*db.HandOverStatesRow, at time.Time) {
 	}
 }
 
+// keyedLately reports whether the last reading of kind, within
+// LimitCacheTTL, found it keyed: no slot of it is handed over in memory,
+// and the poller need not read it again so soon.
+func (h *handOvers) keyedLately(kind string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.states[kind]
+	return ok && s.keyed && time.Since(s.at) <= LimitCacheTTL
+}
+
 // get returns the reading of kind, if fresh.
 func (h *handOvers) get(kind string) (handOverState, bool) {
 	h.mu.Lock()

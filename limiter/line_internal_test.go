@@ -286,3 +286,73 @@ func TestGrantWakesItsWorker(t *testing.T) {
 	l1.Flush()
 	l2.Flush()
 }
+
+// TestGrantHeardBeforeItsWait: a notification can name a job whose
+// decision to wait committed but which does not wait in its worker yet;
+// the poller keeps it, and the job claims its grant as soon as it waits
+// (not at the next claim for all, 50 ms on).
+func TestGrantHeardBeforeItsWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.heard"
+	pool, l1 := newTestLimiter(t, "w1")
+	l2, err := New(Config{Pool: pool, WorkerID: "w2"})
+	require.NoError(t, err)
+	l2.TestSignals.Init(t)
+	require.NoError(t, l1.SetConcurrency(ctx, kind, 1))
+	jobs := make([]*rivertype.JobRow, 3)
+	for i := range jobs {
+		at := time.Now()
+		jobs[i] = &rivertype.JobRow{Kind: kind, AttemptedAt: &at}
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
+			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&jobs[i].ID))
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, jobs[0].ID, kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+	require.NoError(t, err)
+	follow := func(req *admitRequest) <-chan admission {
+		out := make(chan admission, 1)
+		go func() {
+			dec, err := l2.follow(req)
+			assert.NoError(t, err)
+			out <- dec
+		}()
+		return out
+	}
+	decide := func(job *rivertype.JobRow) *admitRequest {
+		req := &admitRequest{ctx: ctx, job: job, deadline: time.Now().Add(time.Minute), done: make(chan struct{})}
+		l2.lineChunk([]*admitRequest{req})
+		require.NoError(t, req.err)
+		require.Equal(t, admitWait, req.decision)
+		return req
+	}
+	// The youngest waits in w2 (its poller listens); the middle one is
+	// decided to wait, and is granted the slot before it waits.
+	youngest := decide(jobs[2])
+	youngestCtx, stopYoungest := context.WithCancel(ctx)
+	youngest.ctx = youngestCtx
+	youngestDone := follow(youngest)
+	l2.TestSignals.GrantListening.WaitOrTimeout()
+	middle := decide(jobs[1])
+	l1.releaseBatch([]*releaseRequest{{ctx: ctx, job: jobs[0], kind: kind}})
+	require.Eventually(t, func() bool {
+		l2.waits.mu.Lock()
+		gl := l2.waits.listener
+		l2.waits.mu.Unlock()
+		return gl != nil && gl.heard.has(jobs[1].ID)
+	}, 5*time.Second, time.Millisecond, "the notification was not heard")
+
+	middleDone := follow(middle)
+	require.Equal(t, jobs[1].ID, l2.TestSignals.GrantHeard.WaitOrTimeout(), "claimed as heard once it waited")
+	require.Equal(t, admitSlot, <-middleDone)
+	select {
+	case <-youngestDone:
+		t.Fatal("the youngest job was decided, the slot being taken")
+	default:
+	}
+	stopYoungest() // it parks, its worker stopping
+	require.Equal(t, admitParked, <-youngestDone)
+	l1.Flush()
+	l2.Flush()
+}

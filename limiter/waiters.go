@@ -76,9 +76,14 @@ func (ws *waitList) wait(req *admitRequest) waitOutcome {
 	}
 	gl := ws.listener
 	ws.mu.Unlock()
-	if req.takenAhead && gl != nil {
+	switch {
+	case gl == nil:
+	case req.takenAhead:
 		// Taken ahead without a line transaction: a grant may have named no
 		// worker (notified to all before it was taken); look now.
+		gl.notifyAll()
+	case gl.heard.has(req.job.ID):
+		// Its grant's notification came before it waited here.
 		gl.notify()
 	}
 	ws.l.decided.arrived(req.job.ID) // it waits here now (fetch.go)
@@ -272,15 +277,37 @@ func (ws *waitList) poll() {
 			continue
 		}
 		idleSince = time.Time{}
+		// A tick claims for every job every claimEvery polls (and forgets
+		// what was heard: the claim covers it); a notification, for the
+		// jobs it named.
+		all := !heard && polls%claimEvery == 0
+		named, heardAll := map[int64]bool(nil), false
+		if heard || all {
+			named, heardAll = gl.heard.take()
+			all = all || heardAll
+		}
 		ids := make([]int64, 0, len(ws.waiting))
 		for id := range ws.waiting {
-			ids = append(ids, id)
+			if all || !heard || named[id] {
+				ids = append(ids, id)
+			}
+		}
+		var notYet []int64
+		if heard && !all {
+			for id := range named {
+				if ws.waiting[id] == nil {
+					notYet = append(notYet, id)
+				}
+			}
 		}
 		ws.mu.Unlock()
-		all := heard || polls%claimEvery == 0
-		if all || !gl.listening.Load() {
+		gl.heard.putBack(notYet)
+		if heard && !all && len(ids) == 0 {
+			continue
+		}
+		if heard || all || !gl.listening.Load() {
 			claimCtx, claimCancel := context.WithTimeout(ctx, batchTimeout)
-			rows, err := ws.claim(claimCtx, ids, all)
+			rows, err := ws.claim(claimCtx, ids, heard || all)
 			claimCancel()
 			if err != nil {
 				if time.Since(warned) > time.Second {
@@ -329,7 +356,9 @@ func (ws *waitList) claim(ctx context.Context, ids []int64, all bool) ([]*db.Cla
 // readHandOvers reads the state of the kinds of the jobs still waiting
 // here, for the hand-over of freed slots in memory (handover.go).
 func (ws *waitList) readHandOvers() {
-	kinds := ws.kinds()
+	// A keyed kind hands nothing over: read again once a second (its
+	// limits may change).
+	kinds := slices.DeleteFunc(ws.kinds(), ws.l.handStates.keyedLately)
 	if len(kinds) == 0 {
 		return
 	}

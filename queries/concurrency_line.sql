@@ -187,12 +187,13 @@ SELECT (EXISTS (SELECT 1 FROM concurrency_executions e JOIN concurrency_waiters 
                 WHERE s.reserved AND w.worker_id = sqlc.arg(worker_id)::text))::boolean AS has;
 
 -- name: NotifyGrants :exec
--- Tells the workers named (worker_ids) that a grant waits for one of their
--- jobs (payload: the worker id; "*": a job resumed ahead, which any worker
--- may have taken meanwhile): their line pollers, LISTENing on
--- sluice_grants, claim it at once. Postgres delivers it when the grant's
--- transaction commits, and sends each distinct payload once.
-SELECT pg_notify('sluice_grants', w) FROM unnest(sqlc.arg(worker_ids)::text[]) AS w;
+-- Tells the workers whose jobs got grants that they can claim them: one
+-- notification per worker (payloads, built by the grant round: the worker
+-- id and its jobs, or "*" for a job resumed ahead, which any worker may
+-- have taken meanwhile). Their line pollers, LISTENing on sluice_grants,
+-- claim them at once. Postgres delivers them when the grant's transaction
+-- commits, and sends each distinct payload once.
+SELECT pg_notify('sluice_grants', p) FROM unnest(sqlc.arg(payloads)::text[]) AS p;
 
 -- name: ListenGrants :exec
 -- Subscribes this session to the notifications of grants (NotifyGrants).
