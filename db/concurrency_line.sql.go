@@ -583,10 +583,8 @@ CROSS JOIN LATERAL (
 ) e
 CROSS JOIN LATERAL (
     SELECT CASE WHEN $3::integer > 0
-                THEN LEAST($4::integer, GREATEST($3::integer - e.slots, 0)
-                           + CASE WHEN EXISTS (SELECT 1 FROM concurrency_parked_jobs p
-                                               WHERE p.kind = $2 AND p.key = k.key)
-                                  THEN $5::integer ELSE 0 END)
+                     AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = $2 AND p.key = k.key)
+                THEN LEAST($4::integer, GREATEST($3::integer - e.slots, 0))
                 ELSE $4::integer END AS depth
 ) d
 CROSS JOIN LATERAL (
@@ -621,7 +619,6 @@ type LineFrontParams struct {
 	Kind   string   `json:"kind"`
 	KeyMax int32    `json:"key_max"`
 	PerKey int32    `json:"per_key"`
-	Ahead  int32    `json:"ahead"`
 }
 
 type LineFrontRow struct {
@@ -650,17 +647,16 @@ type LineFrontRow struct {
 // counts them: a grant round under a per-key limit without a per-key rate
 // needs nothing else of KeyLines). A key's rows are read in job-id order
 // from the (kind, key, job_id) indexes. Under a per-key limit (key_max > 0)
-// a key's front is read only as deep as a round can use it: its free slots
-// (key_max less those it holds), and, when parked jobs of it wait, ahead
-// more (the lookahead looks that far past the grants); under P10's churn
-// most keys that freed a slot are read one job deep instead of four.
+// a key without parked jobs is read only as deep as a round can use it:
+// its free slots (key_max less those it holds; the lookahead resumes only
+// parked jobs, and only a parked job can be passed over); under P10's
+// churn most keys that freed a slot are read one job deep instead of four.
 func (q *Queries) LineFront(ctx context.Context, arg LineFrontParams) ([]*LineFrontRow, error) {
 	rows, err := q.db.Query(ctx, lineFront,
 		arg.Keys,
 		arg.Kind,
 		arg.KeyMax,
 		arg.PerKey,
-		arg.Ahead,
 	)
 	if err != nil {
 		return nil, err

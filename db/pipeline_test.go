@@ -200,7 +200,7 @@ func TestPrefetchMatchesTheQueries(t *testing.T) {
 	pool := testdb.NewPool(t)
 	err := db.PipelineFunc(ctx, pool, func(p *db.Pipeline) error {
 		q := db.New(p)
-		front := db.LineFrontParams{Kind: "k", Keys: []string{"a", "b"}, PerKey: 4, KeyMax: 2, Ahead: 2}
+		front := db.LineFrontParams{Kind: "k", Keys: []string{"a", "b"}, PerKey: 4, KeyMax: 2}
 		q.PrefetchLineFront(front)
 		if _, err := q.LimitStates(ctx); err != nil {
 			return err

@@ -6,7 +6,7 @@ package db
 // them without a round trip of its own. Elsewhere it does nothing.
 func (q *Queries) PrefetchLineFront(arg LineFrontParams) {
 	if p, ok := q.db.(*Pipeline); ok {
-		p.Prefetch("LineFront", lineFront, arg.Keys, arg.Kind, arg.KeyMax, arg.PerKey, arg.Ahead)
+		p.Prefetch("LineFront", lineFront, arg.Keys, arg.Kind, arg.KeyMax, arg.PerKey)
 	}
 }
 

@@ -151,14 +151,14 @@ func (l *Limiter) grantRound(ctx context.Context, q *db.Queries, kind string, c 
 			return res, err
 		}
 	}
-	fronts, err := lineFronts(ctx, q, kind, keys, frontDepth(c, capacity, perKind, perKeyAhead), c.keyMax, int32(perKeyAhead))
+	fronts, err := lineFronts(ctx, q, kind, keys, frontDepth(c, capacity, perKind, perKeyAhead), c.keyMax)
 	if err != nil {
 		return res, err
 	}
 	if lines == nil && c.keyMax > 0 {
 		// The keys' own room: the slots each holds, read with its front
-		// (a key with nothing waiting, or no room and nothing parked, has
-		// no row, and is given nothing).
+		// (a key with nothing waiting, or without room or parked jobs,
+		// has no row, and is given nothing).
 		lines = make(map[string]keyLine, len(fronts))
 		for key, front := range fronts {
 			lines[key] = keyLine{slots: front[0].KeySlots}
@@ -302,13 +302,13 @@ func frontDepth(c *kindCounts, capacity, perKind, perKeyAhead int) int32 {
 // lineFronts reads the fronts of the lines of kind's keys, depth jobs deep
 // ("": the one line of a kind without a partition, or the rows without a
 // key of one that has one now); under a per-key limit (keyMax > 0) a
-// named key's front only as deep as its free slots, and ahead more when
-// parked jobs of it wait (LineFront).
-func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, depth, keyMax, ahead int32) (map[string][]*db.LineFrontRow, error) {
+// named key without parked jobs only as deep as its free slots
+// (LineFront).
+func lineFronts(ctx context.Context, q *db.Queries, kind string, keys []string, depth, keyMax int32) (map[string][]*db.LineFrontRow, error) {
 	fronts := map[string][]*db.LineFrontRow{}
 	named, unkeyed := splitKeys(keys)
 	if len(named) > 0 {
-		rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: named, PerKey: depth, KeyMax: keyMax, Ahead: ahead})
+		rows, err := q.LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: named, PerKey: depth, KeyMax: keyMax})
 		if err != nil {
 			return nil, fmt.Errorf("front of the %s line: %w", kind, err)
 		}

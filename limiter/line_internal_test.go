@@ -186,12 +186,12 @@ func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
 }
 
 // TestLineFrontReadsOnlyWhatARoundCanUse: under a per-key limit a key's
-// front is read as deep as its free slots, and the lookahead more only
-// when parked jobs of the key wait: a key holding both its slots with
-// three jobs waiting gives no row, one holding one slot gives its oldest
-// waiter, and once a job of the key is parked, the lookahead's depth more
-// (oldest first, the parked job among them); without a per-key limit
-// (key_max 0) the depth asked for.
+// front is read as deep as its free slots while no job of the key is
+// parked: a key holding both its slots with three jobs waiting gives no
+// row, one holding one slot gives its oldest waiter; once a job of the key
+// is parked (the lookahead may resume it, and a parked job late in its
+// parking is passed over), and without a per-key limit (key_max 0), the
+// depth asked for.
 func TestLineFrontReadsOnlyWhatARoundCanUse(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -209,8 +209,8 @@ func TestLineFrontReadsOnlyWhatARoundCanUse(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
 		SELECT id, $2, 'k', 'w1', 'key_limit' FROM unnest($1::bigint[]) AS id`, ids[2:5], kind)
 	require.NoError(t, err)
-	front := func(keyMax, ahead int32) []int64 {
-		rows, err := db.New(pool).LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: []string{"k"}, PerKey: 4, KeyMax: keyMax, Ahead: ahead})
+	front := func(keyMax, depth int32) []int64 {
+		rows, err := db.New(pool).LineFront(ctx, db.LineFrontParams{Kind: kind, Keys: []string{"k"}, PerKey: depth, KeyMax: keyMax})
 		require.NoError(t, err)
 		var out []int64
 		for _, r := range rows {
@@ -218,20 +218,20 @@ func TestLineFrontReadsOnlyWhatARoundCanUse(t *testing.T) {
 		}
 		return out
 	}
-	require.Empty(t, front(2, 2), "a key without room and nothing parked: nothing to read")
-	require.Equal(t, ids[2:5], front(0, 2), "no per-key limit: the depth asked for")
+	require.Empty(t, front(2, 4), "a key without room and nothing parked: nothing to read")
+	require.Equal(t, ids[2:5], front(0, 4), "no per-key limit: the depth asked for")
 
 	_, err = pool.Exec(ctx, `DELETE FROM concurrency_executions WHERE job_id = $1`, ids[1])
 	require.NoError(t, err)
-	require.Equal(t, ids[2:3], front(2, 2), "one free slot: the oldest waiter")
+	require.Equal(t, ids[2:3], front(2, 4), "one free slot: the oldest waiter")
 
-	// Job 5 parks: the lookahead reads past the grants.
+	// Job 5 parks: the depth asked for, the parked job last.
 	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'pending' WHERE id = $1`, ids[5])
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason) VALUES ($1, $2, 'k', 'key_limit')`, ids[5], kind)
 	require.NoError(t, err)
-	require.Equal(t, ids[2:5], front(2, 2), "a parked job waits: one free slot and two more")
-	require.Equal(t, []int64{ids[2], ids[3], ids[4], ids[5]}, front(2, 3), "as deep as the lookahead asks, the parked job last")
+	require.Equal(t, []int64{ids[2], ids[3], ids[4], ids[5]}, front(2, 4), "a parked job waits: as deep as asked")
+	require.Equal(t, ids[2:4], front(2, 2))
 }
 
 // TestGrantWakesItsWorker: a grant round in one worker that gives a slot to

@@ -72,7 +72,7 @@ func (l *Limiter) prefetchReleaseFront(q *db.Queries, batch []*releaseRequest, p
 		return
 	}
 	perKind, perKeyAhead := lookahead(&c)
-	q.PrefetchLineFront(db.LineFrontParams{Kind: p.Kinds[0], Keys: named, KeyMax: c.keyMax, Ahead: int32(perKeyAhead),
+	q.PrefetchLineFront(db.LineFrontParams{Kind: p.Kinds[0], Keys: named, KeyMax: c.keyMax,
 		PerKey: frontDepth(&c, maxGrants, perKind, perKeyAhead)})
 }
 

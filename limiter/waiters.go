@@ -9,9 +9,11 @@ import (
 	"github.com/sluice-dev/sluice/db"
 )
 
-// LinePoll is how often a worker with jobs waiting in the line takes the
-// grants another process gave them (a release in another worker, a limit
-// raised by the CLI, the safety net): one statement for all of them.
+// LinePoll is the line poller's tick: while its grant listener is not
+// connected, how often a worker with jobs waiting in the line looks for
+// the grants another process gave them (a release in another worker, a
+// limit raised by the CLI, the safety net); connected, it claims when a
+// notification names them (grant_listener.go).
 const LinePoll = 5 * time.Millisecond
 
 // handOverReadEvery is every how many polls the poller reads the state of
@@ -20,9 +22,10 @@ const LinePoll = 5 * time.Millisecond
 const handOverReadEvery = 4
 
 // claimEvery is every how many polls the poller claims for all its waiting
-// jobs even when HasGrants saw no grant for them: every 50 ms, it finds
-// the jobs whose place in the line went (their limits were cleared), and
-// any grant the quick look cannot see.
+// jobs whatever it heard or HasGrants saw: every 50 ms, it finds the jobs
+// whose place in the line went (their limits were cleared), and any grant
+// a notification missed (the listener reconnecting) or the quick look
+// cannot see.
 const claimEvery = 10
 
 // waitOutcome is how a job's wait in the line ended.
@@ -39,8 +42,9 @@ const (
 // grant, each in its own goroutine (River's), until a grant comes, their
 // place goes, their park-after time passes or their context ends. A grant
 // from a transaction of this worker wakes its job at once (grant); while
-// any job waits, a poller takes every LinePoll the grants other processes
-// gave (ClaimGrants, without the kind's lock: a grant is counted already).
+// any job waits, a poller takes the grants other processes gave, as their
+// notifications arrive (ClaimGrants, without the kind's lock: a grant is
+// counted already).
 type waitList struct {
 	l *Limiter
 

@@ -247,10 +247,10 @@ WHERE NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id)
 -- counts them: a grant round under a per-key limit without a per-key rate
 -- needs nothing else of KeyLines). A key's rows are read in job-id order
 -- from the (kind, key, job_id) indexes. Under a per-key limit (key_max > 0)
--- a key's front is read only as deep as a round can use it: its free slots
--- (key_max less those it holds), and, when parked jobs of it wait, ahead
--- more (the lookahead looks that far past the grants); under P10's churn
--- most keys that freed a slot are read one job deep instead of four.
+-- a key without parked jobs is read only as deep as a round can use it:
+-- its free slots (key_max less those it holds; the lookahead resumes only
+-- parked jobs, and only a parked job can be passed over); under P10's
+-- churn most keys that freed a slot are read one job deep instead of four.
 SELECT k.key::text AS key, f.job_id, f.parked, f.worker_id, f.ready, f.resumable, f.queue, f.reason, f.ahead,
        e.slots::integer AS key_slots
 FROM unnest(sqlc.arg(keys)::text[]) AS k(key)
@@ -259,10 +259,8 @@ CROSS JOIN LATERAL (
 ) e
 CROSS JOIN LATERAL (
     SELECT CASE WHEN sqlc.arg(key_max)::integer > 0
-                THEN LEAST(sqlc.arg(per_key)::integer, GREATEST(sqlc.arg(key_max)::integer - e.slots, 0)
-                           + CASE WHEN EXISTS (SELECT 1 FROM concurrency_parked_jobs p
-                                               WHERE p.kind = sqlc.arg(kind) AND p.key = k.key)
-                                  THEN sqlc.arg(ahead)::integer ELSE 0 END)
+                     AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind) AND p.key = k.key)
+                THEN LEAST(sqlc.arg(per_key)::integer, GREATEST(sqlc.arg(key_max)::integer - e.slots, 0))
                 ELSE sqlc.arg(per_key)::integer END AS depth
 ) d
 CROSS JOIN LATERAL (
