@@ -106,6 +106,13 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 		if unlimited && !bytes.Contains(job.Metadata, parkingKey) {
 			continue // not limited, and never parked: the line holds nothing for it
 		}
+		if st.fast() && job.Attempt <= 1 && !bytes.Contains(job.Metadata, parkingKey) {
+			// A first attempt that never parked: it never waited in the
+			// line (a wait is part of an attempt, and ends in a grant, a
+			// parking, or a new attempt after its worker died), so the line
+			// holds nothing for it. Unchecked: P2's fetches read no line.
+			continue
+		}
 		r := &admitRequest{ctx: context.WithoutCancel(ctx), job: job, deadline: now.Add(l.parkAfter), done: make(chan struct{})}
 		if unlimited || st.fast() {
 			// Checked below: a job resumed from its parking may hold a grant
