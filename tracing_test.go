@@ -125,15 +125,17 @@ func TestTracingInsertToWork(t *testing.T) {
 	}
 	require.NoError(t, stop(t, w))
 
+	// The request's three inserts, children of its span. (The limiter's
+	// safety net may insert concurrency_limit.resume jobs meanwhile, each
+	// in a trace of its own: not the request's.)
 	inserts := map[trace.SpanID]tracetest.SpanStub{}
 	for _, s := range exp.GetSpans() {
-		if s.Name == "river.insert_many" {
-			require.Equal(t, request.SpanContext().TraceID(), s.SpanContext.TraceID(), "the insert is in the request's trace")
+		if s.Name == "river.insert_many" && s.SpanContext.TraceID() == request.SpanContext().TraceID() {
 			require.Equal(t, request.SpanContext().SpanID(), s.Parent.SpanID())
 			inserts[s.SpanContext.SpanID()] = s
 		}
 	}
-	require.Len(t, inserts, 3)
+	require.Len(t, inserts, 3, "the inserts are in the request's trace")
 
 	spans := workSpans(t, exp)
 	parked := 0
