@@ -3,11 +3,12 @@ package limiter
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -63,18 +64,13 @@ type heardGrants struct {
 
 // add records a note for this worker.
 func (h *heardGrants) add(n grantNote) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if len(n.Jobs) == 0 || n.Worker == anyWorker {
+		h.mu.Lock()
 		h.all = true
+		h.mu.Unlock()
 		return
 	}
-	if h.jobs == nil {
-		h.jobs = map[int64]bool{}
-	}
-	for _, id := range n.Jobs {
-		h.jobs[id] = true
-	}
+	h.putBack(n.Jobs)
 }
 
 // has reports whether job was named and not claimed yet.
@@ -84,9 +80,10 @@ func (h *heardGrants) has(job int64) bool {
 	return h.jobs[job]
 }
 
-// putBack keeps jobs named but not waiting here yet (a grant can reach a
-// job between its decision's commit and its wait): the wait claims them
-// when it starts (waitList.wait), or the next claim for all forgets them.
+// putBack records jobs named, or keeps those not waiting here yet (a grant
+// can reach a job between its decision's commit and its wait): the wait
+// claims them when it starts (waitList.wait), or the next claim for all
+// forgets them.
 func (h *heardGrants) putBack(jobs []int64) {
 	if len(jobs) == 0 {
 		return
@@ -148,66 +145,34 @@ func (g *grantListener) notify() {
 	}
 }
 
-// run listens until ctx is done, reconnecting with backoff.
+// run listens until ctx is done, reconnecting with backoff (db.Listener).
+// Once connected it asks for a claim for all the waiting jobs (grants
+// given before the LISTEN took effect); a notification for this worker or
+// every worker asks for a claim of the jobs it names.
 func (g *grantListener) run(ctx context.Context) {
-	retry := grantListenRetryMin
-	for {
-		started := time.Now()
-		err := g.listenOnce(ctx)
-		g.listening.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(started) > grantListenRetryMax {
-			retry = grantListenRetryMin
-		}
-		g.l.logger.Warn("concurrency line: grant listener lost its connection; polling until it reconnects",
-			"error", err, "retry_in", retry.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-		retry = min(retry*2, grantListenRetryMax)
-	}
-}
-
-// listenOnce runs one LISTEN connection until it fails or ctx is done. The
-// connection is taken out of the pool and closed afterwards, so no session
-// with a LISTEN goes back into the pool.
-func (g *grantListener) listenOnce(ctx context.Context) error {
-	pooled, err := g.l.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
-	}
-	conn := pooled.Hijack()
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	if err := db.New(conn).ListenGrants(ctx); err != nil {
-		return fmt.Errorf("listen %s: %w", GrantChannel, err)
-	}
-	g.listening.Store(true)
-	g.l.TestSignals.GrantListening.Signal(struct{}{})
-	// Grants given before the LISTEN took effect: claim them now.
-	g.notifyAll()
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	db.Listener{
+		Pool:     g.l.pool,
+		Channel:  GrantChannel,
+		Listen:   func(ctx context.Context, q *db.Queries) error { return q.ListenGrants(ctx) },
+		Logger:   g.l.logger,
+		Lost:     "concurrency line: grant listener lost its connection; polling until it reconnects",
+		RetryMin: grantListenRetryMin,
+		RetryMax: grantListenRetryMax,
+		Connected: func() {
+			g.listening.Store(true)
+			g.l.TestSignals.GrantListening.Signal(struct{}{})
+			g.notifyAll()
+		},
+		Disconnected: func() { g.listening.Store(false) },
+		Notified: func(n *pgconn.Notification) {
+			var note grantNote
+			if err := json.Unmarshal([]byte(n.Payload), &note); err != nil {
+				return // not a note of this version: the periodic claim finds it
 			}
-			return fmt.Errorf("wait for notification: %w", err)
-		}
-		var note grantNote
-		if err := json.Unmarshal([]byte(n.Payload), &note); err != nil {
-			continue // not a note of this version: the periodic claim finds it
-		}
-		if note.Worker == g.l.workerID || note.Worker == anyWorker {
-			g.heard.add(note)
-			g.notify()
-		}
-	}
+			if note.Worker == g.l.workerID || note.Worker == anyWorker {
+				g.heard.add(note)
+				g.notify()
+			}
+		},
+	}.Run(ctx)
 }

@@ -198,9 +198,8 @@ func TestLineFrontReadsOnlyWhatARoundCanUse(t *testing.T) {
 	const kind = "test.front"
 	pool, _ := newTestLimiter(t, "w1")
 	ids := make([]int64, 6)
-	for i := range ids {
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
-			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&ids[i]))
+	for i, job := range runningJobs(t, pool, kind, len(ids)) {
+		ids[i] = job.ID
 	}
 	// Jobs 0 and 1 hold key k's two slots; 2, 3 and 4 wait in w1.
 	_, err := pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id, key) VALUES ($1, $3, 'w1', 'k'), ($2, $3, 'w1', 'k')`,
@@ -234,6 +233,59 @@ func TestLineFrontReadsOnlyWhatARoundCanUse(t *testing.T) {
 	require.Equal(t, ids[2:4], front(2, 2))
 }
 
+// runningJobs inserts n running River jobs of kind, fetched now.
+func runningJobs(t *testing.T, pool *pgxpool.Pool, kind string, n int) []*rivertype.JobRow {
+	t.Helper()
+	jobs := make([]*rivertype.JobRow, n)
+	for i := range jobs {
+		at := time.Now()
+		jobs[i] = &rivertype.JobRow{Kind: kind, AttemptedAt: &at}
+		require.NoError(t, pool.QueryRow(context.Background(), `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
+			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&jobs[i].ID))
+	}
+	return jobs
+}
+
+// oneSlotTwoWorkers is a kind limited to 1 with n running jobs, the first
+// holding the slot in worker w1 (l1), and a second worker w2 (l2, its test
+// signals on).
+func oneSlotTwoWorkers(t *testing.T, kind string, n int) (pool *pgxpool.Pool, l1, l2 *Limiter, jobs []*rivertype.JobRow) {
+	t.Helper()
+	ctx := context.Background()
+	pool, l1 = newTestLimiter(t, "w1")
+	l2, err := New(Config{Pool: pool, WorkerID: "w2"})
+	require.NoError(t, err)
+	l2.TestSignals.Init(t)
+	require.NoError(t, l1.SetConcurrency(ctx, kind, 1))
+	jobs = runningJobs(t, pool, kind, n)
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, jobs[0].ID, kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+	require.NoError(t, err)
+	return pool, l1, l2, jobs
+}
+
+// decideToWait has l decide job (with ctx), which must wait.
+func decideToWait(t *testing.T, ctx context.Context, l *Limiter, job *rivertype.JobRow) *admitRequest {
+	t.Helper()
+	req := &admitRequest{ctx: ctx, job: job, deadline: time.Now().Add(time.Minute), done: make(chan struct{})}
+	l.lineChunk([]*admitRequest{req})
+	require.NoError(t, req.err)
+	require.Equal(t, admitWait, req.decision)
+	return req
+}
+
+// followAsync follows req's decision in l in the background: its outcome.
+func followAsync(t *testing.T, l *Limiter, req *admitRequest) <-chan admission {
+	out := make(chan admission, 1)
+	go func() {
+		dec, err := l.follow(req)
+		assert.NoError(t, err)
+		out <- dec
+	}()
+	return out
+}
+
 // TestGrantWakesItsWorker: a grant round in one worker that gives a slot to
 // a job waiting in another notifies that worker, whose line poller claims
 // it at the notification (not at a poll) and the job runs with the slot.
@@ -241,35 +293,10 @@ func TestGrantWakesItsWorker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.notified"
-	pool, l1 := newTestLimiter(t, "w1")
-	l2, err := New(Config{Pool: pool, WorkerID: "w2"})
-	require.NoError(t, err)
-	l2.TestSignals.Init(t)
-	require.NoError(t, l1.SetConcurrency(ctx, kind, 1))
-	jobs := make([]*rivertype.JobRow, 2)
-	for i := range jobs {
-		at := time.Now()
-		jobs[i] = &rivertype.JobRow{Kind: kind, AttemptedAt: &at}
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
-			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&jobs[i].ID))
-	}
-	// The first job holds the one slot, in w1.
-	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, jobs[0].ID, kind)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
-	require.NoError(t, err)
+	pool, l1, l2, jobs := oneSlotTwoWorkers(t, kind, 2)
 
-	// The second waits for it in w2.
-	req := &admitRequest{ctx: ctx, job: jobs[1], deadline: time.Now().Add(time.Minute), done: make(chan struct{})}
-	l2.lineChunk([]*admitRequest{req})
-	require.NoError(t, req.err)
-	require.Equal(t, admitWait, req.decision)
-	decided := make(chan admission, 1)
-	go func() {
-		dec, err := l2.follow(req)
-		assert.NoError(t, err)
-		decided <- dec
-	}()
+	// The second waits for the first's slot in w2.
+	decided := followAsync(t, l2, decideToWait(t, ctx, l2, jobs[1]))
 	l2.TestSignals.GrantListening.WaitOrTimeout()
 
 	l1.releaseBatch([]*releaseRequest{{ctx: ctx, job: jobs[0], kind: kind}})
@@ -295,46 +322,14 @@ func TestGrantHeardBeforeItsWait(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.heard"
-	pool, l1 := newTestLimiter(t, "w1")
-	l2, err := New(Config{Pool: pool, WorkerID: "w2"})
-	require.NoError(t, err)
-	l2.TestSignals.Init(t)
-	require.NoError(t, l1.SetConcurrency(ctx, kind, 1))
-	jobs := make([]*rivertype.JobRow, 3)
-	for i := range jobs {
-		at := time.Now()
-		jobs[i] = &rivertype.JobRow{Kind: kind, AttemptedAt: &at}
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempted_at, attempt)
-			VALUES ('{}', $1, 5, 'running', 'default', now(), 1) RETURNING id`, kind).Scan(&jobs[i].ID))
-	}
-	_, err = pool.Exec(ctx, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, jobs[0].ID, kind)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
-	require.NoError(t, err)
-	follow := func(req *admitRequest) <-chan admission {
-		out := make(chan admission, 1)
-		go func() {
-			dec, err := l2.follow(req)
-			assert.NoError(t, err)
-			out <- dec
-		}()
-		return out
-	}
-	decide := func(job *rivertype.JobRow) *admitRequest {
-		req := &admitRequest{ctx: ctx, job: job, deadline: time.Now().Add(time.Minute), done: make(chan struct{})}
-		l2.lineChunk([]*admitRequest{req})
-		require.NoError(t, req.err)
-		require.Equal(t, admitWait, req.decision)
-		return req
-	}
+	_, l1, l2, jobs := oneSlotTwoWorkers(t, kind, 3)
+
 	// The youngest waits in w2 (its poller listens); the middle one is
 	// decided to wait, and is granted the slot before it waits.
-	youngest := decide(jobs[2])
 	youngestCtx, stopYoungest := context.WithCancel(ctx)
-	youngest.ctx = youngestCtx
-	youngestDone := follow(youngest)
+	youngestDone := followAsync(t, l2, decideToWait(t, youngestCtx, l2, jobs[2]))
 	l2.TestSignals.GrantListening.WaitOrTimeout()
-	middle := decide(jobs[1])
+	middle := decideToWait(t, ctx, l2, jobs[1])
 	l1.releaseBatch([]*releaseRequest{{ctx: ctx, job: jobs[0], kind: kind}})
 	require.Eventually(t, func() bool {
 		l2.waits.mu.Lock()
@@ -343,7 +338,7 @@ func TestGrantHeardBeforeItsWait(t *testing.T) {
 		return gl != nil && gl.heard.has(jobs[1].ID)
 	}, 5*time.Second, time.Millisecond, "the notification was not heard")
 
-	middleDone := follow(middle)
+	middleDone := followAsync(t, l2, middle)
 	require.Equal(t, jobs[1].ID, l2.TestSignals.GrantHeard.WaitOrTimeout(), "claimed as heard once it waited")
 	require.Equal(t, admitSlot, <-middleDone)
 	select {
