@@ -13,7 +13,7 @@ PG       := scripts/pg.sh
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
 TESTFLAGS ?=
 
-.PHONY: help build run test torture e2e soak promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
+.PHONY: help build run test torture torture-corpus e2e soak promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,8 +31,11 @@ test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else
 
 # TORTURE_DURATION (a Go duration) sets the budget; TORTURE_SEED=N replays one
 # seed; TORTURE_WORKER_LOGS=DIR keeps each worker process's log there.
-torture: ## run the limiter's torture test: seeded random schedules against real workers for TORTURE_DURATION (default 10m), every promise checked
+torture: ## run the limiter's torture test: seeded random schedules against real workers for TORTURE_DURATION (default 10m), every promise checked, with the coverage table
 	@$(PG) with-server env TORTURE_DURATION=$${TORTURE_DURATION:-10m} $(GO) test -count=1 -timeout 0 -v -run '^TestTorture$$' ./limiter/torture/
+
+torture-corpus: ## run every seed of the torture test that ever caught a bug (limiter/torture/corpus_test.go)
+	@$(PG) with-server env TORTURE_CORPUS=1 $(GO) test -count=1 -timeout 0 -v -run '^TestTortureCorpus$$' ./limiter/torture/
 
 e2e: ## the fault and load suite (e2e/) alone, with the full 100,000-job load
 	@$(PG) with-server env SLUICE_E2E_LOAD_JOBS=full $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./e2e/

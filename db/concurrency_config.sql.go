@@ -297,6 +297,18 @@ func (q *Queries) ListLimits(ctx context.Context) ([]*ListLimitsRow, error) {
 	return items, nil
 }
 
+const listenLimits = `-- name: ListenLimits :exec
+LISTEN sluice_limits
+`
+
+// Subscribes this session to the changes of limits: a trigger on
+// concurrency_limits (sluice_limits_notify) notifies sluice_limits with
+// the kind whenever a kind's limits change.
+func (q *Queries) ListenLimits(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, listenLimits)
+	return err
+}
+
 const lockLimitRowCreation = `-- name: LockLimitRowCreation :exec
 SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || s.kind, 0))
 FROM (SELECT DISTINCT unnest($1::text[]) AS kind ORDER BY 1) AS s

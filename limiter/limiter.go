@@ -121,9 +121,14 @@ type Limiter struct {
 	client atomic.Pointer[river.Client[pgx.Tx]]
 
 	// cache is the worker's copy of concurrency_limits, read without a lock
-	// by every job; refreshMu lets one job refresh it at a time.
+	// by every job; refreshMu lets one job refresh it at a time. The
+	// limits listener expires it whenever a kind's limits change.
 	cache     atomic.Pointer[limitCache]
 	refreshMu sync.Mutex
+	limits    limitListener
+	// limitsGen counts the changes the listener heard: a copy read while
+	// one came in is stored expired.
+	limitsGen atomic.Uint64
 
 	line     batcher[admitRequest]   // admissions (line.go)
 	releaser batcher[releaseRequest] // releases and grant rounds (release.go)
@@ -250,6 +255,7 @@ func New(cfg Config) (*Limiter, error) {
 	l.wakes.l = l
 	l.waits.l = l
 	l.gate.l = l
+	l.limits.l = l
 	return l, nil
 }
 
@@ -337,9 +343,14 @@ type limitState struct {
 func (s limitState) fast() bool { return s.limit > 0 && !s.hasParked && !s.hasReserved && !s.keyed }
 
 // stateOf returns the limit state of kind from a cache refreshed every
-// LimitCacheTTL (ok false: no row). The cache only decides the path a job
-// takes; admission and leasing read the locked row.
+// LimitCacheTTL, and at once when the limits listener hears of a change
+// (ok false: no row). The cache only decides the path a job takes;
+// admission and leasing read the locked row. The first call starts the
+// listener (a process that works no job never listens).
 func (l *Limiter) stateOf(ctx context.Context, kind string) (limitState, bool, error) {
+	if !l.isStopped() {
+		l.limits.start()
+	}
 	c := l.cache.Load()
 	if c == nil || time.Since(c.loaded) > LimitCacheTTL {
 		fresh, err := l.refreshCache(ctx, c)
@@ -370,20 +381,31 @@ func (l *Limiter) refreshCache(ctx context.Context, stale *limitCache) (*limitCa
 	if c := l.cache.Load(); c != nil && time.Since(c.loaded) <= LimitCacheTTL {
 		return c, nil // refreshed meanwhile
 	}
-	rows, err := l.q.LimitStates(ctx)
-	if err != nil {
-		if stale == nil {
-			return nil, fmt.Errorf("read concurrency limits: %w", err)
+	// A change heard while the copy is read may not be in it: read again
+	// (a few times at most; the copy is stored expired if changes keep
+	// coming).
+	var c *limitCache
+	for range 3 {
+		gen := l.limitsGen.Load()
+		rows, err := l.q.LimitStates(ctx)
+		if err != nil {
+			if stale == nil {
+				return nil, fmt.Errorf("read concurrency limits: %w", err)
+			}
+			l.logger.Warn("concurrency limits not refreshed; using the last copy", "error", err)
+			c := &limitCache{states: stale.states, loaded: time.Now()}
+			l.cache.Store(c)
+			return c, nil
 		}
-		l.logger.Warn("concurrency limits not refreshed; using the last copy", "error", err)
-		c := &limitCache{states: stale.states, loaded: time.Now()}
-		l.cache.Store(c)
-		return c, nil
-	}
-	c := &limitCache{states: make(map[string]limitState, len(rows)), loaded: time.Now()}
-	for _, r := range rows {
-		c.states[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved,
-			keyed: r.Keyed}
+		c = &limitCache{states: make(map[string]limitState, len(rows)), loaded: time.Now()}
+		for _, r := range rows {
+			c.states[r.Kind] = limitState{kind: r.Kind, limit: r.MaxConcurrency, hasParked: r.HasParked, hasReserved: r.HasReserved,
+				keyed: r.Keyed}
+		}
+		if l.limitsGen.Load() == gen {
+			break
+		}
+		c.loaded = time.Time{}
 	}
 	l.cache.Store(c)
 	return c, nil
@@ -452,6 +474,7 @@ func (l *Limiter) Flush() {
 	l.recheckMu.Unlock()
 	l.wakes.stop()
 	l.waits.stop()
+	l.limits.stop()
 	l.releaser.flush()
 }
 

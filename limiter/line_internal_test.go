@@ -351,3 +351,47 @@ func TestGrantHeardBeforeItsWait(t *testing.T) {
 	l1.Flush()
 	l2.Flush()
 }
+
+// TestGrantWaitsForAParkingInProgress (the torture test's seed 399460107):
+// under a per-kind limit alone, a grant round that finds the oldest job
+// of the line still completing its parking (its worker committed it;
+// River's completion has not made it pending yet) grants nothing past it:
+// a younger parked job granted then would start before it. Once River's
+// completion makes it pending, the next round resumes it first.
+func TestGrantWaitsForAParkingInProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.parking"
+	pool, l := newTestLimiter(t, "w1")
+	require.NoError(t, l.SetConcurrency(ctx, kind, 2))
+	// Job 1 is completing its parking: running, marked, recorded. Jobs 2
+	// and 3, younger, are parked.
+	_, err := pool.Exec(ctx, `
+		INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
+		VALUES (1, '{}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}'),
+		       (2, '{}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
+		       (3, '{}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}')`, kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id)
+		VALUES (1, $1, 'limit', 'w1'), (2, $1, 'limit', 'w1'), (3, $1, 'limit', 'w1')`, kind)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+	require.NoError(t, err)
+	state := func(id int) string {
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&s))
+		return s
+	}
+	l.releaseBatch([]*releaseRequest{{ctx: ctx, kind: kind}})
+	require.Equal(t, "pending", state(2), "nothing is granted past a parking in progress")
+	require.Equal(t, "pending", state(3))
+
+	// River's completion lands: the job is parked in place.
+	_, err = pool.Exec(ctx, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = 1`)
+	require.NoError(t, err)
+	require.Equal(t, "pending", state(1))
+	l.releaseBatch([]*releaseRequest{{ctx: ctx, kind: kind}})
+	require.Equal(t, "available", state(1), "the oldest is resumed first")
+	require.Equal(t, "available", state(2))
+	require.Equal(t, "pending", state(3), "two slots")
+}

@@ -22,6 +22,11 @@ type TestSignals struct {
 	// GrantHeard: the line poller claimed a grant at a notification
 	// (value: the job that got it).
 	GrantHeard testsignal.TestSignal[int64]
+	// LimitsListening: the limits listener LISTENs (again).
+	LimitsListening testsignal.TestSignal[struct{}]
+	// LimitsChanged: the limits listener heard of a change of a kind's
+	// limits and expired the worker's copy (value: the kind).
+	LimitsChanged testsignal.TestSignal[string]
 }
 
 // Init initializes every signal for tb.
@@ -31,4 +36,6 @@ func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.HandedOver.Init(tb)
 	ts.GrantListening.Init(tb)
 	ts.GrantHeard.Init(tb)
+	ts.LimitsListening.Init(tb)
+	ts.LimitsChanged.Init(tb)
 }

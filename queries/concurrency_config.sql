@@ -132,3 +132,9 @@ DELETE FROM concurrency_executions WHERE kind = sqlc.arg(kind) AND reserved;
 -- hashtextextended('sluice.limit_row:' || kind, 0)), in kind order.
 SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || s.kind, 0))
 FROM (SELECT DISTINCT unnest(sqlc.arg(kinds)::text[]) AS kind ORDER BY 1) AS s;
+
+-- name: ListenLimits :exec
+-- Subscribes this session to the changes of limits: a trigger on
+-- concurrency_limits (sluice_limits_notify) notifies sluice_limits with
+-- the kind whenever a kind's limits change.
+LISTEN sluice_limits;

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluice-dev/sluice/limiter"
 )
 
 // The checks on records written by hand: a clean record passes, and each
@@ -60,12 +58,31 @@ func (f *fakeRecord) ran(id int64, ms, dur int, outcome string) {
 	}
 }
 
+// fetched records a fetch of job id by worker at ms.
+func (f *fakeRecord) fetched(id int64, worker string, ms int) {
+	f.r.changes[id] = append(f.r.changes[id], change{job: id, from: "available", to: "running", client: worker, at: f.at(ms)})
+}
+
+// started records an execution of job id on worker from ms to ms+dur (its
+// fetch recorded apart), completed.
+func (f *fakeRecord) started(id int64, worker string, ms, dur int) {
+	j := f.r.jobs[id]
+	f.r.runs = append(f.r.runs, run{id: int64(len(f.r.runs) + 1), job: id, kind: j.kind, key: j.args.Key, attempt: 1,
+		worker: worker, start: f.at(ms), end: f.at(ms + dur), outcome: "ok"})
+	f.r.changes[id] = append(f.r.changes[id], change{job: id, from: "running", to: "completed", client: worker, at: f.at(ms + dur)})
+}
+
+// worker adds a worker started long before t0.
+func (f *fakeRecord) worker(id string) {
+	f.r.workers = append(f.r.workers, workerEvent{worker: id, what: "start", at: f.at(-10_000)})
+}
+
 // found runs the checks and returns the violations of check name.
 func (f *fakeRecord) found(name string) []string {
 	f.r.runsOf = nil // runs may have been added since the last check
-	vs := check(f.r)
+	res := check(f.r)
 	var out []string
-	for _, v := range vs.list {
+	for _, v := range res.violations.list {
 		if v.check == name {
 			out = append(out, v.String())
 		}
@@ -81,8 +98,8 @@ func TestChecksPassACleanRecord(t *testing.T) {
 	for i, id := range []int64{1, 2, 3, 4} {
 		f.ran(id, 10+i*100, 90, "ok")
 	}
-	if vs := check(f.r); len(vs.list) > 0 {
-		t.Fatalf("a clean record: %v", vs.list)
+	if res := check(f.r); len(res.violations.list) > 0 {
+		t.Fatalf("a clean record: %v", res.violations.list)
 	}
 }
 
@@ -143,7 +160,7 @@ func TestCheckOrderFindsAYoungerJobFirst(t *testing.T) {
 	f.state(1, "pending", "available", 200)
 	f.ran(1, 210, 50, "ok")
 	got := f.found("order")
-	if len(got) != 1 || !strings.Contains(got[0], "job 2 started") || !strings.Contains(got[0], "older job 1 was parked") {
+	if len(got) != 1 || !strings.Contains(got[0], "job 2 started") || !strings.Contains(got[0], "job 1 was parked") {
 		t.Fatalf("order violations: %q", got)
 	}
 }
@@ -165,12 +182,11 @@ func TestCheckOrderExemptsFetchesAtOnce(t *testing.T) {
 	}
 }
 
-// TestCheckOrderGrantsInOrder: a parked job granted (its start reserved)
-// before a younger one waiting in the worker starts after it, being resumed
-// and fetched: the grants went in order, no violation; the same record
-// without the older job's grant (resumed ahead of one, and passed over)
-// is one.
-func TestCheckOrderGrantsInOrder(t *testing.T) {
+// TestCheckOrderTrustsNoLimiterRow: a parked job granted a start before
+// a younger one waiting in the worker, which starts first while the older
+// one is resumed and fetched, breaks the order: the limiter's own rows
+// (its grants in order) never excuse it, with or without them.
+func TestCheckOrderTrustsNoLimiterRow(t *testing.T) {
 	for _, granted := range []bool{true, false} {
 		f := newFakeRecord(limits{rateMax: 20, ratePeriod: time.Second})
 		f.r.line = map[int64][]lineEvent{}
@@ -181,28 +197,40 @@ func TestCheckOrderGrantsInOrder(t *testing.T) {
 		f.state(1, "running", "pending", 40)
 		f.state(2, "available", "running", 20)
 		if granted {
-			// A round reserves a start for job 1 (resumed) at 100 ms.
 			f.r.line[1] = append(f.r.line[1], lineEvent{what: "concurrency_starts INSERT", reserved: true, at: f.at(100), tx: 7})
 		}
-		// The next round, at 150 ms, grants job 2, which starts at once;
-		// job 1, resumed, is fetched and starts 300 ms later.
 		f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_starts INSERT", at: f.at(150), tx: 8})
-		f.r.runs = append(f.r.runs, run{id: 1, job: 2, kind: "torture.a", attempt: 1, worker: "w1",
-			start: f.at(160), end: f.at(170), outcome: "ok"})
-		f.state(2, "running", "completed", 170)
-		// Job 1 is resumed at 110 ms (with its start, or ahead of one) and
-		// fetched by w1 at 120 ms; it starts at 460 ms.
+		// Job 2 starts at 160 ms; job 1, resumed at 110 ms and fetched at
+		// 120 ms, starts at 460 ms.
+		f.started(2, "w1", 160, 10)
 		f.state(1, "pending", "available", 110)
-		f.state(1, "available", "running", 120)
-		f.r.runs = append(f.r.runs, run{id: 2, job: 1, kind: "torture.a", attempt: 1, worker: "w1",
-			start: f.at(460), end: f.at(470), outcome: "ok"})
-		f.state(1, "running", "completed", 470)
+		f.fetched(1, "w1", 120)
+		f.started(1, "w1", 460, 10)
 		got := f.found("order")
-		if granted && len(got) > 0 {
-			t.Fatalf("granted in order: %q", got)
+		if len(got) != 1 || !strings.Contains(got[0], "job 2 started") || !strings.Contains(got[0], "job 1 was fetched") {
+			t.Fatalf("granted first (%t): job 2 started while job 1 waited: %q", granted, got)
 		}
-		if !granted && (len(got) != 1 || !strings.Contains(got[0], "job 2 started")) {
-			t.Fatalf("job 2 granted while job 1 waited ungranted: %q", got)
+	}
+}
+
+// TestCheckOrderByFetchAcrossWorkers: under a per-kind limit alone, a job
+// fetched by w2 100 ms after a job waiting in w1 must not start before it;
+// one fetched within fetchTolerance may.
+func TestCheckOrderByFetchAcrossWorkers(t *testing.T) {
+	for _, c := range []struct {
+		fetchMs int
+		want    int
+	}{{100, 1}, {30, 0}} {
+		f := newFakeRecord(limits{max: 2})
+		f.worker("w2")
+		f.job(1, "")
+		f.job(2, "")
+		f.fetched(1, "w1", 0)
+		f.fetched(2, "w2", c.fetchMs)
+		f.started(2, "w2", 200, 10)
+		f.started(1, "w1", 500, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Fatalf("fetched %d ms apart: order violations %q, want %d", c.fetchMs, got, c.want)
 		}
 	}
 }
@@ -242,11 +270,11 @@ func TestCheckOutcomesFindsWhatRiverWouldNotDo(t *testing.T) {
 	}
 }
 
-func TestCheckResumesFindsAHerd(t *testing.T) {
+func TestCheckHerdFindsTooManyResumed(t *testing.T) {
 	f := newFakeRecord(limits{max: 2})
 	// Parked jobs all resumed at once under a limit of 2: more than the
-	// limit and its lookahead (MinLookahead) wait unstarted.
-	n := int64(2 + limiter.MinLookahead + 8)
+	// limit and its lookahead (kindLookahead) wait unstarted.
+	n := int64(2 + kindLookahead + 8)
 	for id := int64(1); id <= n; id++ {
 		f.job(id, "")
 		f.state(id, "available", "running", 1)
@@ -256,9 +284,9 @@ func TestCheckResumesFindsAHerd(t *testing.T) {
 	for id := int64(1); id <= n; id++ {
 		f.ran(id, 500+int(id)*100, 50, "ok")
 	}
-	got := f.found("resume")
-	if len(got) == 0 || !strings.Contains(got[0], fmt.Sprintf("%d resumed jobs waiting to start", 2+limiter.MinLookahead+1)) {
-		t.Fatalf("resume violations: %q", got)
+	got := f.found("herd")
+	if len(got) == 0 || !strings.Contains(got[0], fmt.Sprintf("%d resumed jobs waiting to start", 2+kindLookahead+1)) {
+		t.Fatalf("herd violations: %q", got)
 	}
 }
 
@@ -311,5 +339,223 @@ func TestCheckOutcomesToleratesAnUnwrittenHandOver(t *testing.T) {
 		if got := f.found("outcome"); len(got) != c.want {
 			t.Fatalf("started %d ms after its fetch: outcome violations %q, want %d", c.startMs, got, c.want)
 		}
+	}
+}
+
+// TestCheckHerdFindsAResumeUnderARate: under a rate of 3 a second (no
+// lookahead), 6 parked jobs resumed at once are a herd.
+func TestCheckHerdFindsAResumeUnderARate(t *testing.T) {
+	f := newFakeRecord(limits{rateMax: 3, ratePeriod: time.Second})
+	for id := int64(1); id <= 6; id++ {
+		f.job(id, "")
+		f.state(id, "available", "running", 1)
+		f.state(id, "running", "pending", 2)
+		f.state(id, "pending", "available", 500)
+	}
+	for id := int64(1); id <= 6; id++ {
+		f.ran(id, 500+int(id)*400, 10, "ok")
+	}
+	got := f.found("herd")
+	if len(got) == 0 || !strings.Contains(got[0], "4 resumed jobs waiting to start") {
+		t.Fatalf("herd violations: %q", got)
+	}
+}
+
+// TestCheckHerdFindsAResumedJobParkedAgain: a job resumed, fetched and
+// parked again before it ran, its limits unchanged and its worker alive,
+// was resumed for nothing; the same after its limit was lowered is not.
+func TestCheckHerdFindsAResumedJobParkedAgain(t *testing.T) {
+	for _, lowered := range []bool{false, true} {
+		f := newFakeRecord(limits{max: 2})
+		f.job(1, "")
+		f.state(1, "available", "running", 1)
+		f.state(1, "running", "pending", 2)
+		f.state(1, "pending", "available", 100)
+		f.state(1, "available", "running", 110)
+		f.state(1, "running", "pending", 700)
+		if lowered {
+			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(300), limits: limits{present: true, max: 1}})
+		}
+		f.state(1, "pending", "available", 900)
+		f.ran(1, 910, 10, "ok")
+		got := f.found("herd")
+		if lowered && len(got) > 0 {
+			t.Fatalf("parked again after its limit was lowered: %q", got)
+		}
+		if !lowered && (len(got) != 1 || !strings.Contains(got[0], "parked again")) {
+			t.Fatalf("herd violations: %q", got)
+		}
+	}
+}
+
+// TestCheckOutcomesFindsALostRow: a job gone from river_job that the test
+// never deleted is lost; one it deleted is not.
+func TestCheckOutcomesFindsALostRow(t *testing.T) {
+	f := newFakeRecord(limits{max: 2})
+	f.job(1, "")
+	f.job(2, "")
+	for _, id := range []int64{1, 2} {
+		f.state(id, "available", "running", 10)
+		f.state(id, "running", "pending", 20)
+		f.state(id, "pending", "deleted", 40)
+		f.r.jobs[id].final, f.r.jobs[id].attempt = "", 0
+	}
+	f.r.ops = append(f.r.ops, clientOp{op: "delete", job: 2, before: f.at(35), after: f.at(41), state: "pending"})
+	got := f.found("outcome")
+	if len(got) != 1 || !strings.Contains(got[0], "job 1 is gone from river_job") {
+		t.Fatalf("outcome violations: %q", got)
+	}
+}
+
+// TestCheckOutcomesFindsAnUnaskedCancel: a job cancelled that the test
+// never cancelled was lost to a cancellation.
+func TestCheckOutcomesFindsAnUnaskedCancel(t *testing.T) {
+	f := newFakeRecord(limits{max: 2})
+	f.job(1, "")
+	f.state(1, "available", "cancelled", 10)
+	f.r.jobs[1].final, f.r.jobs[1].attempt = "cancelled", 0
+	got := f.found("outcome")
+	if len(got) != 1 || !strings.Contains(got[0], "never cancelled it") {
+		t.Fatalf("outcome violations: %q", got)
+	}
+}
+
+// TestCheckAccountingAgainstTheRecord: the limiter's count of a kind's
+// slots is judged against the runs: fewer than those working, or more
+// than those working within slotLead and slotLag, is a violation.
+func TestCheckAccountingAgainstTheRecord(t *testing.T) {
+	for _, c := range []struct {
+		counted int
+		want    string
+	}{{2, ""}, {1, "but 2 jobs that hold one are working"}, {5, "but only 2 jobs work within"}} {
+		f := newFakeRecord(limits{max: 4})
+		f.job(1, "")
+		f.job(2, "")
+		f.ran(1, 0, 5000, "ok")
+		f.ran(2, 100, 5000, "ok")
+		f.r.samples = []sample{{at: f.at(2500), counted: map[string]int{"torture.a": c.counted},
+			rows: map[string]int{"torture.a": 2}}}
+		got := f.found("accounting")
+		switch {
+		case c.want == "" && len(got) > 0:
+			t.Fatalf("counted %d: %q", c.counted, got)
+		case c.want != "" && (len(got) != 1 || !strings.Contains(got[0], c.want)):
+			t.Fatalf("counted %d: accounting violations %q, want %q", c.counted, got, c.want)
+		}
+	}
+}
+
+// TestCheckAccountingPerKey: a key's slot rows are judged against its
+// runs.
+func TestCheckAccountingPerKey(t *testing.T) {
+	f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 2})
+	f.job(1, "x")
+	f.ran(1, 0, 5000, "ok")
+	f.r.samples = []sample{{at: f.at(2500), counted: map[string]int{"torture.a": 1}, rows: map[string]int{"torture.a": 1},
+		keyRows: map[string]map[string]int{"torture.a": {`"x"`: 0, `"y"`: 1}}}}
+	got := strings.Join(f.found("accounting"), "\n")
+	for _, want := range []string{"key x at", "0 slot rows, but 1 jobs of the key", "key y at", "1 slot rows, but only 0 jobs"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("accounting violations lack %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestCheckFairnessFindsAKeyHeldBack: under a per-kind limit of 2 and a
+// per-key limit, key B's job arrives while 6 jobs of key A wait; it is
+// fetched at once but starts only after 4 more of A's jobs: more than a
+// turn (1 other key) and the kind's limit (2).
+func TestCheckFairnessFindsAKeyHeldBack(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		for id := int64(1); id <= 8; id++ {
+			f.job(id, "A")
+			f.r.jobs[id].inserted = f.at(0)
+		}
+		f.job(20, "B")
+		f.r.jobs[20].inserted = f.at(100)
+		f.r.changes[20][0].at = f.at(100)
+		for id := int64(1); id <= 8; id++ {
+			f.state(id, "available", "running", 1)
+		}
+		// A's jobs run two at a time, 100 ms each.
+		for id := int64(1); id <= 8; id++ {
+			f.started(id, "w1", 1+int(id-1)/2*100, 99)
+		}
+		f.fetched(20, "w1", 110)
+		startB := 160
+		if late {
+			startB = 650
+		}
+		f.started(20, "w1", startB, 10)
+		got := f.found("fairness")
+		if !late && len(got) > 0 {
+			t.Fatalf("B started within a turn: %q", got)
+		}
+		if late && (len(got) != 1 || !strings.Contains(got[0], "after 4 starts of 1 other keys")) {
+			t.Fatalf("fairness violations: %q", got)
+		}
+	}
+}
+
+// TestCheckFairnessFindsAFetchHeldBack: key B's job, arriving behind A's
+// backlog, fetched only 3 s later, was held back by it.
+func TestCheckFairnessFindsAFetchHeldBack(t *testing.T) {
+	f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+	for id := int64(1); id <= 8; id++ {
+		f.job(id, "A")
+		f.r.jobs[id].inserted = f.at(0)
+		f.state(id, "available", "running", 1)
+		f.started(id, "w1", 1+int(id-1)/2*1000, 999)
+	}
+	f.job(20, "B")
+	f.r.jobs[20].inserted = f.at(100)
+	f.r.changes[20][0].at = f.at(100)
+	f.fetched(20, "w1", 3100)
+	f.started(20, "w1", 3110, 10)
+	got := f.found("fairness")
+	if len(got) != 1 || !strings.Contains(got[0], "was fetched 3s later") {
+		t.Fatalf("fairness violations: %q", got)
+	}
+}
+
+// TestCheckRatesCountTheWorkersStarts: the rate check counts a start when
+// the worker's record says the job began, whatever the limiter's rows say:
+// three starts within a 1-s window under 2/1s are a violation.
+func TestCheckRatesCountTheWorkersStarts(t *testing.T) {
+	f := newFakeRecord(limits{rateMax: 2, ratePeriod: time.Second})
+	f.r.line = map[int64][]lineEvent{}
+	for id := int64(1); id <= 3; id++ {
+		f.job(id, "")
+		// The limiter's rows admit them 1 s apart.
+		f.r.line[id] = []lineEvent{{what: "concurrency_starts INSERT", at: f.at(int(id) * 1000), tx: id}}
+		f.ran(id, 3000+int(id)*10, 5, "ok")
+	}
+	got := f.found("rate")
+	if len(got) != 1 || !strings.Contains(got[0], "3 starts") {
+		t.Fatalf("rate violations: %q", got)
+	}
+}
+
+// TestCoverageStarvation: a check that exempted more than maxExempt of
+// its candidates is starved; one that judged nothing in a whole run too.
+func TestCoverageStarvation(t *testing.T) {
+	c := newCoverage()
+	for range 80 {
+		c.judge("order")
+	}
+	for range 20 {
+		c.exempt("order", "order regime changed")
+	}
+	for range 100 {
+		c.judge("limit")
+	}
+	c.exempt("limit", "x")
+	got := strings.Join(c.starved(minCandidatesSeed), "\n")
+	if !strings.Contains(got, "order exempted 20 of 100") || strings.Contains(got, "limit") {
+		t.Fatalf("starved: %q", got)
+	}
+	if got := strings.Join(c.starved(minCandidatesRun), "\n"); !strings.Contains(got, "rate judged nothing") {
+		t.Fatalf("starved over a run: %q", got)
 	}
 }

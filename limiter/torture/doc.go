@@ -3,18 +3,28 @@
 // seeded random schedule inserts jobs (bursts and trickles, skewed keys),
 // sets, raises, lowers, breaks and clears per-kind, per-key and rate limits,
 // cancels, deletes and retries waiting jobs through River's client, and
-// stops and kills (SIGKILL) workers. Each real execution is recorded in its
-// worker's run log (a file of JSON lines, each written as it happens, so a
-// killed worker loses none), every state change of the jobs and every
-// limit change by triggers (torture_states, torture_limits); when the
-// schedule ends, the checks read that record alone and verify the limiter's
-// promises together: the limits held at every start, no rate window held
-// more starts than its rate, jobs of a key started in job-id order, no job
-// waited long while its limits had room, every job ended as River documents,
-// resumes stayed within what the limits let start, and the limiter's
-// counters equal a recount.
+// stops and kills (SIGKILL) workers.
+//
+// The schedule is drawn from the seed alone, before the run, and logged:
+// TORTURE_SEED=N replays the same operations at the same offsets.
+//
+// The checks read an independent record only: each real execution from
+// its worker's run log (a file of JSON lines, each written as it happens,
+// so a killed worker loses none), River's state history of every job and
+// the history of the limits (by triggers), and what the test itself did
+// (inserts, River client calls, worker events, accounting samples). The
+// limiter's own tables may explain a violation in its report, never excuse
+// one. They verify the README's promises table together: the limits held
+// at every start; no rate window held more starts than its rate; order
+// within a key (strict under a per-key or rate limit, by fetch under a
+// per-kind limit alone); fairness across keys; no key waited long while
+// its limits had room; nothing lost, nothing twice; no thundering herd;
+// and the slots counted equal the jobs working. Each check counts the
+// events it judged and those it exempted, with why, and a check that
+// exempted more than 10 % of its candidates fails as starved.
 //
 // `make test` runs it for about 30 s (TORTURE_DURATION, a Go duration,
-// changes the budget); `make torture` runs seeds for as long as asked.
-// TORTURE_SEED replays one seed's schedule.
+// changes the budget); `make torture` runs seeds for as long as asked and
+// prints the coverage table; `make torture-corpus` runs every seed that
+// ever caught a bug.
 package torture

@@ -94,9 +94,13 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER torture_log_limit
+-- Deferred to the commit of the change's transaction: its time is when
+-- the change took effect (the transaction holds the kind's limit row until
+-- then, so no decision before it saw the new limits).
+CREATE CONSTRAINT TRIGGER torture_log_limit
     AFTER INSERT OR DELETE OR UPDATE OF max_concurrency, partition_fields, key_max, rate_max, rate_period, rate_per_key
     ON concurrency_limits
+    DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION public.torture_log_limit();
 
 -- Every change of a torture job's slot rows and waiter rows, and every

@@ -33,6 +33,8 @@ type run struct {
 	// zero if neither (still running).
 	end     time.Time
 	outcome string // ok, fail, snooze, cancelled; "" if it never ended
+	// cut: its worker was killed while it ran (end is the kill).
+	cut bool
 }
 
 // change is one state change of a job (torture_states).
@@ -92,6 +94,12 @@ func (l limits) limited() bool {
 	return l.present && (l.max != 0 || l.keyMax > 0 || l.rateMax > 0)
 }
 
+// equal reports whether l and o are the same limits.
+func (l limits) equal(o limits) bool {
+	return l.present == o.present && l.max == o.max && slices.Equal(l.fields, o.fields) && l.keyMax == o.keyMax &&
+		l.rateMax == o.rateMax && l.ratePeriod == o.ratePeriod && l.ratePerKey == o.ratePerKey
+}
+
 func (l limits) rateEqual(o limits) bool {
 	return l.hasRate() == o.hasRate() && (!l.hasRate() ||
 		(l.rateMax == o.rateMax && l.ratePeriod == o.ratePeriod && l.ratePerKey == o.ratePerKey &&
@@ -115,7 +123,9 @@ func (l limits) String() string {
 	return s
 }
 
-// limitChange is a change of a kind's limits.
+// limitChange is a change of a kind's limits, at the commit of its
+// transaction (a deferred trigger). Until changeWindow after it, a worker
+// may still follow the limits before it.
 type limitChange struct {
 	at     time.Time
 	limits limits
@@ -127,6 +137,9 @@ type job struct {
 	kind        string
 	args        jobArgs
 	maxAttempts int
+	// inserted is when its insert had committed (the database's clock
+	// right after it returned).
+	inserted time.Time
 	// final is its state at the end ("" when deleted); attempt its River
 	// attempt count then.
 	final   string
@@ -166,9 +179,22 @@ type record struct {
 	parkAfter time.Duration
 	// runsOf indexes runs by job (indexRuns).
 	runsOf map[int64][]run
-	// line is, by job, every change of its slot and waiter rows
-	// (torture_line), for diagnosis.
+	// samples are the accounting samples taken while the schedule ran.
+	samples []sample
+	// line is, by job, every change of the limiter's rows for it
+	// (torture_line): for the diagnosis in a violation's report only,
+	// never to excuse one.
 	line map[int64][]lineEvent
+}
+
+// sample is the limiter's count of the torture kinds' slots at one moment.
+type sample struct {
+	at time.Time // the database's clock
+	// counted is each limited kind's count on its limit row (admitted);
+	// rows the slot rows and leased slots it stands for.
+	counted, rows map[string]int
+	// keyRows is the slot rows of each key (kind, then key).
+	keyRows map[string]map[string]int
 }
 
 // lineEvent is a change of a job's slot or waiter row.
@@ -184,7 +210,7 @@ type lineEvent struct {
 // kinds are the torture kinds.
 var kinds = []string{"torture.a", "torture.b"}
 
-// limitsAt is kind's limits at t.
+// limitsAt is kind's limits at t: those of the last change made by then.
 func (r *record) limitsAt(kind string, t time.Time) limits {
 	var out limits
 	for _, c := range r.limits[kind] {
@@ -196,25 +222,60 @@ func (r *record) limitsAt(kind string, t time.Time) limits {
 	return out
 }
 
-// limitsDuring is every limits of kind in force at some instant of [t0, t1].
+// possible is every limits of kind that a decision at t on worker may
+// follow ("": any worker): the last ones in force by t, and those before a
+// change made less than changeWindow before t, unless the worker started
+// after that change (it read the limits afresh).
+func (r *record) possible(kind, worker string, t time.Time) []limits {
+	var started time.Time
+	if worker != "" {
+		started = r.startedAt(worker)
+	}
+	var prev limits
+	var out []limits
+	for _, c := range r.limits[kind] {
+		if c.at.After(t) {
+			break
+		}
+		if t.Before(c.at.Add(changeWindow)) && !started.After(c.at) {
+			out = appendLimits(out, prev)
+		}
+		prev = c.limits
+	}
+	return appendLimits(out, prev)
+}
+
+// appendLimits appends l to ls unless it is there.
+func appendLimits(ls []limits, l limits) []limits {
+	for _, x := range ls {
+		if x.equal(l) {
+			return ls
+		}
+	}
+	return append(ls, l)
+}
+
+// limitsDuring is every limits of kind a decision at some instant of
+// [t0, t1] may follow.
 func (r *record) limitsDuring(kind string, t0, t1 time.Time) []limits {
-	out := []limits{r.limitsAt(kind, t0)}
+	out := r.possible(kind, "", t0)
 	for _, c := range r.limits[kind] {
 		if c.at.After(t0) && !c.at.After(t1) {
-			out = append(out, c.limits)
+			out = appendLimits(out, c.limits)
 		}
 	}
 	return out
 }
 
-// killedAt is when worker was killed (zero: never).
-func (r *record) killedAt(worker string) time.Time {
-	for _, e := range r.workers {
-		if e.worker == worker && e.what == "kill" {
-			return e.at
-		}
+// indexRuns indexes the runs by job.
+func (r *record) indexRuns() {
+	if r.runsOf != nil {
+		return
 	}
-	return time.Time{}
+	r.runsOf = map[int64][]run{}
+	for _, x := range r.runs {
+		r.runsOf[x.job] = append(r.runsOf[x.job], x)
+	}
 }
 
 // stateAt is the job's last change at or before t (ok false: none yet).
@@ -231,9 +292,9 @@ func (r *record) stateAt(id int64, t time.Time) (change, bool) {
 // in runsDir, the rest from the database; jobs, ops and workers are the
 // test's own.
 func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserted map[int64]*job, ops []clientOp,
-	workers []workerEvent, parkAfter time.Duration) (*record, error) {
+	workers []workerEvent, samples []sample, parkAfter time.Duration) (*record, error) {
 	r := &record{changes: map[int64][]change{}, limits: map[string][]limitChange{}, jobs: inserted, ops: ops,
-		workers: workers, parkAfter: parkAfter}
+		workers: workers, samples: samples, parkAfter: parkAfter}
 	runs, err := readRunLogs(runsDir)
 	if err != nil {
 		return nil, err
@@ -241,7 +302,7 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 	for _, x := range runs {
 		if x.end.IsZero() {
 			if killed := r.killedAt(x.worker); !killed.IsZero() {
-				x.end = killed
+				x.end, x.cut = killed, true
 			}
 		}
 		r.runs = append(r.runs, x)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,63 +35,35 @@ func TestMain(m *testing.M) {
 // calls, limit changes, samples).
 const testPoolSize = 6
 
-// Sizes of a seed's schedule.
 const (
 	// defaultBudget is how long TestTorture runs seeds without
 	// TORTURE_DURATION (the whole test, seeds one after the other).
 	defaultBudget = 30 * time.Second
-	// schedulePhase is how long a seed's operations go on.
-	schedulePhase = 9 * time.Second
-	// maxJobs caps the jobs a seed inserts.
-	maxJobs = 1200
 	// quiescenceTimeout bounds the wait for every job to end.
 	quiescenceTimeout = 90 * time.Second
+	// sampleEvery is how often the accounting is sampled while the
+	// schedule runs.
+	sampleEvery = 200 * time.Millisecond
 )
 
-// tally counts what the seeds did and found.
-type tally struct {
-	seeds      int
-	ops        map[string]int
-	jobs, runs int
-	parkings   int
-	violations map[string]int
-}
-
-func (t *tally) add(o *tally) {
-	t.seeds += o.seeds
-	t.jobs += o.jobs
-	t.runs += o.runs
-	t.parkings += o.parkings
-	for k, v := range o.ops {
-		t.ops[k] += v
+// seedFromEnv is TORTURE_SEED, if set.
+func seedFromEnv(t *testing.T) (uint64, bool) {
+	s := os.Getenv("TORTURE_SEED")
+	if s == "" {
+		return 0, false
 	}
-	for k, v := range o.violations {
-		t.violations[k] += v
+	seed, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		t.Fatalf("TORTURE_SEED: %v", err)
 	}
-}
-
-func newTally() *tally { return &tally{ops: map[string]int{}, violations: map[string]int{}} }
-
-func (t *tally) String() string {
-	var ops, vs []string
-	total := 0
-	for k, v := range t.ops {
-		ops = append(ops, fmt.Sprintf("%s %d", k, v))
-	}
-	for k, v := range t.violations {
-		vs = append(vs, fmt.Sprintf("%s %d", k, v))
-		total += v
-	}
-	sort.Strings(ops)
-	sort.Strings(vs)
-	return fmt.Sprintf("seeds %d, jobs %d, executions %d, parkings %d; operations: %s; violations %d (%s)",
-		t.seeds, t.jobs, t.runs, t.parkings, strings.Join(ops, ", "), total, strings.Join(vs, ", "))
+	return seed, true
 }
 
 // TestTorture runs seeded random schedules against two or three worker
 // processes for the budget (TORTURE_DURATION, default 30s; at least one
-// seed) and checks the limiter's promises against the record of each.
-// TORTURE_SEED runs that seed alone.
+// seed) and checks the limiter's promises against the record of each. It
+// prints what each check judged and exempted, and fails a check that
+// exempted too much (starved). TORTURE_SEED runs that seed alone.
 func TestTorture(t *testing.T) {
 	budget := defaultBudget
 	if s := os.Getenv("TORTURE_DURATION"); s != "" {
@@ -103,25 +73,19 @@ func TestTorture(t *testing.T) {
 		}
 		budget = d
 	}
-	var seeds []uint64
-	if s := os.Getenv("TORTURE_SEED"); s != "" {
-		seed, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("TORTURE_SEED: %v", err)
-		}
-		seeds = []uint64{seed}
-	}
+	only, replay := seedFromEnv(t)
 	base := uint64(time.Now().UnixNano() % 1_000_000_000)
 	deadline := time.Now().Add(budget)
 	total := newTally()
 	for i := 0; ; i++ {
-		var seed uint64
+		seed := base + uint64(i)
 		switch {
-		case seeds != nil && i < len(seeds):
-			seed = seeds[i]
-		case seeds != nil:
-		case i == 0 || time.Now().Add(schedulePhase).Before(deadline):
-			seed = base + uint64(i)
+		case replay && i > 0:
+			seed = 0
+		case replay:
+			seed = only
+		case i > 0 && time.Now().Add(schedulePhase).After(deadline):
+			seed = 0
 		}
 		if seed == 0 {
 			break
@@ -130,23 +94,28 @@ func TestTorture(t *testing.T) {
 			total.add(runSeed(t, seed))
 		})
 	}
-	t.Logf("torture: %s", total)
-	fmt.Printf("TORTURE SUMMARY: %s\n", total)
+	summary := total.summary()
+	t.Logf("torture:\n%s", summary)
+	fmt.Printf("TORTURE SUMMARY:\n%s", summary)
+	for _, msg := range total.starved(minCandidatesRun) {
+		t.Errorf("over every seed: %s", msg)
+	}
 }
 
 // torture is one seed's run: its database, workers and schedule.
 type torture struct {
-	t    *testing.T
-	seed uint64
-	rng  *rand.Rand
-	url  string
+	t     *testing.T
+	seed  uint64
+	sched *schedule
+	url   string
 	// runsDir holds the workers' run logs.
 	runsDir string
 	pool    *pgxpool.Pool
 	client  *app.Client
 	lim     *limiter.Limiter
-	slots   int
-	// parks are the park-after times new workers pick from.
+	// slots is the workers' MaxWorkers; parks the park-after times new
+	// workers pick from (scenarios set them).
+	slots    int
 	parks    []time.Duration
 	tally    *tally
 	nextWork int
@@ -156,23 +125,28 @@ type torture struct {
 	events  []workerEvent
 	jobs    map[int64]*job
 	ops     []clientOp
+	samples []sample
 	vs      violations
 }
 
+// runSeed draws the seed's schedule, logs it, carries it out against two
+// or three workers, and checks the record.
 func runSeed(t *testing.T, seed uint64) *tally {
+	s := drawSchedule(seed)
+	t.Logf("schedule (replay: TORTURE_SEED=%d make torture):\n%s", seed, s)
 	x := newTorture(t, seed)
 	defer x.close()
-	n := 2 + x.rng.IntN(2)
-	x.slots = 8 + x.rng.IntN(17)
-	x.startWorkers(n)
-	stopSampling := x.sampleAccounting(context.Background())
+	x.sched, x.slots = s, s.slots
+	x.startWorkers(s.parks)
+	stopSampling := x.sampleAccounting()
 	start := time.Now()
-	for time.Since(start) < schedulePhase {
-		x.step(context.Background())
-		time.Sleep(time.Duration(10+x.rng.IntN(240)) * time.Millisecond)
+	ctx := context.Background()
+	for _, o := range s.ops {
+		time.Sleep(time.Until(start.Add(o.at)))
+		x.do(ctx, o)
 	}
 	stopSampling()
-	return x.finish()
+	return x.finish(s.quiesceClear)
 }
 
 // newTorture prepares a seed's run: a fresh database with the record
@@ -180,10 +154,9 @@ func runSeed(t *testing.T, seed uint64) *tally {
 // worker runs yet.
 func newTorture(t *testing.T, seed uint64) *torture {
 	ctx := context.Background()
-	x := &torture{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x70727475)), url: testdb.New(t),
-		runsDir: t.TempDir(), jobs: map[int64]*job{}, tally: newTally(), slots: 16}
+	x := &torture{t: t, seed: seed, url: testdb.New(t), runsDir: t.TempDir(), jobs: map[int64]*job{}, tally: newTally(),
+		slots: 16}
 	x.tally.seeds = 1
-	t.Logf("seed %d (replay: TORTURE_SEED=%d make torture)", seed, seed)
 	var err error
 	x.pool, err = db.Open(ctx, withPoolSize(x.url, testPoolSize), 10*time.Second)
 	if err != nil {
@@ -202,11 +175,11 @@ func newTorture(t *testing.T, seed uint64) *torture {
 	return x
 }
 
-// startWorkers starts n workers at once.
-func (x *torture) startWorkers(n int) {
+// startWorkers starts a worker for each park-after time, at once.
+func (x *torture) startWorkers(parks []time.Duration) {
 	var wg sync.WaitGroup
-	for range n {
-		id, park := x.newWorkerSpec()
+	for _, park := range parks {
+		id := x.newWorkerID()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -224,31 +197,29 @@ func (x *torture) close() {
 	x.pool.Close()
 }
 
-// finish lets every job end, checks the record, reports what it found,
-// and returns the tally.
-func (x *torture) finish() *tally {
+// finish lifts the limits (clearAll per kind, a and b: clear them, or set
+// a generous one), lets every job end, checks the record and the
+// limiter's books at rest, reports what it found, and returns the tally.
+func (x *torture) finish(clearAll [2]bool) *tally {
 	ctx := context.Background()
 	t := x.t
-	x.quiesce(ctx)
+	x.quiesce(ctx, clearAll)
 	parkAfter := time.Duration(0)
 	for _, w := range x.allWorkers() {
 		parkAfter = max(parkAfter, w.parkAfter)
 	}
-	rec, err := loadRecord(ctx, x.pool, x.runsDir, x.jobs, x.ops, x.events, parkAfter)
+	x.mu.Lock()
+	rec, err := loadRecord(ctx, x.pool, x.runsDir, x.jobs, x.ops, x.events, x.samples, parkAfter)
+	x.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if os.Getenv("TORTURE_DUMP") != "" {
 		dump(t, rec)
 	}
-	vs := check(rec)
-	vs.list = append(x.vs.list, vs.list...)
-	for k, v := range x.vs.count {
-		if vs.count == nil {
-			vs.count = map[string]int{}
-		}
-		vs.count[k] += v
-	}
+	res := check(rec)
+	vs := res.violations
+	vs.merge(&x.vs)
 	x.tally.jobs, x.tally.runs = len(rec.jobs), len(rec.runs)
 	for _, cs := range rec.changes {
 		for _, c := range cs {
@@ -257,26 +228,26 @@ func (x *torture) finish() *tally {
 			}
 		}
 	}
+	x.tally.coverage = res.coverage
+	for _, msg := range res.coverage.starved(minCandidatesSeed) {
+		vs.add("starved", "%s", msg)
+	}
 	for k, v := range vs.count {
 		x.tally.violations[k] += v
 	}
 	for _, v := range vs.list {
 		t.Errorf("seed %d: %s", x.seed, v)
 	}
-	t.Logf("seed %d: %s", x.seed, x.tally)
+	t.Logf("seed %d: %s\n%s", x.seed, x.tally, res.coverage.table())
 	return x.tally
 }
 
-// newWorkerSpec names a new worker and picks its park-after.
-func (x *torture) newWorkerSpec() (string, time.Duration) {
+// newWorkerID names a new worker.
+func (x *torture) newWorkerID() string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.nextWork++
-	parks := x.parks
-	if parks == nil {
-		parks = []time.Duration{30 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
-	}
-	return fmt.Sprintf("t%d-w%d", x.seed%10000, x.nextWork), parks[x.rng.IntN(len(parks))]
+	return fmt.Sprintf("t%d-w%d", x.seed%10000, x.nextWork)
 }
 
 func (x *torture) addWorker(id string, park time.Duration) {
@@ -311,174 +282,129 @@ func (x *torture) allWorkers() []*workerProc {
 	return slices.Clone(x.workers)
 }
 
-// step does one operation of the schedule.
-func (x *torture) step(ctx context.Context) {
-	r := x.rng.IntN(100)
-	switch {
-	case r < 22:
-		x.burst(ctx)
-	case r < 32:
-		x.trickle(ctx)
-	case r < 62:
-		x.changeLimits(ctx)
-	case r < 77:
-		x.clientCall(ctx)
-	case r < 81:
-		x.replaceWorker(ctx)
+// do carries out one operation of the schedule.
+func (x *torture) do(ctx context.Context, o op) {
+	switch o.what {
+	case opBurst:
+		x.burst(ctx, o)
+	case opTrickle:
+		x.trickle(ctx, o)
+	case opLimit:
+		x.changeLimits(ctx, o.kind, o.limit)
+	case opClient:
+		x.clientCall(ctx, o.call, o.pick)
+	case opReplace:
+		x.replaceWorker(ctx, o)
 	}
 }
 
-// kindFor picks a torture kind.
-func (x *torture) kindFor() string { return []string{"a", "b"}[x.rng.IntN(2)] }
-
-// newArgs picks a job: a skewed key (k0 most often), a short duration,
-// sometimes a failure or a snooze.
-func (x *torture) newArgs(k string) (jobArgs, int) {
-	// Zipf-like: key i with weight 1/(i+1) over 8 keys.
-	weights := []float64{1, 1.0 / 2, 1.0 / 3, 1.0 / 4, 1.0 / 5, 1.0 / 6, 1.0 / 7, 1.0 / 8}
-	sum := 0.0
-	for _, w := range weights {
-		sum += w
-	}
-	p := x.rng.Float64() * sum
-	key := 0
-	for i, w := range weights {
-		if p < w {
-			key = i
-			break
-		}
-		p -= w
-	}
-	a := jobArgs{K: k, Key: fmt.Sprintf("k%d", key), MS: x.rng.IntN(30)}
-	maxAttempts := 5
-	switch r := x.rng.IntN(100); {
-	case r < 6:
-		a.Fail = 1
-	case r < 8:
-		a.Fail, maxAttempts = 9, 2
-	case r < 12:
-		a.Snooze = true
-	}
-	return a, maxAttempts
-}
-
-func (x *torture) inserted() int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return len(x.jobs)
-}
-
-func (x *torture) recordJobs(res []*rivertype.JobInsertResult, args []jobArgs, maxAttempts []int) {
+// insertedAt records jobs inserted by res (args and max attempts in step)
+// and committed at (the database's clock right after the insert returned).
+func (x *torture) recordJobs(res []*rivertype.JobInsertResult, jobs []plannedJob, at time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i, r := range res {
-		x.jobs[r.Job.ID] = &job{id: r.Job.ID, kind: r.Job.Kind, args: args[i], maxAttempts: maxAttempts[i]}
+		x.jobs[r.Job.ID] = &job{id: r.Job.ID, kind: r.Job.Kind, args: jobs[i].args, maxAttempts: jobs[i].maxAttempts,
+			inserted: at}
 	}
 }
 
-// burst inserts several jobs of a kind at once: in one InsertMany, or one
-// insert each (separate transactions).
-func (x *torture) burst(ctx context.Context) {
-	if x.inserted() >= maxJobs {
-		return
+// insertOne inserts j in a transaction of its own.
+func (x *torture) insertOne(ctx context.Context, j plannedJob) error {
+	res, err := x.client.Insert(ctx, j.args, &river.InsertOpts{MaxAttempts: j.maxAttempts})
+	if err != nil {
+		return err
 	}
-	k := x.kindFor()
-	n := 5 + x.rng.IntN(50)
-	args := make([]jobArgs, n)
-	attempts := make([]int, n)
-	params := make([]river.InsertManyParams, n)
-	for i := range n {
-		args[i], attempts[i] = x.newArgs(k)
-		params[i] = river.InsertManyParams{Args: args[i], InsertOpts: &river.InsertOpts{MaxAttempts: attempts[i]}}
+	at, err := dbNow(ctx, x.pool)
+	if err != nil {
+		return err
 	}
-	if x.rng.IntN(3) == 0 {
+	x.recordJobs([]*rivertype.JobInsertResult{res}, []plannedJob{j}, at)
+	return nil
+}
+
+// burst inserts o's jobs at once: in one InsertMany, or one insert each
+// (separate transactions).
+func (x *torture) burst(ctx context.Context, o op) {
+	if o.oneByOne {
 		x.tally.ops["insert one by one"]++
-		for i := range n {
-			res, err := x.client.Insert(ctx, args[i], params[i].InsertOpts)
-			if err != nil {
+		for _, j := range o.jobs {
+			if err := x.insertOne(ctx, j); err != nil {
 				x.t.Errorf("insert: %v", err)
 				return
 			}
-			x.recordJobs([]*rivertype.JobInsertResult{res}, args[i:i+1], attempts[i:i+1])
 		}
 		return
 	}
 	x.tally.ops["insert burst"]++
+	params := make([]river.InsertManyParams, len(o.jobs))
+	for i, j := range o.jobs {
+		params[i] = river.InsertManyParams{Args: j.args, InsertOpts: &river.InsertOpts{MaxAttempts: j.maxAttempts}}
+	}
 	res, err := x.client.InsertMany(ctx, params)
 	if err != nil {
 		x.t.Errorf("insert: %v", err)
 		return
 	}
-	x.recordJobs(res, args, attempts)
-}
-
-// trickle inserts a few jobs a few ms apart.
-func (x *torture) trickle(ctx context.Context) {
-	if x.inserted() >= maxJobs {
+	at, err := dbNow(ctx, x.pool)
+	if err != nil {
+		x.t.Error(err)
 		return
 	}
+	x.recordJobs(res, o.jobs, at)
+}
+
+// trickle inserts o's jobs a few ms apart.
+func (x *torture) trickle(ctx context.Context, o op) {
 	x.tally.ops["insert trickle"]++
-	k := x.kindFor()
-	for range 3 + x.rng.IntN(8) {
-		a, attempts := x.newArgs(k)
-		res, err := x.client.Insert(ctx, a, &river.InsertOpts{MaxAttempts: attempts})
-		if err != nil {
+	for i, j := range o.jobs {
+		if err := x.insertOne(ctx, j); err != nil {
 			x.t.Errorf("insert: %v", err)
 			return
 		}
-		x.recordJobs([]*rivertype.JobInsertResult{res}, []jobArgs{a}, []int{attempts})
-		time.Sleep(time.Duration(5+x.rng.IntN(40)) * time.Millisecond)
+		time.Sleep(o.gaps[i])
 	}
 }
 
-// changeLimits sets, raises, lowers, breaks or clears a limit of a kind.
-func (x *torture) changeLimits(ctx context.Context) {
-	kind := "torture." + x.kindFor()
-	var err error
-	switch r := x.rng.IntN(100); {
-	case r < 25:
-		n := []int32{1, 2, 3, 4, 6}[x.rng.IntN(5)]
-		x.tally.ops["set per-kind limit"]++
-		err = x.lim.SetConcurrency(ctx, kind, n)
-	case r < 35:
-		x.tally.ops["set circuit breaker"]++
-		err = x.lim.SetConcurrency(ctx, kind, -1)
-	case r < 55:
-		m := []int32{1, 1, 2, 3}[x.rng.IntN(4)]
-		x.tally.ops["set per-key limit"]++
-		err = x.lim.SetPerKey(ctx, kind, []string{"key"}, m)
-	case r < 70:
-		rate := limiter.Rate{Max: []int32{2, 3, 5, 8}[x.rng.IntN(4)], Per: []time.Duration{time.Second, 2 * time.Second}[x.rng.IntN(2)]}
-		var fields []string
-		if x.rng.IntN(2) == 0 {
-			rate.PerKey, fields = true, []string{"key"}
-		}
-		x.tally.ops["set rate"]++
-		err = x.lim.SetRate(ctx, kind, rate, fields)
-	case r < 78:
-		x.tally.ops["clear per-kind limit"]++
-		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{Concurrency: true})
-	case r < 86:
-		x.tally.ops["clear per-key limit"]++
-		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{PerKey: true})
-	case r < 93:
-		x.tally.ops["clear rate"]++
-		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{Rate: true})
-	default:
-		x.tally.ops["clear all limits"]++
-		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{})
-	}
-	if err != nil && !errors.Is(err, limiter.ErrInvalidLimit) {
+// changeLimits changes a limit of kind.
+func (x *torture) changeLimits(ctx context.Context, kind string, c limitOp) {
+	x.tally.ops["limit: "+c.facet]++
+	if err := x.setLimit(ctx, kind, c); err != nil && !errors.Is(err, limiter.ErrInvalidLimit) {
 		x.t.Errorf("change limits of %s: %v", kind, err)
 	}
 }
 
+// setLimit changes a limit of kind as c says.
+func (x *torture) setLimit(ctx context.Context, kind string, c limitOp) error {
+	var err error
+	switch c.facet {
+	case "per-kind", "breaker":
+		err = x.lim.SetConcurrency(ctx, kind, c.n)
+	case "per-key":
+		err = x.lim.SetPerKey(ctx, kind, []string{"key"}, c.n)
+	case "rate":
+		var fields []string
+		if c.rate.PerKey {
+			fields = []string{"key"}
+		}
+		err = x.lim.SetRate(ctx, kind, c.rate, fields)
+	case "clear per-kind":
+		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{Concurrency: true})
+	case "clear per-key":
+		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{PerKey: true})
+	case "clear rate":
+		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{Rate: true})
+	default:
+		_, err = x.lim.ClearLimits(ctx, kind, limiter.Facets{})
+	}
+	return err
+}
+
 // clientCall cancels, deletes or retries a waiting job through River's
-// client.
-func (x *torture) clientCall(ctx context.Context) {
-	op := []string{"cancel", "delete", "retry"}[x.rng.IntN(3)]
+// client: the one at pick of the torture jobs found waiting, in id order.
+func (x *torture) clientCall(ctx context.Context, call string, pick float64) {
 	states := []string{"pending", "available", "retryable", "scheduled"}
-	if op == "cancel" {
+	if call == "cancel" {
 		states = append(states, "running")
 	}
 	rows, err := x.pool.Query(ctx, `SELECT id FROM river_job WHERE kind LIKE 'torture.%' AND state::text = ANY($1) ORDER BY id`, states)
@@ -490,14 +416,14 @@ func (x *torture) clientCall(ctx context.Context) {
 	if err != nil || len(ids) == 0 {
 		return
 	}
-	id := ids[x.rng.IntN(len(ids))]
+	id := ids[min(int(pick*float64(len(ids))), len(ids)-1)]
 	before, err := dbNow(ctx, x.pool)
 	if err != nil {
 		x.t.Error(err)
 		return
 	}
 	var row *rivertype.JobRow
-	switch op {
+	switch call {
 	case "cancel":
 		row, err = x.client.JobCancel(ctx, id)
 	case "delete":
@@ -513,22 +439,20 @@ func (x *torture) clientCall(ctx context.Context) {
 	if err != nil {
 		return // it started meanwhile (a running job cannot be deleted), or ended
 	}
-	x.tally.ops["River Job"+strings.ToUpper(op[:1])+op[1:]]++
+	x.tally.ops["River Job"+strings.ToUpper(call[:1])+call[1:]]++
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.ops = append(x.ops, clientOp{op: op, job: id, before: before, after: after, state: string(row.State)})
+	x.ops = append(x.ops, clientOp{op: call, job: id, before: before, after: after, state: string(row.State)})
 }
 
 // replaceWorker starts a new worker, then stops (SIGTERM) or kills
 // (SIGKILL) one of the others.
-func (x *torture) replaceWorker(ctx context.Context) {
+func (x *torture) replaceWorker(ctx context.Context, o op) {
 	alive := x.alive()
-	victim := alive[x.rng.IntN(len(alive))]
-	kill := x.rng.IntN(2) == 0
-	id, park := x.newWorkerSpec()
-	x.addWorker(id, park)
+	victim := alive[min(int(o.victim*float64(len(alive))), len(alive)-1)]
+	x.addWorker(x.newWorkerID(), o.park)
 	what := "stop"
-	if kill {
+	if o.kill {
 		what = "kill"
 		x.tally.ops["worker killed (SIGKILL)"]++
 		victim.kill()
@@ -545,13 +469,13 @@ func (x *torture) replaceWorker(ctx context.Context) {
 	x.events = append(x.events, workerEvent{worker: victim.id, what: what, at: at})
 }
 
-// quiesce lifts the limits (clears them, or sets a generous one) so that
-// every job can end, waits until every job has, and checks the limiter's
-// books: nothing held, counts equal to a recount.
-func (x *torture) quiesce(ctx context.Context) {
-	for _, k := range []string{"a", "b"} {
+// quiesce lifts the limits (clearAll, per kind a and b: clears them, or
+// sets a generous one) so that every job can end, waits until every job
+// has, and checks the limiter's books at rest.
+func (x *torture) quiesce(ctx context.Context, clearAll [2]bool) {
+	for i, k := range []string{"a", "b"} {
 		kind := "torture." + k
-		if x.rng.IntN(2) == 0 {
+		if clearAll[i] {
 			if _, err := x.lim.ClearLimits(ctx, kind, limiter.Facets{}); err != nil {
 				x.t.Errorf("clear %s: %v", kind, err)
 			}
@@ -585,80 +509,26 @@ func (x *torture) quiesce(ctx context.Context) {
 	}
 	// Leased slots no job needs go back within LeaseLinger; releases are
 	// written in the background.
-	time.Sleep(1500 * time.Millisecond)
-	x.checkBooks(ctx, "at the end")
+	time.Sleep(restTime)
+	x.checkBooks(ctx)
 }
 
-// booksSQL reads the limiter's state of the torture kinds.
-const booksSQL = `
-SELECT
-    (SELECT count(*) FROM concurrency_executions WHERE kind LIKE 'torture.%'),
-    (SELECT count(*) FROM concurrency_parked_jobs WHERE kind LIKE 'torture.%'),
-    (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases WHERE kind LIKE 'torture.%'),
-    (SELECT count(*) FROM concurrency_starts WHERE kind LIKE 'torture.%' AND reserved),
-    (SELECT count(*) FROM concurrency_key_turns WHERE kind LIKE 'torture.%'),
-    (SELECT COALESCE(string_agg(format('%s admitted %s (recount %s), has_parked %s (recount %s)', l.kind, l.admitted,
-                 c.n, l.has_parked, c.parked), '; '), '')
-     FROM concurrency_limits l
-     CROSS JOIN LATERAL (
-         SELECT (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
-                + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) AS n,
-                EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind
-                        AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')) AS parked
-     ) c
-     WHERE l.kind LIKE 'torture.%' AND (l.admitted <> c.n OR l.has_parked <> c.parked))`
+// restTime is how long after the last job ended the limiter's books must
+// be at rest: every slot released, every lease given back.
+const restTime = 1500 * time.Millisecond
 
-// lineHistorySQL is the history of the slot and waiter rows of the jobs
-// whose slots are left, for diagnosis.
-const lineHistorySQL = `
-SELECT COALESCE(string_agg(format('job %s: %s reserved=%s worker=%s at %s by %s', l.job_id, l.what, l.reserved, l.worker,
-                                  l.at::time, l.query), E'\n' ORDER BY l.id), '')
-FROM public.torture_line l
-WHERE l.job_id IN (SELECT job_id FROM concurrency_executions WHERE kind LIKE 'torture.%')`
-
-// leftoverSQL describes the slot rows and leases left, for diagnosis.
-const leftoverSQL = `
-SELECT COALESCE(string_agg(x, '; '), '') FROM (
-    SELECT format('slot of job %s (%s key %s, worker %s, reserved %s, since %s; the job %s, attempt %s, finalized %s)',
-                  e.job_id, e.kind, e.key, e.worker_id, e.reserved, e.admitted_at::time, j.state, j.attempt, j.finalized_at::time) AS x
-    FROM concurrency_executions e LEFT JOIN river_job j ON j.id = e.job_id
-    WHERE e.kind LIKE 'torture.%'
-    UNION ALL
-    SELECT format('lease of %s slots of %s by %s (renewed %s)', cl.slots, cl.kind, cl.worker_id, cl.renewed_at::time)
-    FROM concurrency_leases cl WHERE cl.kind LIKE 'torture.%' AND cl.slots > 0
-) s`
-
-// checkBooks checks the limiter's books at quiescence: no slot, parking,
-// lease, reservation or turn left, and every limit row's counts equal to
-// a recount.
-func (x *torture) checkBooks(ctx context.Context, when string) {
-	var slots, parked, leased, reserved, turns int64
-	var off string
-	if err := x.pool.QueryRow(ctx, booksSQL).Scan(&slots, &parked, &leased, &reserved, &turns, &off); err != nil {
-		x.t.Fatal(err)
-	}
-	if slots+parked+leased+reserved+turns > 0 {
-		var rows, history string
-		_ = x.pool.QueryRow(ctx, leftoverSQL).Scan(&rows)
-		_ = x.pool.QueryRow(ctx, lineHistorySQL).Scan(&history)
-		rows += "\n" + history
-		x.vs.add("accounting", "%s, nothing runs or waits, yet %d slot rows, %d parked records, %d leased slots, %d reserved starts, %d key turns are left: %s",
-			when, slots, parked, leased, reserved, turns, rows)
-	}
-	if off != "" {
-		x.vs.add("accounting", "%s: counts differ from a recount: %s", when, off)
-	}
-}
-
-// sampleAccounting checks, every 200 ms while the schedule runs, that each
-// torture limit row's admitted count equals its slot rows plus leased slots
-// (they change in the same transactions, so any snapshot must agree).
-func (x *torture) sampleAccounting(ctx context.Context) (stop func()) {
+// sampleAccounting samples, every sampleEvery while the schedule runs,
+// the slots each torture kind's limit row counts (admitted: slot rows and
+// leased slots) at the database's clock; the accounting check compares
+// them with the executions the workers recorded. A sample that fails is a
+// violation: the check must not go blind.
+func (x *torture) sampleAccounting() (stop func()) {
+	ctx := context.Background()
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		tick := time.NewTicker(200 * time.Millisecond)
+		tick := time.NewTicker(sampleEvery)
 		defer tick.Stop()
 		for {
 			select {
@@ -666,46 +536,18 @@ func (x *torture) sampleAccounting(ctx context.Context) (stop func()) {
 				return
 			case <-tick.C:
 			}
-			var off string
-			err := x.pool.QueryRow(ctx, `
-				SELECT COALESCE(string_agg(format('%s admitted %s, recount %s', l.kind, l.admitted, c.n), '; '), '')
-				FROM concurrency_limits l
-				CROSS JOIN LATERAL (SELECT (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
-					+ (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) AS n) c
-				WHERE l.kind LIKE 'torture.%' AND l.admitted <> c.n`).Scan(&off)
+			s, err := readSample(ctx, x.pool)
+			x.mu.Lock()
 			if err != nil {
-				continue
+				x.vs.add("accounting", "a sample failed: %v", err)
+			} else {
+				x.samples = append(x.samples, s)
 			}
-			if off != "" {
-				x.mu.Lock()
-				x.vs.add("accounting", "while running: %s", off)
-				x.mu.Unlock()
-			}
+			x.mu.Unlock()
 		}
 	}()
 	return func() {
 		close(done)
 		<-finished
-	}
-}
-
-// dump logs the record of the first jobs (TORTURE_DUMP=1), for diagnosis.
-func dump(t *testing.T, r *record) {
-	var ids []int64
-	for id := range r.jobs {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	r.indexRuns()
-	for _, id := range ids[:min(len(ids), 12)] {
-		var b strings.Builder
-		fmt.Fprintf(&b, "job %d (%s key %s):", id, r.jobs[id].kind, r.jobs[id].args.Key)
-		for _, c := range r.changes[id] {
-			fmt.Fprintf(&b, " %s %s→%s@%s", c.client, c.from, c.to, c.at.Format("05.000000"))
-		}
-		for _, x := range r.runsOf[id] {
-			fmt.Fprintf(&b, " | run %s %s-%s %s", x.worker, x.start.Format("05.000000"), x.end.Format("05.000000"), x.outcome)
-		}
-		t.Log(b.String())
 	}
 }

@@ -1,0 +1,150 @@
+package torture
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// sampleSQL reads the limiter's count of the torture kinds' slots, all in
+// one snapshot at the database's clock: each limit row's count
+// (admitted), the slot rows and leased slots it stands for, and the slot
+// rows of each key.
+const sampleSQL = `
+SELECT statement_timestamp(),
+       COALESCE((SELECT json_object_agg(kind, admitted) FROM concurrency_limits WHERE kind LIKE 'torture.%'), '{}'),
+       COALESCE((SELECT json_object_agg(kind, n) FROM (
+           SELECT kind, sum(n) AS n FROM (
+               SELECT kind, count(*) AS n FROM concurrency_executions WHERE kind LIKE 'torture.%' GROUP BY kind
+               UNION ALL
+               SELECT kind, sum(slots) FROM concurrency_leases WHERE kind LIKE 'torture.%' GROUP BY kind
+           ) s GROUP BY kind) k), '{}'),
+       COALESCE((SELECT json_object_agg(kind, keys) FROM (
+           SELECT kind, json_object_agg(key, n) AS keys FROM (
+               SELECT kind, key, count(*) AS n FROM concurrency_executions
+               WHERE kind LIKE 'torture.%' AND key IS NOT NULL GROUP BY kind, key
+           ) e GROUP BY kind) k), '{}')`
+
+// readSample reads one accounting sample.
+func readSample(ctx context.Context, pool *pgxpool.Pool) (sample, error) {
+	var s sample
+	var counted, rows, keys []byte
+	if err := pool.QueryRow(ctx, sampleSQL).Scan(&s.at, &counted, &rows, &keys); err != nil {
+		return s, fmt.Errorf("read the slots: %w", err)
+	}
+	for _, x := range []struct {
+		raw []byte
+		to  any
+	}{{counted, &s.counted}, {rows, &s.rows}, {keys, &s.keyRows}} {
+		if err := json.Unmarshal(x.raw, x.to); err != nil {
+			return s, fmt.Errorf("decode the slots: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// checkAccounting: while the schedule runs, the slots the limiter counts
+// (each limit row's admitted, and the slot rows and leased slots it stands
+// for; per key, the key's slot rows) equal the jobs the workers' record
+// shows working, within the stated propagation: never fewer than the runs
+// in progress that surely hold a slot (a slot is taken before its job
+// starts and freed after it ends), and never more than the runs in
+// progress within slotLead before or slotLag after the sample (a grant on
+// its way to its job, a release in the background, an idle leased slot).
+// A worker killed holds its slots until the reaper frees them: its runs
+// ended at the kill, and jobs it had fetched, count as near for
+// rescueTime after it. Every sample of a limited kind is judged.
+func checkAccounting(r *record, vs *violations, cov coverage) {
+	for _, s := range r.samples {
+		for _, kind := range kinds {
+			counted, hasRow := s.counted[kind]
+			rows := s.rows[kind]
+			if !hasRow && rows == 0 {
+				continue
+			}
+			cov.judge("accounting")
+			sure, near := r.slotsAt(kind, "", s.at)
+			for _, c := range []struct {
+				what string
+				n    int
+				ok   bool
+			}{{"its limit row counts", counted, hasRow}, {"slot rows and leased slots stand for", rows, true}} {
+				switch {
+				case !c.ok:
+				case c.n < sure:
+					vs.add("accounting", "%s at %s: %s %d slots, but %d jobs that hold one are working (limits %s)",
+						kind, s.at.Format(time.StampMicro), c.what, c.n, sure, r.limitsAt(kind, s.at))
+				case c.n > near:
+					vs.add("accounting", "%s at %s: %s %d slots, but only %d jobs work within %s before and %s after (limits %s; %s)",
+						kind, s.at.Format(time.StampMicro), c.what, c.n, near, slotLead, slotLag, r.limitsAt(kind, s.at),
+						r.recentLimits(kind, s.at))
+				}
+			}
+			for partition, n := range s.keyRows[kind] {
+				var key string // the partition key is the JSON text of the args' key
+				if json.Unmarshal([]byte(partition), &key) != nil {
+					continue
+				}
+				ksure, knear := r.slotsAt(kind, key, s.at)
+				switch {
+				case n < ksure:
+					vs.add("accounting", "%s key %s at %s: %d slot rows, but %d jobs of the key that hold one are working",
+						kind, key, s.at.Format(time.StampMicro), n, ksure)
+				case n > knear:
+					vs.add("accounting", "%s key %s at %s: %d slot rows, but only %d jobs of the key work within %s before and %s after",
+						kind, key, s.at.Format(time.StampMicro), n, knear, slotLead, slotLag)
+				}
+			}
+		}
+	}
+}
+
+// slotsAt is, for kind (and key, unless ""), the runs in progress at t
+// that surely hold a slot (every limit their start may have followed, and
+// every one since, with a cap), and the runs in progress at some time within
+// slotLag before t and slotLead after it.
+func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
+	for _, x := range r.kindRuns(kind) {
+		if key != "" && x.key != key {
+			continue
+		}
+		end := r.runEnd(x)
+		lag := slotLag
+		if k := r.killedAt(x.worker); !k.IsZero() && !k.After(end) {
+			lag = max(lag, rescueTime) // its slot waits for the reaper
+		}
+		if x.start.Before(t.Add(slotLead)) && end.After(t.Add(-lag)) {
+			near++
+		}
+		if !x.start.Before(t) || !end.After(t) {
+			continue
+		}
+		capped := true
+		for _, l := range r.limitsDuring(kind, x.start, t) {
+			if key != "" {
+				capped = capped && l.keyed() && l.keyCap() != unlimited
+			} else {
+				capped = capped && (l.kindCap() != unlimited || l.keyCap() != unlimited)
+			}
+		}
+		if capped {
+			sure++
+		}
+	}
+	// Jobs fetched by a worker killed within rescueTime before t wait for
+	// the reaper, with whatever slot they were granted.
+	for _, id := range r.kindJobs(kind) {
+		if key != "" && r.jobs[id].args.Key != key {
+			continue
+		}
+		if w, ok := r.waitingAt(id, t); ok && w.how == "fetched" {
+			if k := r.killedAt(w.worker); !k.IsZero() && !k.After(t) && t.Before(k.Add(rescueTime)) {
+				near++
+			}
+		}
+	}
+	return sure, near
+}

@@ -1,0 +1,182 @@
+package torture
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// lookaheadOf is how many jobs beyond what l lets start a resume may make
+// available, per kind and per key: the README's stated lookahead, written
+// here rather than taken from the code (32 per kind under a concurrency
+// limit and no rate; per key the key's limit, at most 32; none under a
+// rate or a breaker).
+func lookaheadOf(l limits) (perKind, perKey int) {
+	switch {
+	case !l.present || l.rateMax > 0 || l.max < 0:
+		return 0, 0
+	case len(l.fields) == 0 && l.max > 0:
+		return kindLookahead, kindLookahead
+	case len(l.fields) > 0 && l.keyMax > 0:
+		return kindLookahead, min(int(l.keyMax), kindLookahead)
+	}
+	return 0, 0
+}
+
+// capPlus is capacity c plus n (unlimited stays unlimited).
+func capPlus(c, n int) int {
+	if c == unlimited {
+		return c
+	}
+	return c + n
+}
+
+// resumeOf reports whether job id's change c made it available again from
+// pending by a resume (not the test's JobRetry).
+func (r *record) isResume(id int64, c change) bool {
+	return c.from == "pending" && c.to == "available" && !r.retriedAt(id, c.at)
+}
+
+// tightened reports whether kind's limits were tightened in [t0, t1]: a
+// limit lowered, set where there was none (a breaker included), a rate
+// made stricter, or the partition changed.
+func (r *record) tightened(kind string, t0, t1 time.Time) bool {
+	ls := r.limitsDuring(kind, t0, t1)
+	for i := 1; i < len(ls); i++ {
+		a, b := ls[i-1], ls[i]
+		switch {
+		case b.kindCap() < a.kindCap(), b.keyCap() < a.keyCap(), !slices.Equal(a.fields, b.fields):
+			return true
+		case b.hasRate() && (!a.hasRate() || b.rateMax < a.rateMax || b.ratePeriod > a.ratePeriod || b.ratePerKey != a.ratePerKey):
+			return true
+		}
+	}
+	return false
+}
+
+// checkHerd: no thundering herd. A job resumed (made available from
+// pending) is not parked again before it runs, unless its kind's limits
+// were tightened meanwhile or the worker that fetched it stopped or died;
+// and at no moment do more resumed jobs of a kind wait unstarted than its
+// limits let start plus the lookahead (per kind, and per key), under a
+// rate too. Jobs resumed under earlier limits (before the last change)
+// wait on, and are not counted against the new ones. Every resume is
+// judged; one when every limit was cleared (nothing holds the job) is
+// exempt.
+func checkHerd(r *record, vs *violations, cov coverage) {
+	type event struct {
+		at  time.Time
+		job int64
+		in  bool
+	}
+	for _, kind := range kinds {
+		var events []event
+		for _, id := range r.kindJobs(kind) {
+			cs := r.changes[id]
+			for i, c := range cs {
+				if !r.isResume(id, c) {
+					continue
+				}
+				if !r.limitsAt(kind, c.at).limited() {
+					continue // every limit cleared: nothing holds it
+				}
+				cov.judge("herd")
+				events = append(events, event{at: c.at, job: id, in: true})
+				// It leaves the resumed set at its next start, or at its next
+				// change other than its fetch.
+				out := r.nextStart(id, c.at)
+				for _, d := range cs[i+1:] {
+					if d.to != "running" && (out.IsZero() || d.at.Before(out)) {
+						out = d.at
+						break
+					}
+				}
+				if !out.IsZero() {
+					events = append(events, event{at: out, job: id})
+				}
+				r.checkReparked(kind, id, c, cs[i+1:], vs)
+			}
+		}
+		sort.Slice(events, func(i, j int) bool {
+			if events[i].at.Equal(events[j].at) {
+				return !events[i].in
+			}
+			return events[i].at.Before(events[j].at)
+		})
+		set := map[int64]time.Time{} // resumed jobs not started yet, and when they were resumed
+		for _, e := range events {
+			if !e.in {
+				delete(set, e.job)
+				continue
+			}
+			set[e.job] = e.at
+			// A resume decides with its limits as committed; a change
+			// within changeWindow may not have reached it.
+			window := r.possible(kind, "", e.at)
+			kindCap, keyCap := 0, 0
+			for _, l := range window {
+				ahead, keyAhead := lookaheadOf(l)
+				kindCap = max(kindCap, capPlus(min(l.kindCap(), kindRateCap(l)), ahead))
+				keyCap = max(keyCap, capPlus(min(l.keyCap(), keyRateCap(l)), keyAhead))
+			}
+			regimeAt := r.lastChange(kind, e.at)
+			n, nKey := 0, 0
+			key := r.jobs[e.job].args.Key
+			for id, at := range set {
+				if at.Before(regimeAt) {
+					continue
+				}
+				n++
+				if r.jobs[id].args.Key == key {
+					nKey++
+				}
+			}
+			if n > kindCap || nKey > keyCap {
+				var who []string
+				for id, at := range set {
+					if !at.Before(regimeAt) {
+						who = append(who, fmt.Sprintf("resumed at %s: %s", at.Format("05.000000"), r.lineAt(id, e.at)))
+					}
+				}
+				slices.Sort(who)
+				vs.add("herd", "%s: %d resumed jobs waiting to start (%d of key %s) at %s, limits and lookahead allow %d (%d per key; limits %s; %s): %s",
+					kind, n, nKey, key, e.at.Format(time.StampMicro), kindCap, keyCap, r.limitsAt(kind, e.at), r.recentLimits(kind, e.at),
+					strings.Join(who, "; "))
+			}
+		}
+	}
+}
+
+// keyRateCap is a per-key rate's starts per window (unlimited: none).
+func keyRateCap(l limits) int {
+	if l.hasRate() && l.ratePerKey {
+		return int(l.rateMax)
+	}
+	return unlimited
+}
+
+// checkReparked reports a job resumed by c that was fetched and parked
+// again (rest: its changes after c) before it ran, but when its kind's
+// limits were tightened meanwhile or the worker that fetched it stopped
+// or died.
+func (r *record) checkReparked(kind string, id int64, c change, rest []change, vs *violations) {
+	if len(rest) < 2 || rest[0].to != "running" || rest[1].from != "running" || rest[1].to != "pending" {
+		return
+	}
+	fetch, park := rest[0], rest[1]
+	if r.startedSince(id, fetch.at, park.at) {
+		return
+	}
+	if r.tightened(kind, c.at, park.at) {
+		return
+	}
+	if gone := r.gone(fetch.client); !gone.IsZero() && !gone.Before(fetch.at.Add(-killTolerance)) &&
+		!park.at.After(gone.Add(rescueTime)) {
+		return
+	}
+	vs.add("herd", "%s: job %d, resumed at %s and fetched by %s at %s, parked again at %s before it ran (limits %s; %s); %s",
+		kind, id, c.at.Format(time.StampMicro), fetch.client, fetch.at.Format(time.StampMicro), park.at.Format(time.StampMicro),
+		r.limitsAt(kind, park.at), r.recentLimits(kind, park.at), r.history(id))
+}

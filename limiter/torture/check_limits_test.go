@@ -1,0 +1,136 @@
+package torture
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// checkLimits: at every start, the executions running (the new one
+// included) are at most what the limits in force let run, per kind and
+// per key. A run started before a lowering may finish; a start within
+// changeWindow of a change may follow the limits before it; a run started
+// while its kind (its key) had no limit took no slot and is not counted.
+// Every start of a kind with a limit in force is judged.
+func checkLimits(r *record, vs *violations, cov coverage) {
+	for _, kind := range kinds {
+		runs := r.kindRuns(kind)
+		for i, x := range runs {
+			window := r.limitsFor(kind, x.worker, x.start)
+			kindCap, keyCap := 0, 0
+			limited := false
+			for _, l := range window {
+				kindCap = max(kindCap, l.kindCap())
+				keyCap = max(keyCap, l.keyCap())
+				limited = limited || l.limited()
+			}
+			if !limited {
+				continue
+			}
+			cov.judge("limit")
+			active, activeKey := 0, 0
+			for _, y := range runs[:i+1] {
+				if !r.runEnd(y).After(x.start) {
+					continue
+				}
+				kindSlot, keySlot := r.heldSlots(kind, y)
+				if kindSlot || y.job == x.job {
+					active++
+				}
+				if y.key == x.key && (keySlot || y.job == x.job) {
+					activeKey++
+				}
+			}
+			if active > kindCap {
+				vs.add("limit", "%s: job %d started at %s with %d running, limit %d (limits %s)",
+					kind, x.job, x.start.Format(time.StampMicro), active, kindCap, r.limitsAt(kind, x.start))
+			}
+			if activeKey > keyCap {
+				vs.add("limit", "%s key %s: job %d started at %s with %d of its key running, limit %d per key (limits %s)",
+					kind, x.key, x.job, x.start.Format(time.StampMicro), activeKey, keyCap, r.limitsAt(kind, x.start))
+			}
+		}
+	}
+}
+
+// heldSlots reports whether run y surely took a slot of its kind and of
+// its key: whether a per-kind (per-key) limit was in force when it started
+// by every limits its start may have followed (a worker may follow the
+// limits before a change for changeWindow after its commit). A run that started with none took no slot, and a
+// limit that appears later does not count it.
+func (r *record) heldSlots(kind string, y run) (kindSlot, keySlot bool) {
+	kindSlot, keySlot = true, true
+	for _, l := range r.limitsFor(kind, y.worker, y.start) {
+		kindSlot = kindSlot && l.kindCap() != unlimited
+		keySlot = keySlot && l.keyCap() != unlimited
+	}
+	return kindSlot, keySlot
+}
+
+// rateSince is when kind's rate limit in force at t was set (unchanged
+// since then).
+func (r *record) rateSince(kind string, t time.Time) time.Time {
+	cur := r.limitsAt(kind, t)
+	since := time.Time{}
+	for _, c := range r.limits[kind] {
+		if c.at.After(t) {
+			break
+		}
+		if !c.limits.rateEqual(cur) {
+			since = time.Time{}
+			continue
+		}
+		if since.IsZero() {
+			since = c.at
+		}
+	}
+	return since
+}
+
+// checkRates: no window of a rate's period less rateJitter holds more
+// starts than the rate, per kind or per key, from changeWindow after the
+// rate was set. A start counts when the worker's own record says the job
+// began: the limiter admits it a moment before (rateJitter). Every start
+// under a rate is judged; one within changeWindow of the rate's setting
+// is exempt.
+func checkRates(r *record, vs *violations, cov coverage) {
+	for _, kind := range kinds {
+		starts := r.kindRuns(kind)
+		sort.SliceStable(starts, func(i, j int) bool { return starts[i].start.Before(starts[j].start) })
+		for i, x := range starts {
+			l := r.limitsAt(kind, x.start)
+			if !l.hasRate() {
+				continue
+			}
+			since := r.rateSince(kind, x.start)
+			from := since.Add(changeWindow)
+			if x.start.Before(from) {
+				cov.exempt("rate", "rate just set")
+				continue
+			}
+			cov.judge("rate")
+			lo := x.start.Add(-l.ratePeriod + rateJitter)
+			if lo.Before(from) {
+				lo = from
+			}
+			var in []string
+			for _, y := range starts[:i+1] {
+				if y.start.After(lo) && (!l.ratePerKey || y.key == x.key) {
+					in = append(in, fmt.Sprintf("job %d attempt %d on %s at %s", y.job, y.attempt, y.worker,
+						y.start.Format("05.000000")))
+				}
+			}
+			if len(in) > int(l.rateMax) {
+				scope := kind
+				if l.ratePerKey {
+					scope += " key " + x.key
+				}
+				vs.add("rate", "%s: %d starts in the %s up to job %d's start at %s, rate %d/%s (set at %s): %s; %s",
+					scope, len(in), x.start.Sub(lo).Round(time.Millisecond), x.job, x.start.Format(time.StampMicro),
+					l.rateMax, l.ratePeriod, since.Format(time.StampMicro), strings.Join(in, "; "),
+					r.eventsBefore(kind, x.start, 3*time.Second))
+			}
+		}
+	}
+}

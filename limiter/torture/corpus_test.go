@@ -1,0 +1,59 @@
+package torture
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// corpusSeed is a seed that once caught a bug, kept as a named regression
+// case. The schedule a seed draws changed when schedules came to be drawn
+// from the seed alone (before, the run's database state drew too), so an
+// old seed no longer replays the run that found its bug; each names the
+// deterministic test that keeps the scenario it described.
+type corpusSeed struct {
+	seed  uint64
+	name  string
+	found string // the bug it caught
+	kept  string // the deterministic test of its scenario
+}
+
+// corpus is every seed that ever caught a bug.
+var corpus = []corpusSeed{
+	{101, "sequence", "a per-key limit of 1 started a key's jobs out of job-id order",
+		"TestTortureSequence, limiter's TestSequenceStartsInOrder"},
+	{200, "rate changed", "a rate changed at runtime did not hold", "TestTortureRateChanged, limiter's TestRateChangedHolds"},
+	{210, "rate set on idle workers", "a rate set while the workers were idle let jobs arriving together run unlimited",
+		"TestTortureRateSetOnIdleWorkers"},
+	{300, "breaker raised", "raising a circuit breaker resumed every parked job at once (a thundering herd)",
+		"TestTortureBreakerRaised, limiter's TestBreakerRaisedResumesOnlyWhatStarts"},
+	{399460107, "grant past a parking", "a grant round passed over a parked job still completing its parking and granted a younger one",
+		"limiter's TestGrantWaitsForAParkingInProgress"},
+	{549611123, "grant under stale limits", "a resumed job granted a slot ran under a worker's copy of the limits that said none, and left its slot taken",
+		"limiter's TestResumedGrantUnderStaleLimits"},
+	{597827123, "hand-over order gap", "a younger job was handed a slot in memory while an older one was on its way to the line",
+		"TestTortureMixedRun (by-fetch order across workers)"},
+	{649938769, "accounting drift", "a limit row counted a slot whose row the safety net deleted while the row was made",
+		"limiter's TestCleanUpWaitsForALimitRowInTheMaking"},
+	{792045795, "accounting drift", "as 649938769", "limiter's TestCleanUpWaitsForALimitRowInTheMaking"},
+	{792045804, "hand-over order gap", "as 597827123", "TestTortureMixedRun (by-fetch order across workers)"},
+	{910, "fairness behind a backlog", "a key arriving while another key's backlog waited in the workers was not fetched for seconds",
+		"TestTortureFairnessBehindABacklog"},
+	{911, "mixed run", "a job of a key started 740 ms after four younger jobs of its key", "TestTortureMixedRun"},
+}
+
+// TestTortureCorpus runs every seed of the corpus with the whole schedule
+// and every check (make torture runs it; TORTURE_CORPUS=1 for go test).
+func TestTortureCorpus(t *testing.T) {
+	if os.Getenv("TORTURE_CORPUS") == "" {
+		t.Skip("the corpus runs under make torture (TORTURE_CORPUS=1)")
+	}
+	total := newTally()
+	for _, c := range corpus {
+		t.Run(fmt.Sprintf("%s/seed=%d", c.name, c.seed), func(t *testing.T) {
+			t.Logf("seed %d found: %s (its scenario: %s)", c.seed, c.found, c.kept)
+			total.add(runSeed(t, c.seed))
+		})
+	}
+	t.Logf("corpus:\n%s", total.summary())
+}
