@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/cli"
+	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/modules/exports"
 )
 
 // RiverCfgArgs is a job of TestRiverConfig: it fails its first Fail
@@ -158,4 +164,142 @@ func TestRiverConfig(t *testing.T) {
 		require.Equal(t, 1, mw.seen[id], "job %d passed the middleware %d times", id, mw.seen[id])
 	}
 	require.Equal(t, 1, mostRunning, "the limit of 1 held")
+}
+
+// TeamArgs is a job of TestRiverConfigInMainsCommands.
+type TeamArgs struct {
+	N int `json:"n"`
+}
+
+func (TeamArgs) Kind() string { return "test.team" }
+
+// tagInserts is a team's insert middleware: it tags every job it inserts.
+type tagInserts struct{ river.MiddlewareDefaults }
+
+func (*tagInserts) InsertMany(ctx context.Context, manyParams []*rivertype.JobInsertParams,
+	doInner func(context.Context) ([]*rivertype.JobInsertResult, error),
+) ([]*rivertype.JobInsertResult, error) {
+	for _, p := range manyParams {
+		p.Tags = append(p.Tags, "team-mw")
+	}
+	return doInner(ctx)
+}
+
+// TestRiverConfigInMainsCommands: every command of a team's binary that
+// inserts jobs (enqueue, schedule trigger, a module's command, run) and the
+// worker's dispatcher build their River client with the team's
+// Config.River: its MaxAttempts is the default of their inserts (an
+// option given, or the kind's own, wins, as River documents), its insert
+// middleware and its hooks see each insert, and its PeriodicJobs (which
+// River runs on the leader only) do not stop run's client, which never
+// leads. A Config.River that changes a field sluice owns is refused there
+// too (exit 1), and nothing is inserted.
+func TestRiverConfigInMainsCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	workers := river.NewWorkers()
+	river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[TeamArgs]) error { return nil }))
+	var mu sync.Mutex
+	hooked := map[string]int{}
+	cfg := testConfig(t, workers, exports.Module(exports.Config{Dir: t.TempDir()}))
+	cfg.HTTPAddr = ""
+	cfg.SchedulePollInterval = 100 * time.Millisecond
+	cfg.River = func(c *river.Config) {
+		c.MaxAttempts = 4
+		c.Middleware = append(c.Middleware, &tagInserts{})
+		c.Hooks = append(c.Hooks, river.HookInsertBeginFunc(func(_ context.Context, p *rivertype.JobInsertParams) error {
+			mu.Lock()
+			hooked[p.Kind]++
+			mu.Unlock()
+			return nil
+		}))
+		c.PeriodicJobs = append(c.PeriodicJobs, river.NewPeriodicJob(river.PeriodicInterval(24*time.Hour),
+			func() (river.JobArgs, *river.InsertOpts) { return TeamArgs{N: 99}, nil }, nil))
+	}
+	pool, err := db.Open(ctx, cfg.DatabaseURL, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	run := func(cfg sluice.Config, args ...string) (int, string, string) {
+		t.Helper()
+		var out, errOut strings.Builder
+		code := cli.Run(ctx, cfg, append([]string{"--database-url", cfg.DatabaseURL}, args...), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	type row struct {
+		Kind        string
+		MaxAttempts int
+		Tags        []string
+	}
+	jobRow := func(id int64) row {
+		t.Helper()
+		var r row
+		require.NoError(t, pool.QueryRow(ctx, `SELECT kind, max_attempts, tags FROM river_job WHERE id = $1`, id).
+			Scan(&r.Kind, &r.MaxAttempts, &r.Tags))
+		return r
+	}
+	jobID := func(s string) int64 {
+		t.Helper()
+		m := regexp.MustCompile(`(?:^|job )(\d+)\b`).FindStringSubmatch(s)
+		require.NotNil(t, m, s)
+		id, err := strconv.ParseInt(m[1], 10, 64)
+		require.NoError(t, err)
+		return id
+	}
+
+	t.Run("enqueue", func(t *testing.T) {
+		code, out, errOut := run(cfg, "enqueue", "test.team", "--args", `{"n": 1}`)
+		require.Equal(t, 0, code, errOut)
+		require.Equal(t, row{"test.team", 4, []string{"team-mw"}}, jobRow(jobID(out)))
+		code, out, errOut = run(cfg, "enqueue", "test.team", "--args", `{"n": 2}`, "--max-attempts", "7")
+		require.Equal(t, 0, code, errOut)
+		require.Equal(t, row{"test.team", 7, []string{"team-mw"}}, jobRow(jobID(out)), "an option given wins")
+	})
+	t.Run("schedule trigger", func(t *testing.T) {
+		code, _, errOut := run(cfg, "schedule", "add", "--name", "team", "--cron", "@yearly", "--kind", "test.team", "--args", `{"n": 3}`)
+		require.Equal(t, 0, code, errOut)
+		code, out, errOut := run(cfg, "schedule", "trigger", "team")
+		require.Equal(t, 0, code, errOut)
+		require.Equal(t, row{"test.team", 4, []string{"team-mw"}}, jobRow(jobID(out)))
+	})
+	t.Run("a module's command", func(t *testing.T) {
+		code, out, errOut := run(cfg, "export", "1")
+		require.Equal(t, 0, code, errOut)
+		m := regexp.MustCompile(`River job (\d+)`).FindStringSubmatch(out)
+		require.NotNil(t, m, out)
+		require.Equal(t, row{"export.project", exports.ExportProjectMaxAttempts, []string{"team-mw"}}, jobRow(jobID("job "+m[1])),
+			"the kind's own MaxAttempts wins")
+	})
+	t.Run("run", func(t *testing.T) {
+		code, out, errOut := run(cfg, "run", "test.team", "--args", `{"n": 4}`)
+		require.Equal(t, 0, code, errOut)
+		require.Equal(t, row{"test.team", 1, []string{"team-mw"}}, jobRow(jobID(out)), "one attempt, as run says")
+	})
+	t.Run("the worker's dispatcher", func(t *testing.T) {
+		declared := cfg
+		declared.Schedules = []sluice.Schedule{{Name: "team-declared", Cron: "@every 1s", Args: TeamArgs{N: 5}}}
+		var dispatched int64
+		runWorkers(t, declared, []string{"team-worker"}, func() bool {
+			return pool.QueryRow(ctx, `SELECT id FROM river_job WHERE kind = 'test.team' AND args->>'n' = '5' ORDER BY id LIMIT 1`).
+				Scan(&dispatched) == nil
+		})
+		require.Equal(t, row{"test.team", 4, []string{"team-mw"}}, jobRow(dispatched))
+	})
+	t.Run("the hook saw each insert", func(t *testing.T) {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'test.team'`).Scan(&n))
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, n, hooked["test.team"])
+		require.Equal(t, 1, hooked["export.project"])
+	})
+
+	// A Config.River that changes a field sluice owns: refused, nothing
+	// inserted.
+	owned := cfg
+	owned.River = func(c *river.Config) { c.Schema = "elsewhere" }
+	before := testdb.Checksum(t, pool, "river_job")
+	code, out, errOut := run(owned, "enqueue", "test.team", "--args", `{"n": 6}`)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, errOut, "Config.River changed River's Schema, which sluice sets: use sluice's Config.RiverSchema (--river-schema)")
+	require.Equal(t, before, testdb.Checksum(t, pool, "river_job"))
 }

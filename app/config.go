@@ -107,15 +107,21 @@ type Config struct {
 	Schedules []scheduler.Declared
 	// River, if set, is your River configuration: sluice calls it on the
 	// river.Config it built for a worker, before the client is created (in
-	// New, and in Main's worker and run). Whatever it sets is used as River
-	// documents it: ErrorHandler, Middleware, Hooks, JobInsertMiddleware,
-	// RetryPolicy, MaxAttempts, the retention periods, PeriodicJobs (run as
-	// River runs them: on the leader, in memory), FetchCooldown,
-	// FetchPollInterval, JobTimeout, Plugins. The fields sluice sets are
-	// checked after the call: a change to Workers, Queues, ID, Schema,
-	// Logger, RescueStuckJobsAfter, LeaderElectionDisabled or TestOnly is
-	// refused before anything runs (New returns the error, Main exits 1),
-	// naming the field and the sluice setting to use. sluice's own worker
+	// New, and in Main's worker and run), and on the config of the client
+	// with which every other command of Main inserts or manages jobs
+	// (enqueue, schedule trigger, limits, jobs, queues, the modules'
+	// commands; that config has no Workers and no Queues), so that its
+	// defaults, insert middleware and hooks apply to every insert of the
+	// program. Whatever it sets is used as River documents it:
+	// ErrorHandler, Middleware, Hooks, JobInsertMiddleware, RetryPolicy,
+	// MaxAttempts, the retention periods, PeriodicJobs (run as River runs
+	// them: on the leader, in memory; run's client, which never leads,
+	// leaves them out), FetchCooldown, FetchPollInterval, JobTimeout,
+	// Plugins. The fields sluice sets are checked after the call: a change
+	// to Workers, Queues, ID, Schema, Logger, RescueStuckJobsAfter,
+	// LeaderElectionDisabled or TestOnly is refused before anything runs
+	// (New returns the error, Main's command exits 1), naming the field and
+	// the sluice setting to use. sluice's own worker
 	// middleware stays outermost: your Middleware and WorkerMiddleware run
 	// inside the limiter, so a job that parks never reaches them and a job
 	// that runs passes through them once (README, "Your River config").

@@ -41,10 +41,11 @@ type Program struct {
 	// worker at start (an operator's change wins until `schedule reset`).
 	Schedules []scheduler.Declared
 	// River, if set, is called on the River config sluice built for a
-	// worker (and for `run`) before the client is created: whatever it sets
-	// is used (ErrorHandler, Middleware, Hooks, RetryPolicy, retention,
-	// PeriodicJobs, …), but a change to a field sluice owns is refused
-	// (configureRiver), and sluice's middleware stays outermost.
+	// worker (and for `run`, and for InsertClient) before the client is
+	// created: whatever it sets is used (ErrorHandler, Middleware, Hooks,
+	// RetryPolicy, MaxAttempts, retention, PeriodicJobs, …), but a change
+	// to a field sluice owns is refused (configureRiver), and sluice's
+	// middleware stays outermost.
 	River func(*river.Config)
 	// TracerProvider makes sluice's spans (nil: the global provider).
 	TracerProvider trace.TracerProvider

@@ -23,14 +23,33 @@ import (
 // Client is the River client type sluice uses.
 type Client = river.Client[pgx.Tx]
 
-// NewInsertClient returns a River client that only inserts and cancels jobs
-// (no queues, no workers), for CLI commands; its inserts are traced on tp
-// (nil: OpenTelemetry's global provider).
+// NewInsertClient returns a River client that inserts and manages jobs but
+// works none, of no program (no Config.River): Program{TracerProvider:
+// tp}.InsertClient(pool, nil), its inserts traced on tp (nil:
+// OpenTelemetry's global provider).
 func NewInsertClient(pool *pgxpool.Pool, tp trace.TracerProvider) (*Client, error) {
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Schema:              db.SchemasOf(pool).River,
-		JobInsertMiddleware: []rivertype.JobInsertMiddleware{tracing.New(tp).InsertMiddleware()},
-	})
+	return Program{TracerProvider: tp}.InsertClient(pool, nil)
+}
+
+// InsertClient returns the program's River client that inserts and manages
+// jobs but works none (no workers, no queues), for the commands of Main
+// other than worker and run (enqueue, schedule trigger, limits, jobs,
+// queues, the modules' commands). Its River config is built as a worker's
+// is (configureRiver): sluice's insert middleware (the insert span, on
+// p.TracerProvider), then p.River, whose change to a field sluice owns is
+// refused; so River's client-level defaults (MaxAttempts), the program's
+// insert middleware and its hooks apply to these inserts as to its own.
+// logger receives River's lines (riverLogger; nil: River's default).
+func (p Program) InsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*Client, error) {
+	cfg := &river.Config{Schema: db.SchemasOf(pool).River}
+	if logger != nil {
+		cfg.Logger = riverLogger(logger)
+	}
+	ins := []rivertype.JobInsertMiddleware{tracing.New(p.TracerProvider).InsertMiddleware()}
+	if err := configureRiver(cfg, p.River, ins, nil); err != nil {
+		return nil, err
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create River client: %w", err)
 	}
@@ -72,6 +91,12 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 	}
 	if err := configureRiver(cfg, opts.configure, j.InsertMiddleware(), j.Middleware()); err != nil {
 		return nil, err
+	}
+	if opts.leaderElectionOff {
+		// River runs periodic jobs on the leader only, and refuses them on
+		// a client that never leads (run's): the program's are its
+		// workers'.
+		cfg.PeriodicJobs = nil
 	}
 	client, err := river.NewClient(driver, cfg)
 	if err != nil {

@@ -84,7 +84,9 @@ type Env struct {
 // CLI is what a module's commands get from the sluice CLI.
 type CLI interface {
 	// OpenClient opens a pool on the database the command line names and
-	// an insert-only River client on it; the caller closes the pool.
+	// the program's River client on it, which inserts and manages jobs but
+	// works none (built with the program's Config.River, as its workers'
+	// client is); the caller closes the pool.
 	OpenClient(cmd *cobra.Command, appName string) (*pgxpool.Pool, *river.Client[pgx.Tx], error)
 }
 

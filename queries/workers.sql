@@ -124,7 +124,11 @@ LIMIT sqlc.arg(max_rows);
 
 -- name: AliveWorkers :many
 -- The workers not yet dead (heartbeat younger than their dead_after), for
--- `migrate down`, which refuses to roll back under them.
-SELECT id, host, pid FROM sluice_workers
-WHERE heartbeat_at > now() - dead_after
-ORDER BY id;
+-- `migrate down`, which refuses to roll back under them, at whatever version
+-- the schema is: it names only the columns sluice_workers has had since it
+-- came (00002), and reads dead_after (00007 on) from the row as it is. A row
+-- without it is alive while its heartbeat is younger than three heartbeat
+-- intervals, the rule of the versions before dead_after.
+SELECT w.id, w.host, w.pid FROM sluice_workers w
+WHERE w.heartbeat_at > now() - COALESCE((to_jsonb(w) ->> 'dead_after')::interval, 3 * w.heartbeat_interval)
+ORDER BY w.id;

@@ -39,7 +39,10 @@ func newEnqueueCmd(g *globals) *cobra.Command {
 		Long: `enqueue inserts one River job for the workers to pick up and prints its id.
 The args are checked against KIND, and every option against River's rules,
 before anything is written; options not given keep the kind's own
-InsertOpts, else River's defaults (queue default, priority 1, 25 attempts).
+InsertOpts, else the program's River config (sluice.Config.River, such as
+its MaxAttempts), else River's defaults (queue default, priority 1, 25
+attempts). The River client is built with the program's River config as a
+worker's is: its insert middleware and hooks see the insert.
 
 --unique-by-args and --unique-period make the insert unique as River's
 UniqueOpts do (ByArgs, ByPeriod), among jobs in River's default unique
@@ -80,7 +83,7 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 	fs.StringVar(&f.args, "args", "{}", "job args as a JSON object")
 	fs.StringVar(&f.queue, "queue", "", "queue to insert into (default: the kind's queue)")
 	fs.IntVar(&f.priority, "priority", 0, "priority from 1 (first) to 4 (last) (default: the kind's, else 1)")
-	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "attempts before the job is discarded, 1 to 32767 (default: the kind's, else 25)")
+	fs.IntVar(&f.maxAttempts, "max-attempts", 0, "attempts before the job is discarded, 1 to 32767 (default: the kind's, else the program's River config's MaxAttempts, else 25)")
 	fs.StringSliceVar(&f.tags, "tags", nil, "tags (River's rule: letters, digits, _ and inner -, 3 to 255 characters)")
 	fs.StringVar(&f.at, "at", "", "run no earlier than this RFC 3339 time")
 	fs.DurationVar(&f.in, "in", 0, "run no earlier than this long from now, such as 90s or 2h")

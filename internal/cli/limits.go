@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
@@ -309,7 +308,7 @@ func openLimiter(g *globals, cmd *cobra.Command) (*limiter.Limiter, *pgxpool.Poo
 		return nil, nil, err
 	}
 	// A change schedules the safety net for the jobs it leaves waiting.
-	client, err := app.NewInsertClient(pool, nil)
+	client, err := g.insertClient(cmd.Context(), pool)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -43,7 +43,10 @@ module's name), or all down to --to N. down --to 0 of sluice first
 rolls back the application's and the modules' migrations. With --river (and
 --to 0) it also removes River's schema, the version tables and sluice's schema
 (unless it holds other objects). It refuses (exit 1) while a worker of the
-database is alive, naming it: stop the workers first, or give --force.
+database is alive, naming it: stop the workers first, or give --force. The
+check holds at every schema version a step leaves: a worker is alive while
+its heartbeat is younger than its dead_after (three heartbeat intervals at
+the versions before sluice_workers had that column).
 
 migrate status lists every migration and whether it is applied.`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -142,7 +145,9 @@ migrate status lists every migration and whether it is applied.`,
 }
 
 // refuseUnderLiveWorkers is the error of a rollback while workers of the
-// database are alive (none when sluice_workers does not exist yet).
+// database are alive (none when sluice_workers does not exist, yet or any
+// more). AliveWorkers reads every version of the table, so that each step of
+// a rollback is checked.
 func refuseUnderLiveWorkers(ctx context.Context, pool *pgxpool.Pool) error {
 	q := db.New(pool)
 	exists, err := q.TableExists(ctx, db.SchemasOf(pool).Sluice+".sluice_workers")

@@ -212,34 +212,43 @@ func (g *globals) openPool(cmd *cobra.Command, appName string) (*pgxpool.Pool, e
 	return app.OpenPool(cmd.Context(), g.databaseURL, appName, g.prog.Schemas)
 }
 
-// OpenClient is openPool plus an insert-only River client on the pool; the
-// modules' commands use it (module.CLI).
+// OpenClient is openPool plus the program's River client on the pool
+// (insertClient); the modules' commands use it (module.CLI).
 func (g *globals) OpenClient(cmd *cobra.Command, appName string) (*pgxpool.Pool, *app.Client, error) {
 	return g.openClient(cmd, appName)
 }
 
-// openClient is openPool plus an insert-only River client on the pool.
+// openClient is openPool plus the program's River client on the pool
+// (insertClient).
 func (g *globals) openClient(cmd *cobra.Command, appName string) (*pgxpool.Pool, *app.Client, error) {
 	pool, err := g.openPool(cmd, appName)
 	if err != nil {
 		return nil, nil, err
 	}
-	logger, err := g.logger(slog.LevelWarn)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	tp, err := g.tracerProvider(cmd.Context(), logger)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	client, err := app.NewInsertClient(pool, tp)
+	client, err := g.insertClient(cmd.Context(), pool)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
 	return pool, client, nil
+}
+
+// insertClient is the River client of every command that inserts or
+// manages jobs without working them: the program's (app.Program.InsertClient),
+// built with its Config.River as a worker's client is, its inserts traced
+// on the command's tracer provider.
+func (g *globals) insertClient(ctx context.Context, pool *pgxpool.Pool) (*app.Client, error) {
+	logger, err := g.cliLogger()
+	if err != nil {
+		return nil, err
+	}
+	tp, err := g.tracerProvider(ctx, logger)
+	if err != nil {
+		return nil, err
+	}
+	prog := g.prog
+	prog.TracerProvider = tp
+	return prog.InsertClient(pool, logger)
 }
 
 // tracerProvider is the tracer provider of the commands that insert or

@@ -10,12 +10,17 @@ import (
 	"github.com/sluice-dev/sluice/app"
 )
 
+// defaultRunTimeout is run's default --timeout: longer than a maintenance
+// run may take by default (maintenance.DefaultTimeout, 30m) plus a slot's
+// wait, and a bound on any wait nothing ends.
+const defaultRunTimeout = time.Hour
+
 func newRunCmd(g *globals) *cobra.Command {
 	var argsJSON string
 	var opts app.RunOptions
 	registry := g.registry
 	cmd := &cobra.Command{
-		Use:   "run KIND [--args JSON]",
+		Use:   "run KIND [--args JSON] [--wait D] [--ignore-limit] [--timeout D]",
 		Short: "Work one job of KIND now, in this process, and print a summary",
 		Long: `run inserts one job of KIND and works it in this process, through the same
 worker code, middleware and locks as a worker (a maintenance kind takes its
@@ -26,6 +31,13 @@ A kind under a concurrency limit takes a slot as a worker's job would: run
 waits up to --wait for one to be free (parked jobs of the kind, being older,
 go first), then gives up with exit 1, deleting the job unrun. --ignore-limit
 runs it without a slot. run never parks a job.
+
+When River skips the insert as the duplicate of a job already there (a kind
+with unique insert options, such as concurrency_limit.resume while one
+waits), run says which job it duplicates and exits 1: that job is a
+worker's to run, not run's. --timeout bounds the whole run (default 1h):
+past it, run cancels the job (or deletes it unrun), says what it was
+waiting for, and exits 1.
 
 Kinds: ` + strings.Join(registry.Names(), ", "),
 		Args: exactArgs(1, "a job KIND"),
@@ -44,6 +56,9 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 			ctx := cmd.Context()
 			if opts.Wait < 0 {
 				return usagef("invalid --wait %s: must not be negative", opts.Wait)
+			}
+			if opts.Timeout <= 0 {
+				return usagef("invalid --timeout %s: want a positive duration such as 10m", opts.Timeout)
 			}
 			cfg, err := g.runConfig(ctx, logger)
 			if err != nil {
@@ -67,6 +82,7 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 	cmd.Flags().StringVar(&argsJSON, "args", "{}", "job args as a JSON object")
 	cmd.Flags().DurationVar(&opts.Wait, "wait", 30*time.Second, "how long to wait for a free slot when KIND has a concurrency limit")
 	cmd.Flags().BoolVar(&opts.IgnoreLimit, "ignore-limit", false, "run without a slot, whatever KIND's concurrency limit")
+	cmd.Flags().DurationVar(&opts.Timeout, "timeout", defaultRunTimeout, "the longest the whole run may take (the slot's wait, the job's work, its snoozes), then the job is cancelled")
 	g.addModuleFlags(cmd.Flags())
 	return cmd
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/scheduler"
@@ -81,15 +79,7 @@ Kinds: ` + strings.Join(registry.Names(), ", ")
 			}),
 		newScheduleNameCmd(g, registry, "trigger", "Insert one run of a schedule now; its cadence is unchanged", triggerLong,
 			func(ctx context.Context, s *scheduler.Store, pool *pgxpool.Pool, out io.Writer, name string) error {
-				logger, err := g.logger(slog.LevelWarn)
-				if err != nil {
-					return err
-				}
-				tp, err := g.tracerProvider(ctx, logger)
-				if err != nil {
-					return err
-				}
-				client, err := app.NewInsertClient(pool, tp)
+				client, err := g.insertClient(ctx, pool)
 				if err != nil {
 					return err
 				}
