@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/demo"
 )
@@ -59,7 +59,7 @@ DROP TABLE greetings;
 	require.NoError(t, err)
 	require.Empty(t, steps, "a second Migrate applies nothing")
 
-	pool, err := db.OpenSchemas(ctx, cfg.DatabaseURL, db.Schemas{Sluice: "jobs"}, 10*time.Second)
+	pool, err := pgkit.OpenSchemas(ctx, cfg.DatabaseURL, pgkit.Schemas{Sluice: "jobs"}, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	where := func(table string) string {

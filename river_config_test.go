@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/cli"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/exports"
 )
@@ -216,7 +216,7 @@ func TestRiverConfigInMainsCommands(t *testing.T) {
 		c.PeriodicJobs = append(c.PeriodicJobs, river.NewPeriodicJob(river.PeriodicInterval(24*time.Hour),
 			func() (river.JobArgs, *river.InsertOpts) { return TeamArgs{N: 99}, nil }, nil))
 	}
-	pool, err := db.Open(ctx, cfg.DatabaseURL, 10*time.Second)
+	pool, err := pgkit.Open(ctx, cfg.DatabaseURL, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	run := func(cfg sluice.Config, args ...string) (int, string, string) {

@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluice-dev/sluice"
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/migrations"
@@ -302,7 +302,7 @@ func TestWorkerStopTimesOut(t *testing.T) {
 // openPool opens a pool of the test's own on url.
 func openPool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

@@ -18,7 +18,7 @@ import (
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/maintenance"
@@ -248,7 +248,7 @@ type Config struct {
 func (c Config) Program() Program {
 	return Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules, Limits: c.Limits,
 		Schedules: c.Schedules, River: c.River, TracerProvider: c.TracerProvider,
-		Schemas: db.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
+		Schemas: pgkit.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
 }
 
 // WithProgram returns c made of p: p's workers, migrations, modules,

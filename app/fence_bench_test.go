@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -30,7 +30,7 @@ func fencePools(b *testing.B) (with, without *pgxpool.Pool) {
 		}
 		config.ConnConfig.RuntimeParams["sluice.worker_id"] = benchWorkerID
 		config.ConnConfig.RuntimeParams["sluice.worker_incarnation"] = "bench"
-		pool, err := db.OpenConfig(ctx, config, url, 10*time.Second)
+		pool, err := pgkit.OpenConfig(ctx, config, url, 10*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}

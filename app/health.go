@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // Health statuses, after the monitoring-plugin convention (Nagios, Icinga,
@@ -141,8 +142,8 @@ func (r *HealthReport) Summary() string {
 // workers and schedules, with sluice's objects in schemas. An unreachable
 // database is a CRITICAL report, not an error; errors are a malformed URL
 // only.
-func CheckHealth(ctx context.Context, databaseURL string, schemas db.Schemas) (*HealthReport, error) {
-	config, err := db.ParseConfig(databaseURL)
+func CheckHealth(ctx context.Context, databaseURL string, schemas pgkit.Schemas) (*HealthReport, error) {
+	config, err := pgkit.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -152,10 +153,10 @@ func CheckHealth(ctx context.Context, databaseURL string, schemas db.Schemas) (*
 	}
 	resolveCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err = db.UseSchemas(resolveCtx, config, databaseURL, schemas)
+	_, err = pgkit.UseSchemas(resolveCtx, config, databaseURL, schemas)
 	var pool *pgxpool.Pool
 	if err == nil {
-		pool, err = db.OpenConfig(ctx, config, databaseURL, 5*time.Second)
+		pool, err = pgkit.OpenConfig(ctx, config, databaseURL, 5*time.Second)
 	}
 	if err != nil {
 		r := &HealthReport{Status: HealthOK, CheckedAt: time.Now().UTC()}

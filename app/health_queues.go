@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // QueuePausedAfterSetting is the dynamic setting (a duration string) past
@@ -58,7 +59,7 @@ func (r *HealthReport) checkQueues(ctx context.Context, dbtx db.DBTX) {
 		r.add("unserved_queues", HealthOK, "none")
 	}
 
-	after, err := db.NewSettings(dbtx).Duration(ctx, QueuePausedAfterSetting, DefaultQueuePausedAfter)
+	after, err := settings.New(dbtx).Duration(ctx, QueuePausedAfterSetting, DefaultQueuePausedAfter)
 	if err != nil {
 		r.add("paused_queues", HealthWarning, "%s", oneLineErr(err))
 		return

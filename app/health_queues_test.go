@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -46,7 +46,7 @@ func TestHealthUnservedQueues(t *testing.T) {
 	pool := openPool(t, url)
 	check := func() (*app.HealthReport, app.HealthCheck) {
 		t.Helper()
-		r, err := app.CheckHealth(ctx, url, db.Schemas{})
+		r, err := app.CheckHealth(ctx, url, pgkit.Schemas{})
 		require.NoError(t, err)
 		return r, queueCheck(t, r, "unserved_queues")
 	}
@@ -113,7 +113,7 @@ func TestHealthPausedQueues(t *testing.T) {
 	pool := openPool(t, url)
 	check := func() (*app.HealthReport, app.HealthCheck) {
 		t.Helper()
-		r, err := app.CheckHealth(ctx, url, db.Schemas{})
+		r, err := app.CheckHealth(ctx, url, pgkit.Schemas{})
 		require.NoError(t, err)
 		return r, queueCheck(t, r, "paused_queues")
 	}

@@ -10,12 +10,12 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/settings"
 	"github.com/sluice-dev/sluice/tracing"
 )
 
@@ -130,7 +130,7 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 		Metrics:     jobMetrics,
 		Tracing:     tr,
 		Env: &module.Env{
-			Pool: pool, Logger: logger, Registerer: reg, Settings: db.NewSettings(pool),
+			Pool: pool, Logger: logger, Registerer: reg, Settings: settings.New(pool),
 			Maintenance: runner, Registry: registry, WorkerID: cfg.WorkerID, JobTimeout: cfg.JobTimeout,
 		},
 		resume: limiter.NewResumeWorker(lim, registry),

@@ -10,7 +10,7 @@ import (
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/migrations"
@@ -32,7 +32,7 @@ type Program struct {
 	// Schemas are where sluice's objects (default schema sluice) and
 	// River's tables (default: where the connection's search_path puts
 	// them) live.
-	Schemas db.Schemas
+	Schemas pgkit.Schemas
 	// Limits are the limits the program declares for its kinds, written by
 	// every worker at start (a limit set by SQL or the CLI wins until
 	// cleared).

@@ -16,11 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // docsDir holds the alerting rules and the dashboard.
@@ -67,7 +67,7 @@ func TestLiveScrapePassesPromtool(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO schedules (name, cron, kind, next_run_at) VALUES ('late', '@hourly', 'demo.sleep', now() - interval '1 hour')`)
 	require.NoError(t, err)
 
-	require.NoError(t, db.NewSettings(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
+	require.NoError(t, settings.New(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
 
 	// The job that ignores its cancellation must not hold up the stop.
 	w, _ := startWorker(t, app.Config{Modules: jobtest.Modules(), DatabaseURL: url, MetricsInterval: time.Second,

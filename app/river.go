@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/tracing"
@@ -41,7 +41,7 @@ func NewInsertClient(pool *pgxpool.Pool, tp trace.TracerProvider) (*Client, erro
 // insert middleware and its hooks apply to these inserts as to its own.
 // logger receives River's lines (riverLogger; nil: River's default).
 func (p Program) InsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*Client, error) {
-	cfg := &river.Config{Schema: db.SchemasOf(pool).River}
+	cfg := &river.Config{Schema: pgkit.SchemasOf(pool).River}
 	if logger != nil {
 		cfg.Logger = riverLogger(logger)
 	}
@@ -81,7 +81,7 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 		FetchPollInterval:      opts.fetchPollInterval,
 		ID:                     opts.id,
 		RescueStuckJobsAfter:   opts.rescueStuckJobsAfter,
-		Schema:                 db.SchemasOf(pool).River,
+		Schema:                 pgkit.SchemasOf(pool).River,
 		JobTimeout:             opts.jobTimeout,
 		LeaderElectionDisabled: opts.leaderElectionOff,
 		Logger:                 riverLogger(logger),
@@ -108,7 +108,9 @@ func newWorkClient(pool *pgxpool.Pool, j *Jobs, logger *slog.Logger, opts client
 
 // WorkDriver is the River driver of a client that works workers on pool:
 // River's pgx driver, with lim deciding the fetched jobs of limited kinds
-// together, in job-id order, right after each fetch (limiter.Driver).
+// together, in job-id order, right after each fetch (limiter.Driver). It
+// starts lim's services (limiter.Limiter.Start): a client built on it works
+// jobs; Limiter.Flush stops them once it stopped.
 func WorkDriver(pool *pgxpool.Pool, lim *limiter.Limiter, workers *river.Workers) (riverdriver.Driver[pgx.Tx], error) {
 	ks, err := kinds.FromWorkers(workers)
 	if err != nil {
@@ -118,6 +120,7 @@ func WorkDriver(pool *pgxpool.Pool, lim *limiter.Limiter, workers *river.Workers
 	for i, k := range ks {
 		names[i] = k.Name
 	}
+	lim.Start(context.Background())
 	return lim.Driver(riverpgxv5.New(pool), names), nil
 }
 

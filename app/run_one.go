@@ -189,7 +189,7 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 			kind, jobID, inserted.Job.Queue)
 	}
 	if !opts.IgnoreLimit {
-		if why, err := reserveRunSlot(ctx, j.Limiter, kind, jobID, opts.Wait); err != nil {
+		if why, err := reserveRunSlot(ctx, j.Limiter, inserted.Job, opts.Wait); err != nil {
 			deleteUnrun(jobID)
 			if why != "" {
 				why = " (" + why + ")"
@@ -288,14 +288,15 @@ func jobWait(row *rivertype.JobRow) string {
 	}
 }
 
-// reserveRunSlot reserves a slot of kind for the job jobID when the kind is
-// limited, trying every runSlotPoll until wait has passed. When it finds
-// none, it returns why the last try found none, with its error.
-func reserveRunSlot(ctx context.Context, lim *limiter.Limiter, kind string, jobID int64, wait time.Duration) (string, error) {
+// reserveRunSlot reserves a slot for job when its kind is limited, trying
+// every runSlotPoll until wait has passed. When it finds none, it returns
+// why the last try found none, with its error.
+func reserveRunSlot(ctx context.Context, lim *limiter.Limiter, job *rivertype.JobRow, wait time.Duration) (string, error) {
 	deadline := time.Now().Add(wait)
 	why := ""
+	kind, jobID := job.Kind, job.ID
 	for {
-		res, err := lim.ReserveSlot(ctx, kind, jobID)
+		res, err := lim.ReserveSlot(ctx, job)
 		if err != nil {
 			return why, err
 		}

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/modules/demo"
@@ -59,7 +59,7 @@ func TestRunOneLimitChangedAfterReservation(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	for _, sql := range []string{
@@ -174,7 +174,7 @@ func TestRunOneTimeout(t *testing.T) {
 // testPool is a pool on url, closed when t ends.
 func testPool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

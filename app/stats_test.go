@@ -12,11 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // TestWorkerStats: /stats serves the stats document, with the
@@ -27,7 +28,7 @@ func TestWorkerStats(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	// The job that ignores its cancellation must not hold up the stop.
@@ -52,7 +53,7 @@ func TestWorkerStats(t *testing.T) {
 	// A job running long after its cancellation, counted by the monitor.
 	id := insert(t, url, demo.SleepArgs{MS: 600_000, IgnoreCancel: true})
 	waitState(t, url, id, "running")
-	require.NoError(t, db.NewSettings(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
+	require.NoError(t, settings.New(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
 	_, err = w.Client().JobCancel(ctx, id)
 	require.NoError(t, err)
 	monitor := insert(t, url, taskcancel.TaskCancellationMonitorArgs{})

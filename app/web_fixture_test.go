@@ -11,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/cibuilds"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
 	"github.com/sluice-dev/sluice/scheduler"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // opsFixture is what startOpsWorker put in the database, through the paths
@@ -54,7 +55,7 @@ func startOpsWorker(t *testing.T, cfg app.Config) *opsFixture {
 	t.Helper()
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	// Limited before the worker starts, so that it knows the limit at once.
@@ -83,7 +84,7 @@ func startOpsWorker(t *testing.T, cfg app.Config) *opsFixture {
 	jobtest.WaitParked(t, pool, f.parked...)
 
 	// Cancelled while running: tracked, then counted by the monitor.
-	require.NoError(t, db.NewSettings(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
+	require.NoError(t, settings.New(pool).Set(ctx, taskcancel.SettingTaskCancellationDurationMillis, 0))
 	_, err = w.Client().JobCancel(ctx, f.cancelled)
 	require.NoError(t, err)
 	waitState(t, url, insert(t, url, taskcancel.TaskCancellationMonitorArgs{}), "completed")

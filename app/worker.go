@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/liveness"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/migrations"
@@ -63,17 +63,17 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 
 	live := liveness.New(liveness.Config{ID: cfg.ID, HeartbeatInterval: cfg.HeartbeatInterval,
 		DeadAfter: cfg.DeadAfter, Logger: cfg.Logger})
-	config, err := db.ParseConfig(cfg.DatabaseURL)
+	config, err := pgkit.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
-	schemas, err := db.UseSchemas(ctx, config, cfg.DatabaseURL, cfg.Program().Schemas)
+	schemas, err := pgkit.UseSchemas(ctx, config, cfg.DatabaseURL, cfg.Program().Schemas)
 	if err != nil {
 		return nil, err
 	}
 	cfg.Schema, cfg.RiverSchema = schemas.Sluice, schemas.River
 	live.ConfigurePool(config)
-	if !db.PoolSizeSet(cfg.DatabaseURL) {
+	if !pgkit.PoolSizeSet(cfg.DatabaseURL) {
 		// Every job may hold a connection (a transaction of its own): the
 		// pool covers the queues' workers plus sluice's own needs. It grows
 		// only as jobs use it.
@@ -81,7 +81,7 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 		for _, n := range cfg.Queues {
 			jobs += n
 		}
-		config.MaxConns = int32(max(db.DefaultMaxConns, jobs+PoolOverhead))
+		config.MaxConns = int32(max(pgkit.DefaultMaxConns, jobs+PoolOverhead))
 	}
 	// The heartbeat and the reaper work on a tiny pool of their own, so
 	// that jobs holding every connection of the main pool cannot make a
@@ -89,11 +89,11 @@ func NewWorker(ctx context.Context, cfg Config) (*Worker, error) {
 	liveConfig := config.Copy()
 	liveConfig.MaxConns = LivenessPoolSize
 	liveConfig.MinConns = 0
-	pool, err := db.OpenConfig(ctx, config, cfg.DatabaseURL, 10*time.Second)
+	pool, err := pgkit.OpenConfig(ctx, config, cfg.DatabaseURL, 10*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	livePool, err := db.OpenConfig(ctx, liveConfig, cfg.DatabaseURL, 10*time.Second)
+	livePool, err := pgkit.OpenConfig(ctx, liveConfig, cfg.DatabaseURL, 10*time.Second)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -276,7 +276,7 @@ func (w *Worker) RunNotify(ctx context.Context, started func()) error {
 	if started != nil {
 		started()
 	}
-	logger.Info("worker started", "worker_id", w.cfg.ID, "database", db.Describe(w.pool.Config()),
+	logger.Info("worker started", "worker_id", w.cfg.ID, "database", pgkit.Describe(w.pool.Config()),
 		"http_addr", w.HTTPAddr(), "http_token", w.cfg.HTTPToken != "",
 		"queues", FormatQueues(servedQueues(w.cfg.Queues, w.cfg.MaintenanceWorkers)))
 
@@ -376,15 +376,15 @@ func flushLimiter(j *Jobs, logger *slog.Logger) {
 
 // OpenPool opens a pool for a sluice process named appName (shown in
 // pg_stat_activity.application_name unless the URL sets one), with the
-// schemas on its search_path (db.UseSchemas).
-func OpenPool(ctx context.Context, databaseURL, appName string, schemas db.Schemas) (*pgxpool.Pool, error) {
-	config, err := db.ParseConfig(databaseURL)
+// schemas on its search_path (pgkit.UseSchemas).
+func OpenPool(ctx context.Context, databaseURL, appName string, schemas pgkit.Schemas) (*pgxpool.Pool, error) {
+	config, err := pgkit.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, err
 	}
 	resolveCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := db.UseSchemas(resolveCtx, config, databaseURL, schemas); err != nil {
+	if _, err := pgkit.UseSchemas(resolveCtx, config, databaseURL, schemas); err != nil {
 		return nil, err
 	}
 	if _, ok := config.ConnConfig.RuntimeParams["application_name"]; !ok && appName != "" {
@@ -393,5 +393,5 @@ func OpenPool(ctx context.Context, databaseURL, appName string, schemas db.Schem
 		}
 		config.ConnConfig.RuntimeParams["application_name"] = appName
 	}
-	return db.OpenConfig(ctx, config, databaseURL, 10*time.Second)
+	return pgkit.OpenConfig(ctx, config, databaseURL, 10*time.Second)
 }

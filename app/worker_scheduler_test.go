@@ -13,14 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
 func openPool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
@@ -116,7 +116,7 @@ func TestHealth(t *testing.T) {
 
 	t.Run("unreachable database is CRITICAL", func(t *testing.T) {
 		t.Parallel()
-		report, err := app.CheckHealth(ctx, "postgres://bob:s3cretpw@127.0.0.1:1/x?connect_timeout=2", db.Schemas{})
+		report, err := app.CheckHealth(ctx, "postgres://bob:s3cretpw@127.0.0.1:1/x?connect_timeout=2", pgkit.Schemas{})
 		require.NoError(t, err)
 		require.Equal(t, app.HealthCritical, report.Status)
 		require.Equal(t, 2, report.ExitCode())
@@ -127,13 +127,13 @@ func TestHealth(t *testing.T) {
 
 	t.Run("malformed URL is an error", func(t *testing.T) {
 		t.Parallel()
-		_, err := app.CheckHealth(ctx, "postgres://x:1:2:3", db.Schemas{})
+		_, err := app.CheckHealth(ctx, "postgres://x:1:2:3", pgkit.Schemas{})
 		require.Error(t, err)
 	})
 
 	t.Run("no worker is CRITICAL", func(t *testing.T) {
 		t.Parallel()
-		report, err := app.CheckHealth(ctx, testdb.New(t), db.Schemas{})
+		report, err := app.CheckHealth(ctx, testdb.New(t), pgkit.Schemas{})
 		require.NoError(t, err)
 		require.Equal(t, app.HealthCritical, report.Status)
 		require.True(t, report.DatabaseReachable)
@@ -151,7 +151,7 @@ func TestHealth(t *testing.T) {
 		}
 		check := func(want string) *app.HealthReport {
 			t.Helper()
-			report, err := app.CheckHealth(ctx, url, db.Schemas{})
+			report, err := app.CheckHealth(ctx, url, pgkit.Schemas{})
 			require.NoError(t, err)
 			require.Equal(t, want, report.Status, "%+v", report.Checks)
 			return report

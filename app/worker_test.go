@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/modules/demo"
@@ -70,7 +70,7 @@ func startWorker(t *testing.T, cfg app.Config) (*app.Worker, func() (error, time
 func insert(t *testing.T, url string, args river.JobArgs) int64 {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	client, err := app.NewInsertClient(pool, nil)
@@ -83,7 +83,7 @@ func insert(t *testing.T, url string, args river.JobArgs) int64 {
 func jobState(t *testing.T, url string, id int64) rivertype.JobState {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	var state string
@@ -147,7 +147,7 @@ func TestWorkerReadyzReportsDatabaseDown(t *testing.T) {
 
 	// Kill every connection of the worker and forbid new ones: the database
 	// is unreachable for it.
-	admin, err := db.Open(context.Background(), testdb.ServerURL(), 10*time.Second)
+	admin, err := pgkit.Open(context.Background(), testdb.ServerURL(), 10*time.Second)
 	require.NoError(t, err)
 	defer admin.Close()
 	dbName := strings.TrimPrefix(urlDatabase(t, url), "/")

@@ -309,22 +309,6 @@ func (q *Queries) ListenLimits(ctx context.Context) error {
 	return err
 }
 
-const lockLimitRowCreation = `-- name: LockLimitRowCreation :exec
-SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || s.kind, 0))
-FROM (SELECT DISTINCT unnest($1::text[]) AS kind ORDER BY 1) AS s
-`
-
-// Serializes, per kind, the creation of a limit row with the release of
-// slots of a kind that has none: a new row counts the slot rows it finds
-// (concurrency_limits_init_counts), and a release that found no row to
-// lock would delete one it counted without lowering the count. Takes a
-// transaction-level advisory lock per kind (key
-// hashtextextended('sluice.limit_row:' || kind, 0)), in kind order.
-func (q *Queries) LockLimitRowCreation(ctx context.Context, kinds []string) error {
-	_, err := q.db.Exec(ctx, lockLimitRowCreation, kinds)
-	return err
-}
-
 const setLimitConfig = `-- name: SetLimitConfig :exec
 UPDATE concurrency_limits
 SET max_concurrency = $1,

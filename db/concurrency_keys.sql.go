@@ -7,96 +7,18 @@ package db
 
 import (
 	"context"
-	"time"
 )
-
-const backfillPartitionKeys = `-- name: BackfillPartitionKeys :exec
-WITH lim AS (
-    SELECT l.partition_fields FROM concurrency_limits l
-    WHERE l.kind = $1 AND l.partition_fields IS NOT NULL
-),
-slots AS (
-    UPDATE concurrency_executions e
-    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-    FROM river_job j
-    WHERE e.kind = $1 AND e.key IS NULL AND j.id = e.job_id AND EXISTS (SELECT 1 FROM lim)
-),
-waiting AS (
-    UPDATE concurrency_waiters w
-    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-    FROM river_job j
-    WHERE w.kind = $1 AND w.key IS NULL AND j.id = w.job_id AND EXISTS (SELECT 1 FROM lim)
-    RETURNING w.key
-),
-parked AS (
-    UPDATE concurrency_parked_jobs p
-    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-    FROM river_job j
-    WHERE p.kind = $1 AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim)
-    RETURNING p.key
-)
-INSERT INTO concurrency_key_turns (kind, key, served_at)
-SELECT DISTINCT $1, k.key, NULL::timestamptz
-FROM (SELECT key FROM waiting UNION SELECT key FROM parked) k
-WHERE k.key IS NOT NULL
-ON CONFLICT (kind, key) DO NOTHING
-`
-
-// Gives the slots, waiting and parked jobs of kind without a key theirs,
-// when the kind has a partition: rows left from before a partition that
-// plain SQL set (the CLI repartitions at once). The safety net runs it.
-func (q *Queries) BackfillPartitionKeys(ctx context.Context, kind string) error {
-	_, err := q.db.Exec(ctx, backfillPartitionKeys, kind)
-	return err
-}
-
-const claimReservedSlots = `-- name: ClaimReservedSlots :exec
-UPDATE concurrency_executions e
-SET reserved = false, worker_id = $1, admitted_at = clock_timestamp()
-WHERE e.job_id = ANY($2::bigint[]) AND e.reserved
-`
-
-type ClaimReservedSlotsParams struct {
-	WorkerID *string `json:"worker_id"`
-	JobIds   []int64 `json:"job_ids"`
-}
-
-// Resumed jobs take their reserved slots as their own.
-func (q *Queries) ClaimReservedSlots(ctx context.Context, arg ClaimReservedSlotsParams) error {
-	_, err := q.db.Exec(ctx, claimReservedSlots, arg.WorkerID, arg.JobIds)
-	return err
-}
-
-const claimReservedStarts = `-- name: ClaimReservedStarts :exec
-UPDATE concurrency_starts s
-SET reserved = false, started_at = clock_timestamp()
-WHERE s.job_id = ANY($1::bigint[]) AND s.reserved
-`
-
-// Granted jobs take their reserved starts as their own, started now.
-func (q *Queries) ClaimReservedStarts(ctx context.Context, jobIds []int64) error {
-	_, err := q.db.Exec(ctx, claimReservedStarts, jobIds)
-	return err
-}
-
-const deleteIdleKeyTurns = `-- name: DeleteIdleKeyTurns :exec
-DELETE FROM concurrency_key_turns t
-WHERE t.kind = $1
-  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = t.kind AND p.key = t.key)
-  AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = t.kind AND w.key = t.key)
-`
-
-// Forgets the turns of kind's keys without waiting jobs: a key that waits
-// again joins the round as a new key.
-func (q *Queries) DeleteIdleKeyTurns(ctx context.Context, kind string) error {
-	_, err := q.db.Exec(ctx, deleteIdleKeyTurns, kind)
-	return err
-}
 
 const deleteReservedStarts = `-- name: DeleteReservedStarts :exec
+
 DELETE FROM concurrency_starts WHERE kind = $1 AND reserved
 `
 
+// Per-key concurrency limits, rate limits and the round across keys
+// (limiter/keys.go, line.go, grant.go). Every statement here runs
+// after LockConcurrencyLimits has locked the kind's limit row, in the same
+// transaction, so they all see and change a kind's keys one transaction at
+// a time across every worker.
 // Drops the starts reserved for granted jobs of kind, whose rate is gone.
 func (q *Queries) DeleteReservedStarts(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, deleteReservedStarts, kind)
@@ -104,12 +26,23 @@ func (q *Queries) DeleteReservedStarts(ctx context.Context, kind string) error {
 }
 
 const deleteStaleStarts = `-- name: DeleteStaleStarts :many
+WITH ran AS (
+    UPDATE concurrency_starts s
+    SET reserved = false
+    WHERE s.kind = $1 AND s.reserved
+      AND EXISTS (SELECT 1 FROM river_job j
+                  WHERE j.id = s.job_id AND j.state IN ('completed', 'retryable', 'discarded'))
+    RETURNING s.job_id
+)
 DELETE FROM concurrency_starts s
 WHERE s.kind = $1
   AND ((NOT s.reserved AND s.started_at < now() - make_interval(secs => $2::bigint / 1000.0))
-       OR (s.reserved AND (s.started_at < now() - make_interval(secs => $3::bigint / 1000.0)
-                           OR NOT EXISTS (SELECT 1 FROM river_job j
-                                          WHERE j.id = s.job_id AND j.state IN ('available', 'running')))))
+       OR (s.reserved AND s.job_id NOT IN (SELECT r.job_id FROM ran r)
+           AND NOT EXISTS (SELECT 1 FROM river_job j
+                           WHERE j.id = s.job_id
+                             AND (j.state = 'running'
+                                  OR (j.state = 'available'
+                                      AND s.started_at > now() - make_interval(secs => $3::bigint / 1000.0))))))
 RETURNING s.job_id
 `
 
@@ -120,8 +53,12 @@ type DeleteStaleStartsParams struct {
 }
 
 // Frees the starts of kind that no window counts any more: those older
-// than keep_ms, and reservations whose job is gone, finished or parked
-// again, or not fetched within reserved_ttl_ms.
+// than keep_ms, and reservations whose job is gone, parked again or
+// cancelled, or not fetched within reserved_ttl_ms. A reservation whose job
+// finished without its worker logging the start is kept as its start; one
+// whose job is running is the job's still (fetched, it claims it when it
+// is decided or starts: as DeleteStaleConcurrencyExecutions keeps a
+// reserved slot).
 func (q *Queries) DeleteStaleStarts(ctx context.Context, arg DeleteStaleStartsParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, deleteStaleStarts, arg.Kind, arg.KeepMs, arg.ReservedTtlMs)
 	if err != nil {
@@ -140,215 +77,4 @@ func (q *Queries) DeleteStaleStarts(ctx context.Context, arg DeleteStaleStartsPa
 		return nil, err
 	}
 	return items, nil
-}
-
-const insertConcurrencyStarts = `-- name: InsertConcurrencyStarts :exec
-INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved)
-SELECT $1, NULLIF(r.key, ''), r.job_id, clock_timestamp(), $2::boolean
-FROM (SELECT unnest($3::bigint[]) AS job_id, unnest($4::text[]) AS key) AS r
-`
-
-type InsertConcurrencyStartsParams struct {
-	Kind     string   `json:"kind"`
-	Reserved bool     `json:"reserved"`
-	JobIds   []int64  `json:"job_ids"`
-	Keys     []string `json:"keys"`
-}
-
-// Logs starts of kind now, by the database's clock (job_ids and keys in
-// step; key ”: none), reserved for granted jobs that have not started yet
-// or not.
-func (q *Queries) InsertConcurrencyStarts(ctx context.Context, arg InsertConcurrencyStartsParams) error {
-	_, err := q.db.Exec(ctx, insertConcurrencyStarts,
-		arg.Kind,
-		arg.Reserved,
-		arg.JobIds,
-		arg.Keys,
-	)
-	return err
-}
-
-const jobPartitionKeys = `-- name: JobPartitionKeys :many
-
-SELECT j.id AS job_id, COALESCE(sluice_partition_key(j.args, $1::text[]), '')::text AS key
-FROM river_job j
-WHERE j.id = ANY($2::bigint[])
-`
-
-type JobPartitionKeysParams struct {
-	Fields []string `json:"fields"`
-	JobIds []int64  `json:"job_ids"`
-}
-
-type JobPartitionKeysRow struct {
-	JobID int64  `json:"job_id"`
-	Key   string `json:"key"`
-}
-
-// Per-key concurrency limits, rate limits and the round across keys
-// (limiter/keys.go, line.go, grant.go). Every statement here runs
-// after LockConcurrencyLimits has locked the kind's limit row, in the same
-// transaction, so they all see and change a kind's keys one transaction at
-// a time across every worker.
-// The partition keys of jobs: the JSON text of their args' fields
-// (sluice_partition_key), computed from the River rows.
-func (q *Queries) JobPartitionKeys(ctx context.Context, arg JobPartitionKeysParams) ([]*JobPartitionKeysRow, error) {
-	rows, err := q.db.Query(ctx, jobPartitionKeys, arg.Fields, arg.JobIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*JobPartitionKeysRow
-	for rows.Next() {
-		var i JobPartitionKeysRow
-		if err := rows.Scan(&i.JobID, &i.Key); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const rateWindow = `-- name: RateWindow :one
-WITH gone AS (
-    DELETE FROM concurrency_starts s
-    WHERE s.kind = $2 AND NOT s.reserved
-      AND s.started_at < statement_timestamp() - make_interval(secs => $1::bigint / 1000.0) - interval '1 second'
-)
-SELECT count(*)::integer AS starts,
-       COALESCE(ceil(extract(epoch FROM min(s.started_at) FILTER (WHERE NOT s.reserved)
-                                        + make_interval(secs => $1::bigint / 1000.0)
-                                        - statement_timestamp()) * 1000),
-                $1::bigint)::bigint AS frees_in_ms
-FROM concurrency_starts s
-WHERE s.kind = $2
-  AND (s.reserved OR s.started_at > statement_timestamp() - make_interval(secs => $1::bigint / 1000.0))
-`
-
-type RateWindowParams struct {
-	PeriodMs int64  `json:"period_ms"`
-	Kind     string `json:"kind"`
-}
-
-type RateWindowRow struct {
-	Starts    int32 `json:"starts"`
-	FreesInMs int64 `json:"frees_in_ms"`
-}
-
-// The kind's starts in the window of period_ms ending now (with those
-// reserved), and in how many ms the window next frees a start: when its
-// oldest start (not reserved) leaves it, or a period from now when every
-// start in it is reserved. Deletes the starts that no window counts any
-// more (older than the period and a second).
-func (q *Queries) RateWindow(ctx context.Context, arg RateWindowParams) (*RateWindowRow, error) {
-	row := q.db.QueryRow(ctx, rateWindow, arg.PeriodMs, arg.Kind)
-	var i RateWindowRow
-	err := row.Scan(&i.Starts, &i.FreesInMs)
-	return &i, err
-}
-
-const repartitionKind = `-- name: RepartitionKind :exec
-WITH lim AS (
-    SELECT l.partition_fields FROM concurrency_limits l WHERE l.kind = $1
-),
-slots AS (
-    UPDATE concurrency_executions e
-    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-    FROM river_job j
-    WHERE e.kind = $1 AND j.id = e.job_id
-),
-waiting AS (
-    UPDATE concurrency_waiters w
-    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-    FROM river_job j
-    WHERE w.kind = $1 AND j.id = w.job_id
-    RETURNING w.key
-),
-parked AS (
-    UPDATE concurrency_parked_jobs p
-    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
-    FROM river_job j
-    WHERE p.kind = $1 AND j.id = p.job_id
-    RETURNING p.key
-),
-turns AS (
-    DELETE FROM concurrency_key_turns t WHERE t.kind = $1
-)
-INSERT INTO concurrency_key_turns (kind, key, served_at)
-SELECT DISTINCT $1, k.key, NULL::timestamptz
-FROM (SELECT key FROM waiting UNION SELECT key FROM parked) k
-WHERE k.key IS NOT NULL
-ON CONFLICT (kind, key) DO UPDATE SET served_at = NULL
-`
-
-// Sets the keys of kind's slots, waiting and parked jobs from their River
-// rows and the kind's partition_fields (NULL: none), after the partition
-// changed, and starts the round afresh: every key with waiting jobs, not
-// served yet.
-func (q *Queries) RepartitionKind(ctx context.Context, kind string) error {
-	_, err := q.db.Exec(ctx, repartitionKind, kind)
-	return err
-}
-
-const resumeJobsByID = `-- name: ResumeJobsByID :many
-UPDATE river_job j
-SET state = 'available'
-WHERE j.id IN (
-    SELECT r.id FROM river_job r
-    WHERE r.id = ANY($1::bigint[]) AND r.state = 'pending'
-    ORDER BY r.id
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING j.id, j.queue
-`
-
-type ResumeJobsByIDRow struct {
-	ID    int64  `json:"id"`
-	Queue string `json:"queue"`
-}
-
-// Makes the parked jobs ids available again (those still pending and not
-// held by another transaction), and returns them. Their parking records go
-// with them (trigger sluice_unpark).
-func (q *Queries) ResumeJobsByID(ctx context.Context, ids []int64) ([]*ResumeJobsByIDRow, error) {
-	rows, err := q.db.Query(ctx, resumeJobsByID, ids)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*ResumeJobsByIDRow
-	for rows.Next() {
-		var i ResumeJobsByIDRow
-		if err := rows.Scan(&i.ID, &i.Queue); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const upsertKeyTurns = `-- name: UpsertKeyTurns :exec
-INSERT INTO concurrency_key_turns (kind, key, served_at)
-SELECT $1, r.key, r.served_at
-FROM (SELECT unnest($2::text[]) AS key, unnest($3::timestamptz[]) AS served_at) AS r
-ON CONFLICT (kind, key) DO UPDATE SET served_at = EXCLUDED.served_at
-`
-
-type UpsertKeyTurnsParams struct {
-	Kind      string      `json:"kind"`
-	Keys      []string    `json:"keys"`
-	ServedAts []time.Time `json:"served_ats"`
-}
-
-// Records when keys of kind were served by a resume (keys and served_ats in
-// step).
-func (q *Queries) UpsertKeyTurns(ctx context.Context, arg UpsertKeyTurnsParams) error {
-	_, err := q.db.Exec(ctx, upsertKeyTurns, arg.Kind, arg.Keys, arg.ServedAts)
-	return err
 }

@@ -85,69 +85,8 @@ func (q *Queries) DeleteWorkerLeases(ctx context.Context, workerID string) ([]*D
 	return items, nil
 }
 
-const grantLease = `-- name: GrantLease :one
-WITH lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked,
-           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL) AS keyed
-    FROM concurrency_limits l
-    WHERE l.kind = $1
-    FOR UPDATE
-),
-g AS (
-    SELECT CASE
-               WHEN lim.max_concurrency <= 0 OR lim.has_parked OR lim.keyed THEN 0
-               ELSE LEAST($2::integer, GREATEST(lim.max_concurrency - lim.admitted, 0))
-           END AS n
-    FROM lim
-),
-leased AS (
-    INSERT INTO concurrency_leases AS cl (kind, worker_id, slots, wanted_at, renewed_at)
-    SELECT $1, $3::text, g.n,
-           CASE WHEN g.n < $2::integer THEN now() END, now()
-    FROM g
-    ON CONFLICT (kind, worker_id) DO UPDATE
-    SET slots = cl.slots + EXCLUDED.slots,
-        wanted_at = COALESCE(EXCLUDED.wanted_at, cl.wanted_at),
-        renewed_at = now()
-    RETURNING cl.slots
-),
-counted AS (
-    UPDATE concurrency_limits l
-    SET admitted = l.admitted + g.n
-    FROM g
-    WHERE l.kind = $1 AND g.n > 0
-    RETURNING l.kind
-)
-SELECT g.n::integer AS granted, lim.max_concurrency, (lim.has_parked OR lim.keyed)::boolean AS has_parked
-FROM g, lim
-`
-
-type GrantLeaseParams struct {
-	Kind     string `json:"kind"`
-	Want     int32  `json:"want"`
-	WorkerID string `json:"worker_id"`
-}
-
-type GrantLeaseRow struct {
-	Granted        int32 `json:"granted"`
-	MaxConcurrency int32 `json:"max_concurrency"`
-	HasParked      bool  `json:"has_parked"`
-}
-
-// Leases up to want more slots of kind to worker_id, as many as are free,
-// none while jobs of the kind are parked (they go first), the limit is not
-// positive, or the kind has a per-key or rate limit (reported as parked:
-// its jobs go through the keyed admission). A worker that gets fewer than
-// it asked for is marked as wanting, which makes the other holders keep to
-// a fair share. Returns the slots granted and the kind's state.
-func (q *Queries) GrantLease(ctx context.Context, arg GrantLeaseParams) (*GrantLeaseRow, error) {
-	row := q.db.QueryRow(ctx, grantLease, arg.Kind, arg.Want, arg.WorkerID)
-	var i GrantLeaseRow
-	err := row.Scan(&i.Granted, &i.MaxConcurrency, &i.HasParked)
-	return &i, err
-}
-
 const leaseState = `-- name: LeaseState :one
+
 SELECT l.max_concurrency, l.admitted, l.has_parked,
        (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
        COALESCE((SELECT cl.slots FROM concurrency_leases cl
@@ -167,15 +106,21 @@ type LeaseStateParams struct {
 }
 
 type LeaseStateRow struct {
-	MaxConcurrency int32 `json:"max_concurrency"`
-	Admitted       int32 `json:"admitted"`
-	HasParked      bool  `json:"has_parked"`
-	Keyed          bool  `json:"keyed"`
-	Own            int32 `json:"own"`
-	HasReserved    bool  `json:"has_reserved"`
-	Others         int32 `json:"others"`
+	MaxConcurrency int32  `json:"max_concurrency"`
+	Admitted       *int32 `json:"admitted"`
+	HasParked      bool   `json:"has_parked"`
+	Keyed          bool   `json:"keyed"`
+	Own            int32  `json:"own"`
+	HasReserved    bool   `json:"has_reserved"`
+	Others         int32  `json:"others"`
 }
 
+// Slot leases: the fast path of concurrency limits. A worker takes slots of
+// a kind in bulk (GrantLease), runs its jobs of the kind within them, hands
+// a freed slot to its next waiting job in memory, and gives back what it no
+// longer needs (ReturnLease). Every statement that changes a lease locks the
+// kind's limit row first, as admission does, and keeps its admitted count
+// equal to the slot rows plus the leased slots.
 // The state of kind as a lease holder sees it, without locking: the limit,
 // the slots taken, whether jobs are parked or slots reserved, the slots
 // this worker's lease holds, and how many other workers hold slots of the
@@ -194,59 +139,6 @@ func (q *Queries) LeaseState(ctx context.Context, arg LeaseStateParams) (*LeaseS
 		&i.Others,
 	)
 	return &i, err
-}
-
-const limitStates = `-- name: LimitStates :many
-
-SELECT l.kind, l.max_concurrency, l.has_parked,
-       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
-       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed
-FROM concurrency_limits l
-ORDER BY l.kind
-`
-
-type LimitStatesRow struct {
-	Kind           string `json:"kind"`
-	MaxConcurrency int32  `json:"max_concurrency"`
-	HasParked      bool   `json:"has_parked"`
-	HasReserved    bool   `json:"has_reserved"`
-	Keyed          bool   `json:"keyed"`
-}
-
-// Slot leases: the fast path of concurrency limits. A worker takes slots of
-// a kind in bulk (GrantLease), runs its jobs of the kind within them, hands
-// a freed slot to its next waiting job in memory, and gives back what it no
-// longer needs (ReturnLease). Every statement that changes a lease locks the
-// kind's limit row first, as admission does, and keeps its admitted count
-// equal to the slot rows plus the leased slots.
-// Every limit row with what decides the fast path: whether jobs are parked
-// (they go first), whether slots are reserved for resumed jobs (those
-// claim them through admission), and whether the kind has a per-key or
-// rate limit (keyed: every job goes through the keyed admission).
-func (q *Queries) LimitStates(ctx context.Context) ([]*LimitStatesRow, error) {
-	rows, err := q.db.Query(ctx, limitStates)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []*LimitStatesRow
-	for rows.Next() {
-		var i LimitStatesRow
-		if err := rows.Scan(
-			&i.Kind,
-			&i.MaxConcurrency,
-			&i.HasParked,
-			&i.HasReserved,
-			&i.Keyed,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, &i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const renewLease = `-- name: RenewLease :one

@@ -114,6 +114,10 @@ func (q *Queries) DeleteDeadWorker(ctx context.Context, arg DeleteDeadWorkerPara
 }
 
 const deleteWorkerSlots = `-- name: DeleteWorkerSlots :many
+WITH starts AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = ANY($1::bigint[]) AND s.reserved
+)
 DELETE FROM concurrency_executions e
 WHERE e.job_id = ANY($1::bigint[]) OR e.worker_id = $2::text
 RETURNING e.job_id, e.kind
@@ -130,7 +134,8 @@ type DeleteWorkerSlotsRow struct {
 }
 
 // Frees the slots held by jobs job_ids (rescued from a dead worker) and any
-// other slot recorded for that worker.
+// other slot recorded for that worker, and the starts reserved for those
+// jobs (a grant they had not claimed goes whole).
 func (q *Queries) DeleteWorkerSlots(ctx context.Context, arg DeleteWorkerSlotsParams) ([]*DeleteWorkerSlotsRow, error) {
 	rows, err := q.db.Query(ctx, deleteWorkerSlots, arg.JobIds, arg.WorkerID)
 	if err != nil {
@@ -436,38 +441,6 @@ ORDER BY 1
 // leases, to lock their limit rows before the jobs.
 func (q *Queries) WorkerJobKinds(ctx context.Context, workerID string) ([]string, error) {
 	rows, err := q.db.Query(ctx, workerJobKinds, workerID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []string
-	for rows.Next() {
-		var kind string
-		if err := rows.Scan(&kind); err != nil {
-			return nil, err
-		}
-		items = append(items, kind)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const workerSlotKinds = `-- name: WorkerSlotKinds :many
-SELECT DISTINCT e.kind FROM concurrency_executions e
-WHERE e.job_id = ANY($1::bigint[]) OR e.worker_id = $2::text
-ORDER BY e.kind
-`
-
-type WorkerSlotKindsParams struct {
-	JobIds   []int64 `json:"job_ids"`
-	WorkerID string  `json:"worker_id"`
-}
-
-// The kinds of the slots held by jobs job_ids or recorded for worker_id.
-func (q *Queries) WorkerSlotKinds(ctx context.Context, arg WorkerSlotKindsParams) ([]string, error) {
-	rows, err := q.db.Query(ctx, workerSlotKinds, arg.JobIds, arg.WorkerID)
 	if err != nil {
 		return nil, err
 	}

@@ -100,9 +100,12 @@ type ConcurrencyKey struct {
 	StartsInWindow  int64       `json:"starts_in_window"`
 }
 
-type ConcurrencyKeyTurn struct {
+// One row per key of a partitioned kind with slots or waiting jobs: its slot count, whether jobs of it wait, and its turn in the round across keys (its lock under per-key limits alone).
+type ConcurrencyKeyLine struct {
 	Kind     string     `json:"kind"`
 	Key      string     `json:"key"`
+	Slots    int32      `json:"slots"`
+	Waiting  bool       `json:"waiting"`
 	ServedAt *time.Time `json:"served_at"`
 }
 
@@ -120,7 +123,7 @@ type ConcurrencyLease struct {
 type ConcurrencyLimit struct {
 	Kind            string          `json:"kind"`
 	MaxConcurrency  int32           `json:"max_concurrency"`
-	Admitted        int32           `json:"admitted"`
+	Admitted        *int32          `json:"admitted"`
 	UpdatedAt       time.Time       `json:"updated_at"`
 	HasParked       bool            `json:"has_parked"`
 	PartitionFields []string        `json:"partition_fields"`

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/proc"
 )
 
@@ -32,7 +32,7 @@ type harness struct {
 // newHarness opens a pool on the test's database url.
 func newHarness(t *testing.T, url string) *harness {
 	t.Helper()
-	pool, err := db.Open(context.Background(), withParam(url, "pool_max_conns", "4"), 30*time.Second)
+	pool, err := pgkit.Open(context.Background(), withParam(url, "pool_max_conns", "4"), 30*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return &harness{t: t, url: url, pool: pool}

@@ -19,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/demo"
@@ -141,7 +141,7 @@ func riverNoop(b *testing.B, pool *pgxpool.Pool) float64 {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, noopWorker{})
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Schema:            db.SchemasOf(pool).River,
+		Schema:            pgkit.SchemasOf(pool).River,
 		FetchCooldown:     app.DefaultFetchCooldown,
 		FetchPollInterval: app.DefaultFetchPollInterval,
 		Logger:            slog.New(slog.DiscardHandler),

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/pgcluster"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/proc"
 )
 
@@ -41,7 +41,7 @@ func TestPostgresRestartDuringAdmission(t *testing.T) {
 
 	ctx := context.Background()
 	cluster := pgcluster.New(t)
-	admin, err := db.Open(ctx, cluster.URL("postgres"), 30*time.Second)
+	admin, err := pgkit.Open(ctx, cluster.URL("postgres"), 30*time.Second)
 	require.NoError(t, err)
 	_, err = admin.Exec(ctx, "CREATE DATABASE sluice")
 	admin.Close()

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -31,7 +31,7 @@ func TestPgScriptCreatesDatabase(t *testing.T) {
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "scripts", "pg.sh")
 	ctx := context.Background()
-	admin, err := db.Open(ctx, testdb.ServerURL(), 10*time.Second)
+	admin, err := pgkit.Open(ctx, testdb.ServerURL(), 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -47,7 +47,7 @@ func TestPgScriptCreatesDatabase(t *testing.T) {
 			})
 			url := testdb.WithDatabase(testdb.ServerURL(), name)
 			if form == "kv" {
-				cfg, err := db.ParseConfig(testdb.ServerURL())
+				cfg, err := pgkit.ParseConfig(testdb.ServerURL())
 				require.NoError(t, err)
 				url = "host=" + cfg.ConnConfig.Host + " port=" + strconv.Itoa(int(cfg.ConnConfig.Port)) + " user=" + cfg.ConnConfig.User + " dbname=" + name + " sslmode=disable"
 			}

@@ -28,10 +28,14 @@ func BenchmarkConcurrencyLimitOverhead(b *testing.B) {
 	pool := testdb.NewPool(b)
 	ctx := context.Background()
 	q := db.New(pool)
+	setter, err := limiter.New(limiter.Config{Pool: pool})
+	if err != nil {
+		b.Fatal(err)
+	}
 	for range b.N {
 		var limited, unlimited []float64
 		for range 5 {
-			if _, err := q.ClearConcurrencyLimit(ctx, "demo.sleep"); err != nil {
+			if _, err := setter.ClearLimits(ctx, "demo.sleep", limiter.Facets{}); err != nil {
 				b.Fatal(err)
 			}
 			unlimited = append(unlimited, jobtest.NoopThroughput(b, pool, n, benchConfig))
@@ -60,10 +64,14 @@ func BenchmarkConcurrencyLimitBinding(b *testing.B) {
 	pool := testdb.NewPool(b)
 	ctx := context.Background()
 	q := db.New(pool)
+	setter, err := limiter.New(limiter.Config{Pool: pool})
+	if err != nil {
+		b.Fatal(err)
+	}
 	for range b.N {
 		var limited, unlimited, fetches []float64
 		for range 3 {
-			if _, err := q.ClearConcurrencyLimit(ctx, "demo.sleep"); err != nil {
+			if _, err := setter.ClearLimits(ctx, "demo.sleep", limiter.Facets{}); err != nil {
 				b.Fatal(err)
 			}
 			unlimited = append(unlimited, jobtest.NoopThroughputOn(b, pool, n, 2, benchConfig).JobsPerSecond)

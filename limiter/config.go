@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
 )
 
 // Limit bounds.
@@ -404,20 +405,19 @@ func (l *Limiter) applyDeclared(ctx context.Context, lim Limit, record bool) err
 	})
 }
 
-// changeLimits changes kind's limits in one transaction: it locks (or
-// creates) the kind's limit row, lets change edit the limits (decl: the
-// limits the program declares for kind, nil: none), writes them, sets the
-// keys of the kind's slots and waiting jobs again when the partition
-// changed, and then: with no limit left, lets every job of the line go
-// (and removes the row once nothing of the kind is held); else takes back
-// the grants a lowered limit or a breaker no longer allows, and runs a
-// grant round, which resumes only what the new limits let start (each with
-// a reserved slot), plus the lookahead. declare, when given, is recorded
-// as the kind's declaration first (a worker writing its declared limits).
+// changeLimits changes kind's limits in one ledger transaction
+// (ledger.Change, which holds the kind's lock): it records declare, when
+// given, as the kind's declaration (a worker writing its declared limits),
+// makes sure the kind has a limit row, lets change edit the limits (decl:
+// the limits the program declares for kind, nil: none) and writes them;
+// the ledger then sets the keys of the kind's slots and waiting jobs again
+// when the partition changed, and lets the line go (no limit left) or
+// gives the new room to its front. The safety net is scheduled in the same
+// transaction while jobs of the kind still wait.
 func (l *Limiter) changeLimits(ctx context.Context, kind, source string, declare *Limit,
 	change func(c *limitConfig, decl *db.LimitDeclarationRow) error) error {
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-		q := db.New(db.CustomPlans(tx))
+	edit := func(tx *ledger.Tx) error {
+		ctx, q := tx.Context(), tx.Queries()
 		if err := q.SetLimitSource(ctx, source); err != nil {
 			return fmt.Errorf("limit source: %w", err)
 		}
@@ -426,14 +426,8 @@ func (l *Limiter) changeLimits(ctx context.Context, kind, source string, declare
 				return fmt.Errorf("record the declared limits: %w", err)
 			}
 		}
-		if err := q.LockLimitRowCreation(ctx, []string{kind}); err != nil {
-			return fmt.Errorf("limit row: %w", err)
-		}
 		if err := q.EnsureLimitRow(ctx, kind); err != nil {
 			return fmt.Errorf("limit row: %w", err)
-		}
-		if _, err := lockKinds(ctx, q, []string{kind}); err != nil {
-			return err
 		}
 		row, err := q.LimitConfig(ctx, kind)
 		if err != nil {
@@ -447,110 +441,46 @@ func (l *Limiter) changeLimits(ctx context.Context, kind, source string, declare
 			return fmt.Errorf("read the declared limits: %w", err)
 		}
 		cfg := configOf(row)
-		before := slices.Clone(cfg.fields)
 		if err := change(&cfg, decl); err != nil {
 			return err
 		}
 		if err := q.SetLimitConfig(ctx, cfg.params(kind)); err != nil {
 			return fmt.Errorf("write the limits: %w", err)
 		}
-		if !slices.Equal(before, cfg.fields) {
-			if err := q.RepartitionKind(ctx, kind); err != nil {
-				return fmt.Errorf("set the keys of waiting jobs: %w", err)
-			}
+		return nil
+	}
+	then := func(tx *ledger.Tx, lim ledger.Limits) error {
+		if lim.Regime() == ledger.Unlimited {
+			return nil
 		}
-		counts, err := lockKinds(ctx, q, []string{kind})
-		if err != nil {
-			return err
-		}
-		c := counts[kind]
-		if c.unlimited() {
-			return l.liftLimits(ctx, q, kind, c)
-		}
-		// Grants the new limits no longer allow go back: their jobs wait
-		// in the line again.
-		excess := int32(0)
-		switch {
-		case c.limit < 0:
-			excess = c.taken
-		case c.limit > 0 && c.taken > c.limit:
-			excess = c.taken - c.limit
-		}
-		if excess > 0 {
-			revoked, err := q.RevokeGrants(ctx, db.RevokeGrantsParams{Kind: kind, N: excess})
-			if err != nil {
-				return fmt.Errorf("take back grants: %w", err)
-			}
-			c.taken -= int32(len(revoked))
-			c.dAdmit -= int32(len(revoked))
-		}
-		has, err := q.HasKindLine(ctx, kind)
-		if err != nil {
-			return fmt.Errorf("look at the line: %w", err)
-		}
-		c.setHasParked(has)
-		c.dirty = true
-		if _, err := l.grantRound(ctx, q, kind, c, nil, nil, nil); err != nil {
-			return err
-		}
-		if err := saveCounts(ctx, q, counts); err != nil {
-			return err
-		}
-		return l.scheduleSafetyNet(ctx, tx, kind)
-	})
+		return l.scheduleSafetyNet(tx, kind)
+	}
+	g, err := l.ledger.Change(ctx, kind, edit, then)
 	if err != nil {
 		if errors.Is(err, ErrInvalidLimit) {
 			return err
 		}
 		return fmt.Errorf("change the limits of %s: %w", kind, err)
 	}
+	l.granted(g)
 	return nil
 }
 
-// scheduleSafetyNet inserts concurrency_limit.resume for kind in tx while
-// jobs of its line still wait (one at a time: the job is unique by args
-// until it ends), when the limiter has a River client.
-func (l *Limiter) scheduleSafetyNet(ctx context.Context, tx pgx.Tx, kind string) error {
+// scheduleSafetyNet inserts concurrency_limit.resume for kind in the
+// change's transaction while jobs of its line still wait (one at a time:
+// the job is unique by args until it ends), when the limiter has a River
+// client.
+func (l *Limiter) scheduleSafetyNet(tx *ledger.Tx, kind string) error {
 	client := l.client.Load()
 	if client == nil {
 		return nil
 	}
-	waiting, err := db.New(db.CustomPlans(tx)).HasAnyLine(ctx, kind)
-	if err != nil {
-		return fmt.Errorf("look at the line: %w", err)
-	}
-	if !waiting {
-		return nil
-	}
-	if _, err := client.InsertTx(ctx, tx, ResumeArgs{JobKind: kind}, nil); err != nil {
-		return fmt.Errorf("schedule %s: %w", ResumeKind, err)
-	}
-	return nil
-}
-
-// liftLimits handles a kind left without limits (c locked): every job of
-// its line goes, oldest first, its leases go (workers find them gone and
-// stop using them), and its row goes once nothing of the kind is held or
-// waits (slot rows of running jobs keep it, limitless, until they end: the
-// safety net removes it then).
-func (l *Limiter) liftLimits(ctx context.Context, q *db.Queries, kind string, c *kindCounts) error {
-	if _, err := l.letGo(ctx, q, kind); err != nil {
+	waiting, err := tx.LineLeft(kind)
+	if err != nil || !waiting {
 		return err
 	}
-	if err := q.DeleteLimitLeases(ctx, kind); err != nil {
-		return fmt.Errorf("drop the leases: %w", err)
-	}
-	if err := q.DeleteReservedStarts(ctx, kind); err != nil {
-		return fmt.Errorf("drop the reserved starts: %w", err)
-	}
-	if err := q.DeleteReservedSlots(ctx, kind); err != nil {
-		return fmt.Errorf("drop the reserved slots: %w", err)
-	}
-	if err := q.RecountConcurrency(ctx, kind); err != nil {
-		return fmt.Errorf("recount: %w", err)
-	}
-	if _, err := q.DeleteEmptyLimit(ctx, kind); err != nil {
-		return fmt.Errorf("remove the limit row: %w", err)
+	if _, err := client.InsertTx(tx.Context(), tx.Pgx(), ResumeArgs{JobKind: kind}, nil); err != nil {
+		return fmt.Errorf("schedule %s: %w", ResumeKind, err)
 	}
 	return nil
 }

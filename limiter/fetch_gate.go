@@ -8,11 +8,16 @@ import (
 	"github.com/riverqueue/river/riverdriver"
 )
 
-// MaxFetchedWaiting is how many fetched jobs may wait in one worker for
-// their turn in the line: while jobs wait, a fetch takes at most the
-// difference (at least one job), and while that many wait it waits until
-// fewer do. A worker with no job waiting fetches as River asks.
-const MaxFetchedWaiting = 256
+// Fetch gate bounds.
+const (
+	// MaxFetchedWaiting is how many fetched jobs may wait in one worker for
+	// their turn: while jobs wait, a fetch takes at most the difference (at
+	// least one job), and while that many wait it waits until fewer do. A
+	// worker with no job waiting fetches as River asks.
+	MaxFetchedWaiting = 256
+	// gatePoll is how often a fetch held by the gate looks again.
+	gatePoll = 5 * time.Millisecond
+)
 
 // fetchGate keeps a worker from fetching more jobs than can start soon
 // while jobs of limited kinds wait in it for their turn. River fetches up
@@ -36,14 +41,14 @@ type fetchGate struct {
 // do, ctx ends, or at the latest the park-after time: they park by then),
 // and returns params with MaxToLock cut to the room left while jobs wait.
 func (g *fetchGate) admit(ctx context.Context, params *riverdriver.JobGetAvailableParams) *riverdriver.JobGetAvailableParams {
-	ws := &g.l.waits
-	if ws.count() >= MaxFetchedWaiting {
-		deadline := time.NewTimer(g.l.parkAfter + LinePoll)
+	qs := &g.l.queues
+	if qs.waiting() >= MaxFetchedWaiting {
+		deadline := time.NewTimer(g.l.parkAfter + gatePoll)
 		defer deadline.Stop()
-		tick := time.NewTicker(LinePoll)
+		tick := time.NewTicker(gatePoll)
 		defer tick.Stop()
 	wait:
-		for ws.count() >= MaxFetchedWaiting {
+		for qs.waiting() >= MaxFetchedWaiting {
 			select {
 			case <-ctx.Done():
 				return params
@@ -53,7 +58,7 @@ func (g *fetchGate) admit(ctx context.Context, params *riverdriver.JobGetAvailab
 			}
 		}
 	}
-	waiting := ws.count()
+	waiting := qs.waiting()
 	room := max(MaxFetchedWaiting-waiting, 1)
 	if waiting == 0 || params.MaxToLock <= room {
 		return params
@@ -69,25 +74,31 @@ func (g *fetchGate) admit(ctx context.Context, params *riverdriver.JobGetAvailab
 	return &p
 }
 
-// left is told that a job stopped waiting, waiting still do: at half of
-// MaxFetchedWaiting it wakes the producers of the queues owed a fetch.
-func (g *fetchGate) left(waiting int) {
-	if waiting > MaxFetchedWaiting/2 {
-		return
-	}
+// left is told that a job stopped waiting: once at most half of
+// MaxFetchedWaiting wait, it wakes the producers of the queues owed a
+// fetch.
+func (g *fetchGate) left() {
 	g.mu.Lock()
 	if len(g.owed) == 0 {
 		g.mu.Unlock()
 		return
 	}
+	g.mu.Unlock()
+	if g.l.queues.waiting() > MaxFetchedWaiting/2 {
+		return
+	}
+	g.mu.Lock()
 	queues := make([]string, 0, len(g.owed))
 	for q := range g.owed {
 		queues = append(queues, q)
 	}
 	g.owed = nil
 	g.mu.Unlock()
+	if len(queues) == 0 {
+		return
+	}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 		defer cancel()
 		if err := g.l.q.NotifyRiverInsert(ctx, queues); err != nil {
 			g.l.logger.Warn("queues not woken after a smaller fetch; River's poll interval will", "queues", queues, "error", err)

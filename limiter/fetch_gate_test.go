@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/maintenance"
@@ -20,10 +21,12 @@ import (
 // more than MaxFetchedWaiting minus those waiting, however many River asks
 // for; and the fetch cut short wakes its queue once they stop waiting, so
 // the rest are fetched without waiting for River's poll interval (set to a
-// minute here). Nothing parks and the key runs in job-id order.
+// minute here). Nothing parks (no key has more jobs waiting than a
+// decision lets wait) and each key runs in job-id order.
 func TestFetchGate(t *testing.T) {
 	t.Parallel()
 	const kind = "test.keyed.gate"
+	const keys = 100
 	url := testdb.New(t)
 	pool := openPool(t, url)
 	ctx := context.Background()
@@ -32,7 +35,7 @@ func TestFetchGate(t *testing.T) {
 	require.NoError(t, lim.SetPerKey(ctx, kind, []string{"tenant"}, 1))
 	logParkings(t, pool)
 
-	wpool, err := db.Open(ctx, url, 10*time.Second)
+	wpool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(wpool.Close)
 	deps, _ := jobtest.NewJobsConfig(t, wpool, app.JobsConfig{WorkerID: "gate", ParkAfter: time.Minute})
@@ -48,33 +51,54 @@ func TestFetchGate(t *testing.T) {
 			c.FetchPollInterval = time.Minute
 		},
 	})
+	// insert adds one job of each key, sequence numbers from seq on.
+	insert := func(seq, ms int) {
+		params := make([]river.InsertManyParams, keys)
+		for k := range keys {
+			params[k] = river.InsertManyParams{Args: keyedArgs{Seq: seq + k, Tenant: fmt.Sprintf("t%03d", k), MS: ms, K: "gate"}}
+		}
+		_, err := client.InsertMany(ctx, params)
+		require.NoError(t, err)
+	}
 
-	// One long job holds the key; 100 then wait behind it in the worker.
-	insertKeyed(t, client, "gate", "t", 0, 1, 1500)
-	require.Eventually(t, func() bool { return tracker.runningNow() == 1 }, 10*time.Second, 5*time.Millisecond)
-	insertKeyed(t, client, "gate", "t", 1, 100, 0)
+	// A long job holds each key; 100 then wait behind them in the worker,
+	// one per key.
+	insert(0, 1500)
 	require.Eventually(t, func() bool {
-		return count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE worker_id = 'gate'`) == 100
+		return count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'running'`, kind) == keys
+	}, 10*time.Second, 5*time.Millisecond)
+	insert(keys, 0)
+	require.Eventually(t, func() bool {
+		return count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE worker_id = 'gate'`) == keys
 	}, 10*time.Second, 10*time.Millisecond)
-	// 600 more: River asks for 899, the gate lets 156 come.
-	insertKeyed(t, client, "gate", "t", 101, 600, 0)
+	// 500 more (5 per key): River asks for 800, the gate lets 156 come.
+	for i := range 5 {
+		insert((2+i)*keys, 0)
+	}
 	mostRunning := 0
 	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
 		mostRunning = max(mostRunning, count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'running'`, kind))
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.Greater(t, mostRunning, 101, "the gate let no job be fetched")
-	require.LessOrEqual(t, mostRunning, 1+limiter.MaxFetchedWaiting,
-		"a worker with 100 jobs waiting fetched more than %d minus those", limiter.MaxFetchedWaiting)
+	require.Greater(t, mostRunning, 2*keys, "the gate let no job be fetched")
+	require.LessOrEqual(t, mostRunning, keys+limiter.MaxFetchedWaiting,
+		"a worker with %d jobs waiting fetched more than %d minus those", keys, limiter.MaxFetchedWaiting)
 
-	// Once the long job ends, the line drains; the queue owed a fetch is
+	// Once the long jobs end, the lines drain; the queue owed a fetch is
 	// woken, not left to the one-minute poll.
 	require.Eventually(t, func() bool {
-		return count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, kind) == 701
+		return count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, kind) == 7*keys
 	}, 30*time.Second, 10*time.Millisecond)
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM test_parkings`), "jobs parked")
-	_, _, starts, _ := tracker.snapshot()
-	for i, s := range starts {
-		require.Equal(t, i, s.seq, "jobs of the key started out of order")
+	_, perKey, starts, _ := tracker.snapshot()
+	last := map[string]int{}
+	for _, s := range starts {
+		if prev, ok := last[s.tenant]; ok {
+			require.Greater(t, s.seq, prev, "jobs of key %s started out of order", s.tenant)
+		}
+		last[s.tenant] = s.seq
+	}
+	for tenant, n := range perKey {
+		require.Equal(t, 1, n, "key %s ran %d at once", tenant, n)
 	}
 }

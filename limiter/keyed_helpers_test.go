@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/maintenance"
 )
@@ -146,7 +146,7 @@ func startKeyedWorker(t testing.TB, url, id, kind string, tracker *keyedTracker,
 // time.
 func startKeyedWorkerParkAfter(t testing.TB, url, id, kind string, tracker *keyedTracker, maxWorkers int, parkAfter time.Duration) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{WorkerID: id, ParkAfter: parkAfter})

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/maintenance"
@@ -119,7 +120,7 @@ func startProbeWorkerSignals(t testing.TB, url, id, kind string, tracker *probeT
 
 func startProbeWorkerWith(t testing.TB, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config), signals bool) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{WorkerID: id, ParkAfter: parkAfter})
@@ -390,7 +391,7 @@ func TestConcurrencyLimitFIFO(t *testing.T) {
 
 func openPool(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
@@ -575,7 +576,7 @@ func TestResumeNotifiesRiver(t *testing.T) {
 
 	ctx := context.Background()
 	pool := testdb.NewPool(t)
-	river := db.SchemasOf(pool).River
+	river := pgkit.SchemasOf(pool).River
 	require.Equal(t, "public", river)
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -592,62 +593,29 @@ func TestResumeNotifiesRiver(t *testing.T) {
 	require.JSONEq(t, `{"queue": "default"}`, n.Payload)
 }
 
-// TestSlotCountsEqualRows: a job admitted again while a stale slot row of
-// its earlier attempt remains keeps one row, and the kind's count stays
-// equal to its rows (it used to count the row twice); a worker's release
-// frees its own slots only, never another worker's slot of the same job (a
-// job rescued and running elsewhere), unless the slot is an unclaimed
-// reservation and the caller says so (sluice run's clean-up).
-func TestSlotCountsEqualRows(t *testing.T) {
+// TestReservedSlotCountsOnce: a slot reserved for a job (sluice run) is
+// one slot row and one count however often it is reserved, and goes only
+// when its reserver forgets it.
+func TestReservedSlotCountsOnce(t *testing.T) {
 	t.Parallel()
 
 	ctx := context.Background()
 	pool := testdb.NewPool(t)
-	q := db.New(pool)
 	jobtest.SetLimit(t, pool, "demo.sleep", 5)
 	counted := func() (admitted, rows int) {
 		return count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'"),
 			count(t, pool, "SELECT count(*) FROM concurrency_executions WHERE kind = 'demo.sleep'")
 	}
-
-	// A stale slot row of the job's earlier attempt on worker a.
-	admitSlotRow(t, pool, 7, "a")
-	admitted, n := counted()
-	require.Equal(t, 1, admitted)
-	require.Equal(t, 1, n)
-
-	// Admitted again on worker b (rescued and fetched there).
-	admitSlotRow(t, pool, 7, "b")
-	admitted, n = counted()
-	require.Equal(t, n, admitted, "the count equals the rows")
-	require.Equal(t, 1, n)
-
-	// a releases late: b's slot stays.
-	_, err := q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{7}, WorkerID: "a"})
-	require.NoError(t, err)
-	admitted, n = counted()
-	require.Equal(t, 1, n, "another worker's slot is not released")
-	require.Equal(t, 1, admitted)
-	_, err = q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{7}, WorkerID: "b"})
-	require.NoError(t, err)
-	admitted, n = counted()
-	require.Zero(t, n)
-	require.Zero(t, admitted)
-
-	// An unclaimed reservation goes only when the caller says so.
 	lim, err := limiter.New(limiter.Config{Pool: pool, WorkerID: "run"})
 	require.NoError(t, err)
-	res, err := lim.ReserveSlot(ctx, "demo.sleep", 8)
+	res, err := lim.ReserveSlot(ctx, &rivertype.JobRow{ID: 8, Kind: "demo.sleep", EncodedArgs: []byte(`{}`)})
 	require.NoError(t, err)
 	require.True(t, res.Reserved)
-	res, err = lim.ReserveSlot(ctx, "demo.sleep", 8)
+	_, err = lim.ReserveSlot(ctx, &rivertype.JobRow{ID: 8, Kind: "demo.sleep", EncodedArgs: []byte(`{}`)})
 	require.NoError(t, err)
-	admitted, n = counted()
-	require.Equal(t, n, admitted, "reserving twice counts one row")
-	_, err = q.ReleaseJobs(ctx, db.ReleaseJobsParams{Kinds: []string{"demo.sleep"}, JobIds: []int64{8}, WorkerID: "other"})
-	require.NoError(t, err)
-	_, n = counted()
-	require.Equal(t, 1, n)
+	admitted, n := counted()
+	require.Equal(t, 1, n, "reserving twice writes one row")
+	require.Equal(t, n, admitted, "the count equals the rows")
 	require.NoError(t, lim.Forget(ctx, "demo.sleep", 8))
 	admitted, n = counted()
 	require.Zero(t, n)
@@ -655,33 +623,6 @@ func TestSlotCountsEqualRows(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
-
-// admitSlotRow gives job id a slot of demo.sleep on worker, as an
-// admission writes it: the slot row (a job that has one keeps it) and the
-// kind's count raised by the rows added, under the kind's lock.
-func admitSlotRow(t *testing.T, pool *pgxpool.Pool, id int64, worker string) {
-	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		q := db.New(db.CustomPlans(tx))
-		if _, err := q.LockConcurrencyLimits(ctx, []string{"demo.sleep"}); err != nil {
-			return err
-		}
-		rows, err := q.InsertConcurrencyExecutions(ctx, db.InsertConcurrencyExecutionsParams{
-			JobIds: []int64{id}, Kinds: []string{"demo.sleep"}, Keys: []string{""}, WorkerID: &worker,
-		})
-		if err != nil {
-			return err
-		}
-		added := int32(0)
-		if rows[0].Inserted {
-			added = 1
-		}
-		return q.AddConcurrencyCounts(ctx, db.AddConcurrencyCountsParams{
-			Kinds: []string{"demo.sleep"}, Admitted: []int32{added}, HasParked: []bool{false},
-		})
-	}))
-}
 
 // TestLimitChangesRace: limits set and cleared from two connections at
 // once, over and over (a clear removes the empty row, which the set must

@@ -256,26 +256,26 @@ func TestParkInPlaceReservedSlotReleased(t *testing.T) {
 	client := jobtest.Start(t, pool, deps, jobtest.Config{Queues: map[string]river.QueueConfig{
 		maintenance.Queue: {MaxWorkers: 2},
 	}})
-	insert := func() int64 {
+	insert := func() *rivertype.JobRow {
 		res, err := client.Insert(ctx, demo.SleepArgs{MS: 1}, &river.InsertOpts{Queue: "elsewhere"})
 		require.NoError(t, err)
-		return res.Job.ID
+		return res.Job
 	}
 	slots := func() int { return count(t, pool, "SELECT count(*) FROM concurrency_executions") }
 	admitted := func() int { return count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = 'demo.sleep'") }
 
 	// Cancelled before it started: the next resume run frees its slot.
 	first := insert()
-	res, err := deps.Limiter.ReserveSlot(ctx, "demo.sleep", first)
+	res, err := deps.Limiter.ReserveSlot(ctx, first)
 	require.NoError(t, err)
 	require.True(t, res.Reserved)
 	second := insert()
-	res, err = deps.Limiter.ReserveSlot(ctx, "demo.sleep", second)
+	res, err = deps.Limiter.ReserveSlot(ctx, second)
 	require.NoError(t, err)
 	require.False(t, res.Reserved, "the one slot is reserved")
 	require.Equal(t, int32(1), res.Limit)
 	require.Equal(t, int32(1), res.Taken)
-	_, err = client.JobCancel(ctx, first)
+	_, err = client.JobCancel(ctx, first.ID)
 	require.NoError(t, err)
 	// The cron's kindless run finds the kind by its reserved slot.
 	client.InsertAndWait(t, limiter.ResumeArgs{}, nil)
@@ -283,7 +283,7 @@ func TestParkInPlaceReservedSlotReleased(t *testing.T) {
 	require.Zero(t, admitted())
 
 	// Not fetched within ReservedSlotTTL: freed too.
-	res, err = deps.Limiter.ReserveSlot(ctx, "demo.sleep", second)
+	res, err = deps.Limiter.ReserveSlot(ctx, second)
 	require.NoError(t, err)
 	require.True(t, res.Reserved)
 	client.InsertAndWait(t, limiter.ResumeArgs{JobKind: "demo.sleep"}, nil)
@@ -293,7 +293,7 @@ func TestParkInPlaceReservedSlotReleased(t *testing.T) {
 	client.InsertAndWait(t, limiter.ResumeArgs{JobKind: "demo.sleep"}, nil)
 	require.Zero(t, slots())
 	require.Zero(t, admitted())
-	require.Equal(t, "available", jobState(t, pool, second), "the job itself waits on, to be admitted when fetched")
+	require.Equal(t, "available", jobState(t, pool, second.ID), "the job itself waits on, to be admitted when fetched")
 }
 
 // TestParkInPlaceRescuedWhileParking: a job marked for parking whose worker
@@ -361,7 +361,7 @@ func TestAdmitLostReservation(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
 	for _, sql := range []string{
-		`SELECT 1 FROM concurrency_limits WHERE kind = 'demo.sleep' AND $1::bigint > 0 FOR UPDATE`,
+		`SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:demo.sleep', 0)) WHERE $1::bigint > 0`,
 		`DELETE FROM concurrency_executions WHERE job_id = $1`,
 		`UPDATE concurrency_limits SET admitted = 0, has_parked = false WHERE kind = 'demo.sleep' AND $1::bigint > 0`,
 	} {
@@ -380,11 +380,11 @@ func TestAdmitLostReservation(t *testing.T) {
 			return nil
 		})
 	}()
-	// The admission's line transaction locks the rows with LockLimitRows
-	// (sent with the reading of the line).
+	// The decision waits for the kind's ledger lock (LedgerLockKinds, sent
+	// with the reading of the line).
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LockLimitRows%'") == 1
-	}, 10*time.Second, 5*time.Millisecond, "admission waits for the lock")
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LedgerLockKinds%'") >= 1
+	}, 10*time.Second, 5*time.Millisecond, "the decision waits for the lock")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-done)
 	require.Equal(t, 1, <-ran, "admitted as a new job, on a slot of its own")

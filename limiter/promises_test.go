@@ -105,7 +105,7 @@ func TestRateChangedHolds(t *testing.T) {
 // TestBreakerRaisedResumesOnlyWhatStarts: raising a circuit breaker to 2
 // over 200 parked jobs resumes what the limit lets start (each with a
 // reserved slot, plus the bounded lookahead), not all 200 at once: the
-// jobs do not park again, and at no moment do more than 2 + MinLookahead
+// jobs do not park again, and at no moment do more than 2 + Lookahead
 // wait available.
 func TestBreakerRaisedResumesOnlyWhatStarts(t *testing.T) {
 	t.Parallel()
@@ -145,7 +145,7 @@ func TestBreakerRaisedResumesOnlyWhatStarts(t *testing.T) {
 	close(stop)
 	<-sampled
 
-	require.LessOrEqual(t, maxAvailable.Load(), int32(2+limiter.MinLookahead), "resumed at once: the 2 slots and the lookahead")
+	require.LessOrEqual(t, maxAvailable.Load(), int32(2+limiter.Lookahead), "resumed at once: the 2 slots and the lookahead")
 	require.LessOrEqual(t, parkings(t, pool, kind), n+n/20, "at most 1.05 parkings per job in all")
 	require.Equal(t, int32(2), tracker.max.Load(), "the new limit holds, and is used")
 	_, worked := tracker.snapshot()

@@ -1,22 +1,16 @@
 package limiter
 
 import (
-	"context"
 	"sync"
 	"time"
 )
-
-// minRateWake is the least delay of a rate wake: a window that frees a start
-// within it is looked at after it, so that a wake resumes several jobs at
-// once rather than one per start.
-const minRateWake = 2 * time.Millisecond
 
 // rateWakes run a grant round for a kind whose line waits for a rate
 // window when the window frees a start: after a decision or a grant round
 // that left such jobs, the Limiter sets a timer for the moment the oldest
 // start in the window leaves it (as the database's clock counts it); when
 // it fires, the front of the kind's line gets what the window then allows
-// (releaseRequest without a job). One timer per kind, set to the earliest
+// (a grant round of the kind). One timer per kind, set to the earliest
 // moment asked for. concurrency_limit.resume, every second while jobs
 // wait, is the safety net of a worker that stops before its timer fires.
 type rateWakes struct {
@@ -55,7 +49,7 @@ func (w *rateWakes) at(kind string, at time.Time) {
 		t.timer.Stop()
 	}
 	t := &rateTimer{at: at}
-	t.timer = time.AfterFunc(max(time.Until(at), minRateWake), func() { w.fire(kind, t) })
+	t.timer = time.AfterFunc(time.Until(at), func() { w.fire(kind, t) })
 	w.timers[kind] = t
 }
 
@@ -68,7 +62,7 @@ func (w *rateWakes) fire(kind string, t *rateTimer) {
 	delete(w.timers, kind)
 	w.mu.Unlock()
 	w.l.TestSignals.RateWake.Signal(kind)
-	w.l.releaser.submitAsync(&releaseRequest{ctx: context.Background(), kind: kind})
+	w.l.releaser.submitAsync(&releaseRequest{rounds: []string{kind}})
 }
 
 // stop cancels every wake (the worker stops).

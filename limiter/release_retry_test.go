@@ -9,13 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestReleaseRetriedAfterFailure: a per-job release that fails (here on a
-// lock timeout: the test holds the kind's limit row while the job ends, as
-// a database restart would fail it) no longer leaves the job's slot taken
+// TestReleaseRetriedAfterFailure: a release that fails (here on a lock
+// timeout: the test holds the kind's ledger lock while a job ends, as a
+// database restart would fail it) no longer leaves the job's slot taken
 // and the parked jobs waiting for concurrency_limit.resume (once a minute,
-// not run in this test at all): the Limiter cleans the kind up again in the
-// background once the database answers, freeing the ended job's slot and
-// resuming the next parked job into it.
+// not run in this test at all): the Limiter writes the release again in
+// the background once the database answers, and the kind moves on.
 func TestReleaseRetriedAfterFailure(t *testing.T) {
 	t.Parallel()
 
@@ -41,24 +40,26 @@ func TestReleaseRetriedAfterFailure(t *testing.T) {
 		return jobState(t, pool, b) == "running" &&
 			count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND NOT reserved`, b) == 1
 	}, 30*time.Second, 5*time.Millisecond, "B runs on its own slot")
-	require.Zero(t, tracker.workedOf(2), "C waits")
 
-	// B ends while the test holds the kind's limit row: its release fails.
+	// B ends while the test holds the kind's ledger lock: its release (or
+	// the move of its slot to C, handed over in memory) fails.
 	lock, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer lock.Rollback(ctx) //nolint:errcheck
-	_, err = lock.Exec(ctx, `SELECT 1 FROM concurrency_limits WHERE kind = $1 FOR UPDATE`, kind)
+	_, err = lock.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || $1, 0))`, kind)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return jobState(t, pool, b) == "completed" }, 30*time.Second, 5*time.Millisecond)
 	time.Sleep(500 * time.Millisecond) // past the release's lock timeout
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, b), "B's release failed")
-	require.Zero(t, tracker.workedOf(2), "C waits")
 	require.NoError(t, lock.Rollback(ctx))
 
-	// The Limiter tries again: B's slot goes and C runs.
+	// The Limiter tries again: B's slot goes (to C, or freed and granted
+	// to C) and C runs.
 	require.Eventually(t, func() bool { return jobState(t, pool, c) == "completed" }, 60*time.Second, 10*time.Millisecond,
-		"C was not resumed after B's failed release")
-	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, b), "B's slot is freed")
+		"C did not run after B's failed release")
+	require.Eventually(t, func() bool {
+		return count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = ANY($1)`, []int64{b, c}) == 0
+	}, 10*time.Second, 10*time.Millisecond, "the slots of B and C are freed")
 	require.LessOrEqual(t, int(tracker.max.Load()), 1, "the limit held")
 	require.Zero(t, count(t, pool, `
 		SELECT count(*) FROM concurrency_limits l

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
-
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
@@ -159,7 +158,7 @@ func (w *ResumeWorker) resumeKind(ctx context.Context, kind string) error {
 		logger.Warn("concurrency_limit.resume: unknown job kind; skipped")
 		return nil
 	}
-	resumed, remaining, err := w.limiter.cleanUpKind(ctx, kind, logger, ResumeKind)
+	resumed, remaining, err := w.limiter.cleanUp(ctx, kind, ResumeKind)
 	if err != nil {
 		return fmt.Errorf("resume %s: %w", kind, err)
 	}
@@ -170,13 +169,4 @@ func (w *ResumeWorker) resumeKind(ctx context.Context, kind string) error {
 		return river.JobSnooze(ResumeRescheduleDelay)
 	}
 	return nil
-}
-
-// startsKeep is how long the starts of a kind are kept: its rate window (a
-// kind without a rate keeps none).
-func startsKeep(c *kindCounts) time.Duration {
-	if c == nil || c.rateMax == 0 {
-		return 0
-	}
-	return c.ratePeriod
 }

@@ -8,34 +8,36 @@ import (
 // TestSignals let tests wait for the limiter's background work instead of
 // sleeping (River's testsignal: no-ops unless a test calls Init).
 type TestSignals struct {
-	// Renewed: the worker renewed its lease of a kind and reconciled its
-	// count of the kind's slots with the database's (value: the kind).
-	Renewed testsignal.TestSignal[string]
-	// RateWake: a rate window's timer fired and a resume of the kind is on
-	// its way (value: the kind).
-	RateWake testsignal.TestSignal[string]
+	// Listening: the listener LISTENs (again) on the limits' and the
+	// grants' channels.
+	Listening testsignal.TestSignal[struct{}]
+	// LimitsChanged: the listener heard of a change of a kind's limits and
+	// expired the worker's copy (value: the kind).
+	LimitsChanged testsignal.TestSignal[string]
+	// GrantHeard: a grant note woke a job waiting here (value: the job).
+	GrantHeard testsignal.TestSignal[int64]
 	// HandedOver: a job that ended handed its slot to a job waiting in
 	// the same worker, in memory (value: the job handed the slot).
 	HandedOver testsignal.TestSignal[int64]
-	// GrantListening: the line poller's grant listener LISTENs (again).
-	GrantListening testsignal.TestSignal[struct{}]
-	// GrantHeard: the line poller claimed a grant at a notification
-	// (value: the job that got it).
-	GrantHeard testsignal.TestSignal[int64]
-	// LimitsListening: the limits listener LISTENs (again).
-	LimitsListening testsignal.TestSignal[struct{}]
-	// LimitsChanged: the limits listener heard of a change of a kind's
-	// limits and expired the worker's copy (value: the kind).
-	LimitsChanged testsignal.TestSignal[string]
+	// Swapped: a job of this worker put in the line took the slot of a
+	// younger job of its key here that had not started, which waits in
+	// its place (value: the older job).
+	Swapped testsignal.TestSignal[int64]
+	// Renewed: the keeper renewed the worker's lease of a kind and
+	// reconciled its count of the kind's slots (value: the kind).
+	Renewed testsignal.TestSignal[string]
+	// RateWake: a rate window's timer fired and a grant round of the kind
+	// is on its way (value: the kind).
+	RateWake testsignal.TestSignal[string]
 }
 
 // Init initializes every signal for tb.
 func (ts *TestSignals) Init(tb testutil.TestingTB) {
+	ts.Listening.Init(tb)
+	ts.LimitsChanged.Init(tb)
+	ts.GrantHeard.Init(tb)
+	ts.HandedOver.Init(tb)
+	ts.Swapped.Init(tb)
 	ts.Renewed.Init(tb)
 	ts.RateWake.Init(tb)
-	ts.HandedOver.Init(tb)
-	ts.GrantListening.Init(tb)
-	ts.GrantHeard.Init(tb)
-	ts.LimitsListening.Init(tb)
-	ts.LimitsChanged.Init(tb)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/kinds"
@@ -41,7 +42,7 @@ func newMember(t *testing.T, url, id string, interval, deadAfter time.Duration) 
 	config, err := testdb.PoolConfig(url)
 	require.NoError(t, err)
 	live.configurePool(config)
-	pool, err := db.OpenConfig(ctx, config, url, 10*time.Second)
+	pool, err := pgkit.OpenConfig(ctx, config, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	lim, err := limiter.New(limiter.Config{Pool: pool, Logger: logger, WorkerID: id})
@@ -111,7 +112,7 @@ func TestReaperReapsDeadWorker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -204,7 +205,7 @@ func TestReaperNeverReapsItself(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -243,7 +244,7 @@ func TestReapersRace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -324,7 +325,7 @@ func startGateClient(t *testing.T, pool *pgxpool.Pool, id, queue string) (*river
 	workers := river.NewWorkers()
 	river.AddWorker(workers, gw)
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Schema:                 db.SchemasOf(pool).River,
+		Schema:                 pgkit.SchemasOf(pool).River,
 		ID:                     id,
 		FetchCooldown:          10 * time.Millisecond,
 		FetchPollInterval:      20 * time.Millisecond,
@@ -369,7 +370,7 @@ func TestFenceDropsZombieCompletion(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			url := testdb.New(t)
-			admin, err := db.Open(ctx, url, 10*time.Second)
+			admin, err := pgkit.Open(ctx, url, 10*time.Second)
 			require.NoError(t, err)
 			t.Cleanup(admin.Close)
 			if !fenced {
@@ -382,7 +383,7 @@ func TestFenceDropsZombieCompletion(t *testing.T) {
 			z.live.registered.Store(false)
 
 			zClient, zGate := startGateClient(t, z.pool, "zombie", river.QueueDefault)
-			inserter, err := river.NewClient(riverpgxv5.New(admin), &river.Config{Schema: db.SchemasOf(admin).River})
+			inserter, err := river.NewClient(riverpgxv5.New(admin), &river.Config{Schema: pgkit.SchemasOf(admin).River})
 			require.NoError(t, err)
 			res, err := inserter.Insert(ctx, gateArgs{}, &river.InsertOpts{MaxAttempts: 5})
 			require.NoError(t, err)
@@ -438,7 +439,7 @@ func TestFenceRules(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -493,7 +494,7 @@ func TestAfterConnectWaitsForReap(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 	z := newMember(t, url, "z", 100*time.Millisecond, time.Second)
@@ -531,7 +532,7 @@ func TestReapChecksInsideItsTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -569,7 +570,7 @@ func TestReapResignsDeadLeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := db.Open(ctx, url, 10*time.Second)
+	admin, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
@@ -582,7 +583,7 @@ func TestReapResignsDeadLeader(t *testing.T) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &gateWorker{started: make(chan int, 1), release: make(chan struct{})})
 	client, err := river.NewClient(riverpgxv5.New(admin), &river.Config{
-		Schema:   db.SchemasOf(admin).River,
+		Schema:   pgkit.SchemasOf(admin).River,
 		ID:       "follower",
 		Logger:   testlog.Logger(t),
 		Queues:   map[string]river.QueueConfig{"leadership_test": {MaxWorkers: 1}},
@@ -599,7 +600,7 @@ func TestReapResignsDeadLeader(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // its first bid, denied
 	require.Equal(t, 1, countOf(t, admin, `SELECT count(*) FROM river_leader WHERE leader_id = 'dead'`))
 
-	channel := db.SchemasOf(admin).River + ".river_leadership"
+	channel := pgkit.SchemasOf(admin).River + ".river_leadership"
 	listener, err := admin.Acquire(ctx)
 	require.NoError(t, err)
 	defer listener.Release()

@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/maintenance"
 )
@@ -49,7 +50,7 @@ func ExampleRunner_Run() {
 	ctx := context.Background()
 	databaseURL, dropDatabase := testdb.NewForExample()
 	defer dropDatabase()
-	pool, err := db.Open(ctx, databaseURL, 10*time.Second)
+	pool, err := pgkit.Open(ctx, databaseURL, 10*time.Second)
 	if err != nil {
 		panic(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // watchLock returns a context cancelled (cause ErrLockLost) when lock's
@@ -17,7 +17,7 @@ import (
 // not answer in time (half-open, or its server side gone) counts as lost,
 // since the server may have released the lock already, and the run is
 // stopped before another run of the kind could overlap it.
-func watchLock(ctx context.Context, lock *db.SessionLock, interval time.Duration, logger *slog.Logger) (context.Context, func()) {
+func watchLock(ctx context.Context, lock *pgkit.SessionLock, interval time.Duration, logger *slog.Logger) (context.Context, func()) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // Config configures a Runner.
@@ -115,7 +116,7 @@ func (r *Runner) Run(ctx context.Context, job *rivertype.JobRow, fn Func) (err e
 		workerID = &r.cfg.WorkerID
 	}
 
-	lock, err := db.TryLock(ctx, r.cfg.Pool, kind)
+	lock, err := pgkit.TryLock(ctx, r.cfg.Pool, kind)
 	if err != nil {
 		return fmt.Errorf("maintenance %s: %w", kind, err)
 	}

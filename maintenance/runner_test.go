@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/maintenance"
 )
@@ -35,7 +36,7 @@ func TestRunMaintenance(t *testing.T) {
 	}
 	lockFree := func(t *testing.T, kind string) {
 		t.Helper()
-		lock, err := db.TryLock(ctx, pool, kind)
+		lock, err := pgkit.TryLock(ctx, pool, kind)
 		require.NoError(t, err)
 		require.NotNil(t, lock, "the lock of %s must be free after the run", kind)
 		require.NoError(t, lock.Release(ctx))
@@ -47,7 +48,7 @@ func TestRunMaintenance(t *testing.T) {
 		job := &rivertype.JobRow{ID: 101, Kind: kind}
 		err := deps.Maintenance.Run(ctx, job, func(ctx context.Context) (maintenance.Result, error) {
 			// While the run works, the kind's lock is taken.
-			other, err := db.TryLock(ctx, pool, kind)
+			other, err := pgkit.TryLock(ctx, pool, kind)
 			require.NoError(t, err)
 			require.Nil(t, other)
 			rows := runs(t, kind)
@@ -232,7 +233,7 @@ func TestRunMaintenanceLockLost(t *testing.T) {
 	require.Equal(t, maintenance.RunFailed, runs[0].Status)
 	require.Contains(t, string(runs[0].Details), "advisory lock lost")
 
-	lock, err := db.TryLock(ctx, pool, kind)
+	lock, err := pgkit.TryLock(ctx, pool, kind)
 	require.NoError(t, err)
 	require.NotNil(t, lock)
 	require.NoError(t, lock.Release(ctx))

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/modules"
@@ -213,10 +213,10 @@ func TestAppMigrationsOwnSearchPath(t *testing.T) {
 	url := testdb.NewEmpty(t)
 	_, err := plainPool(t, url).Exec(ctx, "CREATE SCHEMA shop")
 	require.NoError(t, err)
-	pool, err := db.Open(ctx, testdb.WithParam(url, "search_path", "shop"), 10*time.Second)
+	pool, err := pgkit.Open(ctx, testdb.WithParam(url, "search_path", "shop"), 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	require.Equal(t, db.Schemas{Sluice: "sluice", River: "shop"}, db.SchemasOf(pool))
+	require.Equal(t, pgkit.Schemas{Sluice: "sluice", River: "shop"}, pgkit.SchemasOf(pool))
 
 	opts := withApp(appFS())
 	_, err = migrations.Up(ctx, pool, opts)

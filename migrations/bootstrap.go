@@ -11,20 +11,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // BootstrapFS holds the SQL `migrate up` runs before any goose migration:
 // it cannot be a goose migration, since it creates (or moves into) the
 // schema that holds goose's version tables. Its schema names are
 // configurable, so its files are templates: each /* TEMPLATE: name */ is
-// replaced by a quoted identifier (validated by db.ValidateSchema and
+// replaced by a quoted identifier (validated by pgkit.ValidateSchema and
 // sanitized by pgx), as River does with its own migrations.
 //
 //go:embed bootstrap/*.sql
 var BootstrapFS embed.FS
 
 // render returns the bootstrap file name with its templates replaced.
-func render(name string, schemas db.Schemas) (string, error) {
+func render(name string, schemas pgkit.Schemas) (string, error) {
 	raw, err := BootstrapFS.ReadFile("bootstrap/" + name)
 	if err != nil {
 		return "", err
@@ -42,7 +43,7 @@ func render(name string, schemas db.Schemas) (string, error) {
 // bootstrap creates sluice's schema and, when the database holds the
 // layout from before it had one (everything in River's schema), moves that
 // install into it, in one transaction.
-func bootstrap(ctx context.Context, pool *pgxpool.Pool, schemas db.Schemas, logger *slog.Logger) error {
+func bootstrap(ctx context.Context, pool *pgxpool.Pool, schemas pgkit.Schemas, logger *slog.Logger) error {
 	legacy, err := db.New(pool).LegacyLayout(ctx, db.LegacyLayoutParams{Schema: schemas.Sluice, LegacySchema: schemas.River})
 	if err != nil {
 		return fmt.Errorf("look for sluice's old layout: %w", err)
@@ -69,7 +70,7 @@ func bootstrap(ctx context.Context, pool *pgxpool.Pool, schemas db.Schemas, logg
 }
 
 // createRiverSchema creates River's schema if it is missing.
-func createRiverSchema(ctx context.Context, pool *pgxpool.Pool, schemas db.Schemas) error {
+func createRiverSchema(ctx context.Context, pool *pgxpool.Pool, schemas pgkit.Schemas) error {
 	sql, err := render("river_schema.sql", schemas)
 	if err != nil {
 		return err
@@ -82,7 +83,7 @@ func createRiverSchema(ctx context.Context, pool *pgxpool.Pool, schemas db.Schem
 
 // dropSchema removes sluice's version tables and its schema once every
 // migration is rolled back; a schema that still holds other objects stays.
-func dropSchema(ctx context.Context, pool *pgxpool.Pool, schemas db.Schemas) error {
+func dropSchema(ctx context.Context, pool *pgxpool.Pool, schemas pgkit.Schemas) error {
 	sql, err := render("drop.sql", schemas)
 	if err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/migrations"
 )
@@ -105,7 +106,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	require.Equal(t, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8}, legacyVersions)
 
 	// The new binary's `migrate up`, with the stock modules.
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	steps, err := migrations.Up(ctx, pool, stock)
@@ -149,7 +150,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	// public holds River's objects only, as in a fresh install, and the
 	// old version table, kept with its rows: an old binary that runs
 	// `migrate up` during a rolling deploy finds nothing to apply.
-	fresh, err := db.Open(ctx, testdb.New(t), 10*time.Second)
+	fresh, err := pgkit.Open(ctx, testdb.New(t), 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(fresh.Close)
 	require.True(t, exists(t, pool, "public.goose_db_version"))
@@ -225,7 +226,7 @@ func TestUpgradeLegacyLayoutOlderVersions(t *testing.T) {
 			ctx := context.Background()
 			url := testdb.NewEmpty(t)
 			installLegacy(t, url, version)
-			pool, err := db.Open(ctx, url, 10*time.Second)
+			pool, err := pgkit.Open(ctx, url, 10*time.Second)
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			_, err = migrations.Up(ctx, pool, stock)
@@ -260,7 +261,7 @@ func TestStatusWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	_, err = plain.Exec(ctx, "INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ('kept', 3)")
 	require.NoError(t, err)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 

@@ -28,6 +28,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/module"
 )
 
@@ -103,7 +104,7 @@ type set struct {
 }
 
 // sets lists the goose migration sets in the order they apply.
-func sets(schemas db.Schemas, opts Options) []set {
+func sets(schemas pgkit.Schemas, opts Options) []set {
 	core := opts.core
 	if core == nil {
 		core = FS
@@ -126,7 +127,7 @@ func sets(schemas db.Schemas, opts Options) []set {
 // it applies nothing. A failing migration is rolled back whole; the error
 // names its file.
 func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Step, error) {
-	schemas := db.SchemasOf(pool)
+	schemas := pgkit.SchemasOf(pool)
 	var steps []Step
 	err := withLock(ctx, pool, func() error {
 		if err := createRiverSchema(ctx, pool, schemas); err != nil {
@@ -159,7 +160,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]Step, error) {
 
 // Down rolls back migrations as opts says.
 func Down(ctx context.Context, pool *pgxpool.Pool, opts Options, d DownOpts) ([]Step, error) {
-	schemas := db.SchemasOf(pool)
+	schemas := pgkit.SchemasOf(pool)
 	all := sets(schemas, opts)
 	component := d.Component
 	if component == "" {
@@ -242,7 +243,7 @@ func Down(ctx context.Context, pool *pgxpool.Pool, opts Options, d DownOpts) ([]
 // Status lists every migration River, sluice, the modules and the
 // application know, and whether it is applied.
 func Status(ctx context.Context, pool *pgxpool.Pool, opts Options) ([]VersionStatus, error) {
-	schemas := db.SchemasOf(pool)
+	schemas := pgkit.SchemasOf(pool)
 	migrator, err := newRiverMigrator(pool, opts.Logger)
 	if err != nil {
 		return nil, err
@@ -321,7 +322,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 }
 
 func withLock(ctx context.Context, pool *pgxpool.Pool, fn func() error) error {
-	lock, err := db.Lock(ctx, pool, LockName)
+	lock, err := pgkit.Lock(ctx, pool, LockName)
 	if err != nil {
 		return fmt.Errorf("take migration lock: %w", err)
 	}
@@ -330,7 +331,7 @@ func withLock(ctx context.Context, pool *pgxpool.Pool, fn func() error) error {
 }
 
 func newRiverMigrator(pool *pgxpool.Pool, logger *slog.Logger) (*rivermigrate.Migrator[pgx.Tx], error) {
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger, Schema: db.SchemasOf(pool).River})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger, Schema: pgkit.SchemasOf(pool).River})
 	if err != nil {
 		return nil, fmt.Errorf("create River migrator: %w", err)
 	}
@@ -359,7 +360,7 @@ func riverMigrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, 
 func newProvider(pool *pgxpool.Pool, s set, logger *slog.Logger) (*goose.Provider, func(), error) {
 	var sqlDB *sql.DB
 	if s.app {
-		sqlDB = stdlib.OpenDB(*db.AppConnConfig(pool))
+		sqlDB = stdlib.OpenDB(*pgkit.AppConnConfig(pool))
 	} else {
 		sqlDB = stdlib.OpenDBFromPool(pool)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/modules"
@@ -22,7 +22,7 @@ var stock = migrations.Options{Modules: modules.All()}
 func openEmpty(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	url := testdb.NewEmpty(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return url, pool
@@ -77,7 +77,7 @@ func TestUpConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pool, err := db.Open(ctx, url, 10*time.Second)
+			pool, err := pgkit.Open(ctx, url, 10*time.Second)
 			if err != nil {
 				errs[i] = err
 				return
@@ -100,7 +100,7 @@ func TestUpConcurrent(t *testing.T) {
 	}
 	require.Equal(t, 1, nonZero, "exactly one process applies the migrations: %v", applied)
 
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	require.NoError(t, migrations.Check(ctx, pool, stock))

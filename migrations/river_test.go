@@ -9,8 +9,8 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/migrations"
 )
@@ -27,7 +27,7 @@ func TestRiverMigratesAroundSluice(t *testing.T) {
 	pool := testdb.NewPool(t)
 	jobtest.SetLimit(t, pool, "demo.sleep", 1)
 	parked := jobtest.InsertParked(t, pool, "demo.sleep", `{"ms": 1}`)
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: db.SchemasOf(pool).River})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: pgkit.SchemasOf(pool).River})
 	require.NoError(t, err)
 
 	res, err := migrator.Migrate(ctx, rivermigrate.DirectionDown, &rivermigrate.MigrateOpts{TargetVersion: migrations.MinRiverVersion})

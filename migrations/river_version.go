@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // MinRiverVersion is the oldest version of River's schema sluice works
@@ -38,7 +39,7 @@ func checkRiverVersion(ctx context.Context, pool *pgxpool.Pool, opts Options) er
 	}
 	// Read directly: River's migrator refuses a version it does not know.
 	table := "river_migration"
-	if river := db.SchemasOf(pool).River; river != "" {
+	if river := pgkit.SchemasOf(pool).River; river != "" {
 		table = pgx.Identifier{river, table}.Sanitize()
 	}
 	exists, err := db.New(pool).TableExists(ctx, table)

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/migrations"
 )
@@ -25,7 +25,7 @@ func TestUpOtherSchemas(t *testing.T) {
 	publicBefore := relations(t, plain, "public")
 
 	// River's schema does not exist yet: migrate up creates it.
-	pool, err := db.OpenSchemas(ctx, url, db.Schemas{Sluice: "jobs_x", River: "river_x"}, 10*time.Second)
+	pool, err := pgkit.OpenSchemas(ctx, url, pgkit.Schemas{Sluice: "jobs_x", River: "river_x"}, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	_, err = migrations.Up(ctx, pool, stock)
@@ -65,19 +65,19 @@ func TestInvalidSchemaNames(t *testing.T) {
 	t.Parallel()
 
 	for _, name := range []string{"Bad-Name", "pg_x", "pg_catalog", "1abc", "jobs x", `a"b`, "", "averyveryveryveryveryveryveryveryveryveryveryveryveryverylongname"} {
-		require.Error(t, db.ValidateSchema(name), "%q", name)
+		require.Error(t, pgkit.ValidateSchema(name), "%q", name)
 	}
 	for _, name := range []string{"sluice", "jobs_x", "_private", "s1"} {
-		require.NoError(t, db.ValidateSchema(name), "%q", name)
+		require.NoError(t, pgkit.ValidateSchema(name), "%q", name)
 	}
 	for _, name := range []string{"bad-name", "1abc", "a b", ""} {
-		require.Error(t, db.ValidateRiverSchema(name), "%q", name)
+		require.Error(t, pgkit.ValidateRiverSchema(name), "%q", name)
 	}
 
 	ctx := context.Background()
 	url := testdb.NewEmpty(t)
-	for _, s := range []db.Schemas{{Sluice: "Bad-Name"}, {Sluice: "pg_x"}, {Sluice: "jobs_x", River: "river-x"}} {
-		pool, err := db.OpenSchemas(ctx, url, s, 10*time.Second)
+	for _, s := range []pgkit.Schemas{{Sluice: "Bad-Name"}, {Sluice: "pg_x"}, {Sluice: "jobs_x", River: "river-x"}} {
+		pool, err := pgkit.OpenSchemas(ctx, url, s, 10*time.Second)
 		require.Error(t, err, "%+v", s)
 		require.Nil(t, pool)
 	}
@@ -95,17 +95,17 @@ func TestRiverSchemaNeverSluices(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, testdb.WithParam(url, "search_path", "sluice,public"), 10*time.Second)
+	pool, err := pgkit.Open(ctx, testdb.WithParam(url, "search_path", "sluice,public"), 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	require.Equal(t, db.Schemas{Sluice: "sluice", River: "public"}, db.SchemasOf(pool))
+	require.Equal(t, pgkit.Schemas{Sluice: "sluice", River: "public"}, pgkit.SchemasOf(pool))
 	steps, err := migrations.Up(ctx, pool, stock)
 	require.NoError(t, err)
 	require.Empty(t, steps, "River is found where it is: nothing installed again")
 	require.Zero(t, jobtest.Count(t, pool, `SELECT count(*) FROM pg_tables WHERE schemaname = 'sluice' AND tablename LIKE 'river%'`))
 
-	_, err = db.OpenSchemas(ctx, url, db.Schemas{Sluice: "public"}, 10*time.Second)
+	_, err = pgkit.OpenSchemas(ctx, url, pgkit.Schemas{Sluice: "public"}, 10*time.Second)
 	require.ErrorContains(t, err, `sluice's schema and River's are both "public"`)
-	_, err = db.OpenSchemas(ctx, url, db.Schemas{Sluice: "jobs", River: "jobs"}, 10*time.Second)
+	_, err = pgkit.OpenSchemas(ctx, url, pgkit.Schemas{Sluice: "jobs", River: "jobs"}, 10*time.Second)
 	require.ErrorContains(t, err, "need a schema of their own")
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // Module is one module.
@@ -70,7 +71,7 @@ type Env struct {
 	// Registerer takes the module's metrics.
 	Registerer prometheus.Registerer
 	// Settings reads dynamic settings.
-	Settings *db.Settings
+	Settings *settings.Settings
 	// Maintenance runs maintenance runs (advisory lock and journal).
 	Maintenance *maintenance.Runner
 	// Registry is every kind the program knows.

@@ -123,16 +123,6 @@ LIMIT sqlc.arg(max_rows);
 -- without a slot when fetched.
 DELETE FROM concurrency_executions WHERE kind = sqlc.arg(kind) AND reserved;
 
--- name: LockLimitRowCreation :exec
--- Serializes, per kind, the creation of a limit row with the release of
--- slots of a kind that has none: a new row counts the slot rows it finds
--- (concurrency_limits_init_counts), and a release that found no row to
--- lock would delete one it counted without lowering the count. Takes a
--- transaction-level advisory lock per kind (key
--- hashtextextended('sluice.limit_row:' || kind, 0)), in kind order.
-SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || s.kind, 0))
-FROM (SELECT DISTINCT unnest(sqlc.arg(kinds)::text[]) AS kind ORDER BY 1) AS s;
-
 -- name: ListenLimits :exec
 -- Subscribes this session to the changes of limits: a trigger on
 -- concurrency_limits (sluice_limits_notify) notifies sluice_limits with

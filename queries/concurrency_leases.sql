@@ -5,17 +5,6 @@
 -- kind's limit row first, as admission does, and keeps its admitted count
 -- equal to the slot rows plus the leased slots.
 
--- name: LimitStates :many
--- Every limit row with what decides the fast path: whether jobs are parked
--- (they go first), whether slots are reserved for resumed jobs (those
--- claim them through admission), and whether the kind has a per-key or
--- rate limit (keyed: every job goes through the keyed admission).
-SELECT l.kind, l.max_concurrency, l.has_parked,
-       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
-       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed
-FROM concurrency_limits l
-ORDER BY l.kind;
-
 -- name: LeaseState :one
 -- The state of kind as a lease holder sees it, without locking: the limit,
 -- the slots taken, whether jobs are parked or slots reserved, the slots
@@ -32,48 +21,6 @@ SELECT l.max_concurrency, l.admitted, l.has_parked,
           AND (cl.slots > 0 OR cl.wanted_at > now() - make_interval(secs => sqlc.arg(wanted_window_ms)::bigint / 1000.0)))::integer AS others
 FROM concurrency_limits l
 WHERE l.kind = sqlc.arg(kind);
-
--- name: GrantLease :one
--- Leases up to want more slots of kind to worker_id, as many as are free,
--- none while jobs of the kind are parked (they go first), the limit is not
--- positive, or the kind has a per-key or rate limit (reported as parked:
--- its jobs go through the keyed admission). A worker that gets fewer than
--- it asked for is marked as wanting, which makes the other holders keep to
--- a fair share. Returns the slots granted and the kind's state.
-WITH lim AS (
-    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked,
-           (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL) AS keyed
-    FROM concurrency_limits l
-    WHERE l.kind = sqlc.arg(kind)
-    FOR UPDATE
-),
-g AS (
-    SELECT CASE
-               WHEN lim.max_concurrency <= 0 OR lim.has_parked OR lim.keyed THEN 0
-               ELSE LEAST(sqlc.arg(want)::integer, GREATEST(lim.max_concurrency - lim.admitted, 0))
-           END AS n
-    FROM lim
-),
-leased AS (
-    INSERT INTO concurrency_leases AS cl (kind, worker_id, slots, wanted_at, renewed_at)
-    SELECT sqlc.arg(kind), sqlc.arg(worker_id)::text, g.n,
-           CASE WHEN g.n < sqlc.arg(want)::integer THEN now() END, now()
-    FROM g
-    ON CONFLICT (kind, worker_id) DO UPDATE
-    SET slots = cl.slots + EXCLUDED.slots,
-        wanted_at = COALESCE(EXCLUDED.wanted_at, cl.wanted_at),
-        renewed_at = now()
-    RETURNING cl.slots
-),
-counted AS (
-    UPDATE concurrency_limits l
-    SET admitted = l.admitted + g.n
-    FROM g
-    WHERE l.kind = sqlc.arg(kind) AND g.n > 0
-    RETURNING l.kind
-)
-SELECT g.n::integer AS granted, lim.max_concurrency, (lim.has_parked OR lim.keyed)::boolean AS has_parked
-FROM g, lim;
 
 -- name: ReturnLease :one
 -- Gives back up to n slots of kind leased to worker_id (no more than it

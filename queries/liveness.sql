@@ -127,15 +127,14 @@ FROM resigned r,
 -- The last step of a reap.
 DELETE FROM sluice_workers WHERE id = sqlc.arg(id) AND incarnation = sqlc.arg(incarnation);
 
--- name: WorkerSlotKinds :many
--- The kinds of the slots held by jobs job_ids or recorded for worker_id.
-SELECT DISTINCT e.kind FROM concurrency_executions e
-WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) OR e.worker_id = sqlc.arg(worker_id)::text
-ORDER BY e.kind;
-
 -- name: DeleteWorkerSlots :many
 -- Frees the slots held by jobs job_ids (rescued from a dead worker) and any
--- other slot recorded for that worker.
+-- other slot recorded for that worker, and the starts reserved for those
+-- jobs (a grant they had not claimed goes whole).
+WITH starts AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND s.reserved
+)
 DELETE FROM concurrency_executions e
 WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) OR e.worker_id = sqlc.arg(worker_id)::text
 RETURNING e.job_id, e.kind;

@@ -23,6 +23,18 @@ import (
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
+// schedulerPeekSQL is the text of SchedulerPeek, the dispatcher's idle
+// check, as queries/schedules.sql holds it (sqlc generates it from there).
+func schedulerPeekSQL(t testing.TB) string {
+	t.Helper()
+	src, err := os.ReadFile("../queries/schedules.sql")
+	require.NoError(t, err)
+	_, after, found := strings.Cut(string(src), "-- name: SchedulerPeek :one\n")
+	require.True(t, found, "queries/schedules.sql has no SchedulerPeek")
+	body, _, _ := strings.Cut(after, "\n-- name:")
+	return body
+}
+
 // explainPeek returns the plan of the dispatcher's idle check.
 func explainPeek(t testing.TB, pool *pgxpool.Pool, analyze bool) string {
 	t.Helper()
@@ -30,7 +42,7 @@ func explainPeek(t testing.TB, pool *pgxpool.Pool, analyze bool) string {
 	if analyze {
 		opts = "(ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF)"
 	}
-	rows, err := pool.Query(context.Background(), "EXPLAIN "+opts+" "+db.SchedulerPeekSQL)
+	rows, err := pool.Query(context.Background(), "EXPLAIN "+opts+" "+schedulerPeekSQL(t))
 	require.NoError(t, err)
 	defer rows.Close()
 	var lines []string

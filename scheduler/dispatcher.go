@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // Defaults of Config.
@@ -77,7 +78,7 @@ type Dispatcher struct {
 
 	cfg      Config
 	q        *db.Queries
-	settings *db.Settings
+	settings *settings.Settings
 	registry *kinds.Registry
 	logger   *slog.Logger
 	metrics  *Metrics
@@ -152,7 +153,7 @@ func New(cfg Config) (*Dispatcher, error) {
 	return &Dispatcher{
 		cfg:       cfg,
 		q:         db.New(cfg.Pool),
-		settings:  db.NewSettings(cfg.Pool),
+		settings:  settings.New(cfg.Pool),
 		registry:  cfg.Registry,
 		logger:    cfg.Logger.With("component", "scheduler"),
 		metrics:   cfg.Metrics,

@@ -15,8 +15,10 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/scheduler"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // fakeClock is a controllable clock shared by dispatchers.
@@ -67,7 +69,7 @@ func newPoolDB(t testing.TB) *pgxpool.Pool {
 
 func openPool(t testing.TB, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
@@ -75,7 +77,7 @@ func openPool(t testing.TB, url string) *pgxpool.Pool {
 
 func insertClient(t testing.TB, pool *pgxpool.Pool) *river.Client[pgx.Tx] {
 	t.Helper()
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: pgkit.SchemasOf(pool).River})
 	require.NoError(t, err)
 	return client
 }
@@ -180,7 +182,7 @@ func dueTimes(jobs []job) []time.Time {
 
 func setSetting(t testing.TB, pool *pgxpool.Pool, key string, value any) {
 	t.Helper()
-	require.NoError(t, db.NewSettings(pool).Set(context.Background(), key, value))
+	require.NoError(t, settings.New(pool).Set(context.Background(), key, value))
 }
 
 func tick(t testing.TB, d *scheduler.Dispatcher) scheduler.TickResult {

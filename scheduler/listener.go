@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // Reconnect backoff of the LISTEN connection.
@@ -17,12 +18,12 @@ const (
 
 // listen holds a dedicated connection that LISTENs on NotifyChannel and
 // wakes the dispatcher on every notification, until ctx is done
-// (db.Listener). A lost connection is re-established with backoff; every
+// (pgkit.Listener). A lost connection is re-established with backoff; every
 // (re)connect wakes the dispatcher too, for notifications missed while
 // disconnected. Polling goes on meanwhile, so a broken listener only
 // delays dispatch to the poll interval.
 func (d *Dispatcher) listen(ctx context.Context) {
-	db.Listener{
+	pgkit.Listener{
 		Pool:     d.cfg.Pool,
 		Channel:  NotifyChannel,
 		Listen:   func(ctx context.Context, q *db.Queries) error { return q.ListenSchedules(ctx) },

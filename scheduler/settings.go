@@ -8,8 +8,8 @@ import (
 
 	"github.com/riverqueue/river"
 
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/kinds"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // Dynamic settings of the scheduler (rows of the settings table, inserted
@@ -53,7 +53,7 @@ var SettingDefaults = map[string]string{
 // with a logged error: a bad setting must not stop schedules.
 type dispatchSettings struct {
 	ctx      context.Context
-	settings *db.Settings
+	settings *settings.Settings
 	logger   *slog.Logger
 
 	base, maxDelay, grace *time.Duration

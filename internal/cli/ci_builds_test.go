@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -23,7 +23,7 @@ func TestRunDropCancelingBuilds(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	_, err = pool.Exec(ctx, `
@@ -74,7 +74,7 @@ func TestRunDropCancelingBuildsKilled(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	var version int

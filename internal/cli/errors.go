@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/module"
@@ -55,7 +55,7 @@ func exitCode(err error) int {
 	case isCobraUsage(err):
 		return exitUsage
 	case errors.As(err, &usageErr), errors.As(err, &unknownKind), errors.As(err, &argsErr),
-		db.IsURLError(err), errors.Is(err, limiter.ErrInvalidLimit):
+		pgkit.IsURLError(err), errors.Is(err, limiter.ErrInvalidLimit):
 		return exitUsage
 	default:
 		return exitFailure

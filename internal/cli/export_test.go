@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/exports"
 )
@@ -97,7 +98,7 @@ func TestExportEndToEnd(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	_, err = pool.Exec(ctx, `
@@ -173,7 +174,7 @@ func TestExportKilledWorkerSwept(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	_, err = pool.Exec(ctx, "INSERT INTO ci_builds (project_id, name) SELECT 7, 'b' || i FROM generate_series(1, 100) i")
@@ -233,7 +234,7 @@ func TestExportBadInput(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	before := testdb.Checksum(t, pool, exportTables...)

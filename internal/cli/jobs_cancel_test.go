@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -18,7 +18,7 @@ import (
 func insertRunningJob(t *testing.T, url, kind string) int64 {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	var id int64
@@ -37,7 +37,7 @@ func TestJobsCancelTracksRunningJob(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 
@@ -80,7 +80,7 @@ func TestJobsCancelTrackingIsAtomic(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	_, err = pool.Exec(ctx, "ALTER TABLE task_cancellation_tracker ADD CONSTRAINT test_refuse CHECK (kind <> 'demo.sleep')")

@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -25,7 +25,7 @@ func TestLimitsCLI(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 
@@ -115,7 +115,7 @@ func TestLimitsWorkerKilled(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	count := func(sql string) int {

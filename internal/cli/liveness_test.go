@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/pgcluster"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/proc"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/demo"
@@ -27,7 +27,7 @@ var livenessArgs = []string{"--heartbeat-interval", "200ms", "--dead-after", "1s
 
 func livePool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
@@ -44,7 +44,7 @@ func qInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 // with its own logical name (tag-0 …), which parking and resuming keep.
 func insertTagged(t *testing.T, pool *pgxpool.Pool, tag string, n, ms int) {
 	t.Helper()
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: pgkit.SchemasOf(pool).River})
 	require.NoError(t, err)
 	params := make([]river.InsertManyParams, n)
 	for i := range params {

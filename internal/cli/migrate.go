@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/migrations"
 )
 
@@ -150,7 +151,7 @@ migrate status lists every migration and whether it is applied.`,
 // a rollback is checked.
 func refuseUnderLiveWorkers(ctx context.Context, pool *pgxpool.Pool) error {
 	q := db.New(pool)
-	exists, err := q.TableExists(ctx, db.SchemasOf(pool).Sluice+".sluice_workers")
+	exists, err := q.TableExists(ctx, pgkit.SchemasOf(pool).Sluice+".sluice_workers")
 	if err != nil {
 		return fmt.Errorf("look for live workers: %w", err)
 	}

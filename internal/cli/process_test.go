@@ -17,7 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -122,7 +122,7 @@ func TestWorkerSIGTERM(t *testing.T) {
 		require.Equal(t, 0, code, out)
 		ids = append(ids, strings.TrimSpace(out))
 	}
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	require.Eventually(t, func() bool {

@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/module"
 	"github.com/sluice-dev/sluice/tracing"
@@ -77,7 +77,7 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return asUsage(err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (pgx URL or key=value)")
-	pf.StringVar(&g.prog.Schemas.Sluice, "schema", cmp.Or(prog.Schemas.Sluice, db.DefaultSchema), "Postgres schema of sluice's tables, views, functions and migration versions")
+	pf.StringVar(&g.prog.Schemas.Sluice, "schema", cmp.Or(prog.Schemas.Sluice, pgkit.DefaultSchema), "Postgres schema of sluice's tables, views, functions and migration versions")
 	pf.StringVar(&g.prog.Schemas.River, "river-schema", prog.Schemas.River, "Postgres schema of River's tables (River's Schema option; default: where the connection's search_path puts them, usually public)")
 	pf.StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (default info for worker, warn otherwise)")
 	pf.StringVar(&g.logFormat, "log-format", "json", "log format: json or text")
@@ -149,7 +149,7 @@ func applyEnv(cmd *cobra.Command) error {
 			return
 		}
 		if err := f.Value.Set(val); err != nil {
-			firstErr = usagef("invalid $%s: %v", envs[0], db.Redact(err.Error(), val))
+			firstErr = usagef("invalid $%s: %v", envs[0], pgkit.Redact(err.Error(), val))
 		}
 	})
 	return firstErr
@@ -183,11 +183,11 @@ func (g *globals) cliLogger() (*slog.Logger, error) {
 
 // checkSchemas checks the schema names of --schema and --river-schema.
 func (g *globals) checkSchemas() error {
-	if err := db.ValidateSchema(g.prog.Schemas.Sluice); err != nil {
+	if err := pgkit.ValidateSchema(g.prog.Schemas.Sluice); err != nil {
 		return usagef("--schema (or $SLUICE_SCHEMA): %v", err)
 	}
 	if g.prog.Schemas.River != "" {
-		if err := db.ValidateRiverSchema(g.prog.Schemas.River); err != nil {
+		if err := pgkit.ValidateRiverSchema(g.prog.Schemas.River); err != nil {
 			return usagef("--river-schema (or $SLUICE_RIVER_SCHEMA): %v", err)
 		}
 	}
@@ -196,7 +196,7 @@ func (g *globals) checkSchemas() error {
 
 // requireDatabaseURL checks that a database URL was given and parses.
 func (g *globals) requireDatabaseURL() error {
-	_, err := db.ParseConfig(g.databaseURL)
+	_, err := pgkit.ParseConfig(g.databaseURL)
 	return err
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/scheduler"
 )
@@ -25,7 +26,7 @@ func TestScheduleCLI(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	// Only this test's schedules, not the built-in kinds' defaults.
@@ -151,7 +152,7 @@ func TestScheduleBadInput(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	code, _, stderr := runCLI(t, "--database-url", url, "schedule", "add", "--name", "existing", "--cron", "0 * * * *", "--kind", "demo.sleep")
@@ -359,7 +360,7 @@ func TestHealthCLI(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 )
 
@@ -53,7 +53,7 @@ func TestStatsEndToEnd(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	pool, err := db.Open(ctx, url, 10*time.Second)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 
@@ -121,7 +121,7 @@ func TestStatsBadInput(t *testing.T) {
 	t.Parallel()
 
 	url := testdb.New(t)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	defer pool.Close()
 	before := testdb.Checksum(t, pool, append(sluiceTables, "task_cancellation_tracker", "task_cancellation_counters")...)

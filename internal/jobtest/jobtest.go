@@ -17,7 +17,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/kinds"
 	"github.com/sluice-dev/sluice/maintenance"
@@ -100,7 +100,7 @@ func Start(tb testing.TB, pool *pgxpool.Pool, j *app.Jobs, cfg Config) *Client {
 		FetchPollInterval: 50 * time.Millisecond,
 		Logger:            j.Env.Logger,
 		Queues:            queues,
-		Schema:            db.SchemasOf(pool).River,
+		Schema:            pgkit.SchemasOf(pool).River,
 		TestOnly:          true,
 		WorkerMiddleware:  j.Middleware(),
 		Workers:           j.Workers,

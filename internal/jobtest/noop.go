@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/modules/demo"
 )
 
@@ -60,7 +60,7 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 	if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
 		tb.Fatal(err)
 	}
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: db.SchemasOf(pool).River})
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Schema: pgkit.SchemasOf(pool).River})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 			FetchPollInterval: 20 * time.Millisecond,
 			Logger:            j.Env.Logger,
 			Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 200}},
-			Schema:            db.SchemasOf(clientPool).River,
+			Schema:            pgkit.SchemasOf(clientPool).River,
 			TestOnly:          true,
 			WorkerMiddleware:  j.Middleware(),
 			Workers:           j.Workers,

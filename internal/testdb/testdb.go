@@ -30,7 +30,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/modules"
 )
@@ -75,7 +75,7 @@ func New(tb testing.TB) string {
 func NewPool(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	url := New(tb)
-	pool, err := db.Open(context.Background(), url, 10*time.Second)
+	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	if err != nil {
 		tb.Fatalf("test database: %v", err)
 	}
@@ -156,7 +156,7 @@ func setup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var err error
-	admin, err = db.Open(ctx, adminURL, 10*time.Second)
+	admin, err = pgkit.Open(ctx, adminURL, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("%w (set TEST_DATABASE_URL, or run `make test`, which starts a private server when none answers)", err)
 	}
@@ -173,7 +173,7 @@ func setup() error {
 // database that is renamed only once fully migrated, so a crashed build
 // leaves nothing that looks finished.
 func ensureTemplate(ctx context.Context) error {
-	lock, err := db.Lock(ctx, admin, templateLock)
+	lock, err := pgkit.Lock(ctx, admin, templateLock)
 	if err != nil {
 		return err
 	}
@@ -193,7 +193,7 @@ func ensureTemplate(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{scratch}.Sanitize()); err != nil {
 		return fmt.Errorf("create template: %w", err)
 	}
-	pool, err := db.Open(ctx, urlFor(scratch), 10*time.Second)
+	pool, err := pgkit.Open(ctx, urlFor(scratch), 10*time.Second)
 	if err != nil {
 		return err
 	}
@@ -297,16 +297,16 @@ func Checksum(tb testing.TB, pool *pgxpool.Pool, tables ...string) string {
 }
 
 // PoolConfig parses url as sluice's processes do: a pool configuration with
-// sluice's schema and River's on its search_path (db.UseSchemas), for tests
+// sluice's schema and River's on its search_path (pgkit.UseSchemas), for tests
 // that tune the configuration before they open the pool.
 func PoolConfig(url string) (*pgxpool.Config, error) {
-	config, err := db.ParseConfig(url)
+	config, err := pgkit.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := db.UseSchemas(ctx, config, url, db.Schemas{}); err != nil {
+	if _, err := pgkit.UseSchemas(ctx, config, url, pgkit.Schemas{}); err != nil {
 		return nil, err
 	}
 	return config, nil

@@ -10,7 +10,7 @@ import (
 
 // The limiter's books at rest: once every job has ended and restTime has
 // passed, nothing may be left of the line (slot rows, parked records,
-// leased slots, reserved starts, key turns), and each limit row's counts
+// leased slots, reserved starts, key rows), and each limit row's counts
 // equal a recount: nothing works or waits, so anything left is a leak.
 
 // booksSQL reads the limiter's state of the torture kinds.
@@ -20,17 +20,18 @@ SELECT
     (SELECT count(*) FROM concurrency_parked_jobs WHERE kind LIKE 'torture.%'),
     (SELECT COALESCE(sum(slots), 0) FROM concurrency_leases WHERE kind LIKE 'torture.%'),
     (SELECT count(*) FROM concurrency_starts WHERE kind LIKE 'torture.%' AND reserved),
-    (SELECT count(*) FROM concurrency_key_turns WHERE kind LIKE 'torture.%'),
+    (SELECT count(*) FROM concurrency_key_lines WHERE kind LIKE 'torture.%'),
     (SELECT COALESCE(string_agg(format('%s admitted %s (recount %s), has_parked %s (recount %s)', l.kind, l.admitted,
                  c.n, l.has_parked, c.parked), '; '), '')
      FROM concurrency_limits l
      CROSS JOIN LATERAL (
-         SELECT (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
-                + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) AS n,
+         SELECT CASE WHEN l.max_concurrency <> 0 THEN
+                    (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
+                    + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) END AS n,
                 EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind
                         AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')) AS parked
      ) c
-     WHERE l.kind LIKE 'torture.%' AND (l.admitted <> c.n OR l.has_parked <> c.parked))`
+     WHERE l.kind LIKE 'torture.%' AND (l.admitted IS DISTINCT FROM c.n OR l.has_parked <> c.parked))`
 
 // lineHistorySQL is the history of the slot and waiter rows of the jobs
 // whose slots are left, for diagnosis.
@@ -52,24 +53,23 @@ SELECT COALESCE(string_agg(x, '; '), '') FROM (
     FROM concurrency_leases cl WHERE cl.kind LIKE 'torture.%' AND cl.slots > 0
 ) s`
 
-// checkBooks checks the limiter's books at quiescence: no slot, parking,
-// lease, reservation or turn left, and every limit row's counts equal to
-// a recount.
-// checkBooks checks the limiter's books at rest.
+// checkBooks checks the limiter's books at rest: no slot, parking, lease,
+// reservation or key row left, and every limit row's counts equal to a
+// recount.
 func (x *torture) checkBooks(ctx context.Context) {
-	var slots, parked, leased, reserved, turns int64
+	var slots, parked, leased, reserved, keys int64
 	var off string
-	if err := x.pool.QueryRow(ctx, booksSQL).Scan(&slots, &parked, &leased, &reserved, &turns, &off); err != nil {
+	if err := x.pool.QueryRow(ctx, booksSQL).Scan(&slots, &parked, &leased, &reserved, &keys, &off); err != nil {
 		x.vs.add("accounting", "the books at rest could not be read: %v", err)
 		return
 	}
-	if slots+parked+leased+reserved+turns > 0 {
+	if slots+parked+leased+reserved+keys > 0 {
 		var rows, history string
 		_ = x.pool.QueryRow(ctx, leftoverSQL).Scan(&rows)
 		_ = x.pool.QueryRow(ctx, lineHistorySQL).Scan(&history)
 		rows += "\n" + history
-		x.vs.add("accounting", "at rest, nothing runs or waits, yet %d slot rows, %d parked records, %d leased slots, %d reserved starts, %d key turns are left: %s",
-			slots, parked, leased, reserved, turns, rows)
+		x.vs.add("accounting", "at rest, nothing runs or waits, yet %d slot rows, %d parked records, %d leased slots, %d reserved starts, %d key rows are left: %s",
+			slots, parked, leased, reserved, keys, rows)
 	}
 	if off != "" {
 		x.vs.add("accounting", "at rest: counts differ from a recount: %s", off)

@@ -4,18 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // sampleSQL reads the limiter's count of the torture kinds' slots, all in
-// one snapshot at the database's clock: each limit row's count
-// (admitted), the slot rows and leased slots it stands for, and the slot
-// rows of each key.
+// one snapshot at the database's clock: each limit row's count (admitted,
+// kept under a per-kind limit), the slot rows and leased slots it stands
+// for, and per key the slot rows and the key's count (its row in
+// concurrency_key_lines).
 const sampleSQL = `
 SELECT statement_timestamp(),
-       COALESCE((SELECT json_object_agg(kind, admitted) FROM concurrency_limits WHERE kind LIKE 'torture.%'), '{}'),
+       COALESCE((SELECT json_object_agg(kind, admitted) FROM concurrency_limits
+                 WHERE kind LIKE 'torture.%' AND admitted IS NOT NULL), '{}'),
        COALESCE((SELECT json_object_agg(kind, n) FROM (
            SELECT kind, sum(n) AS n FROM (
                SELECT kind, count(*) AS n FROM concurrency_executions WHERE kind LIKE 'torture.%' GROUP BY kind
@@ -26,19 +29,25 @@ SELECT statement_timestamp(),
            SELECT kind, json_object_agg(key, n) AS keys FROM (
                SELECT kind, key, count(*) AS n FROM concurrency_executions
                WHERE kind LIKE 'torture.%' AND key IS NOT NULL GROUP BY kind, key
-           ) e GROUP BY kind) k), '{}')`
+           ) e GROUP BY kind) k), '{}'),
+       COALESCE((SELECT json_object_agg(kind, keys) FROM (
+           SELECT kind, json_object_agg(key, slots) AS keys FROM concurrency_key_lines
+           WHERE kind LIKE 'torture.%' AND slots > 0 GROUP BY kind) k), '{}'),
+       COALESCE((SELECT json_agg(json_build_object('job', e.job_id, 'kind', e.kind, 'key', e.key, 'reserved', e.reserved,
+                                                   'worker', e.worker_id))
+                 FROM concurrency_executions e WHERE e.kind LIKE 'torture.%'), '[]')`
 
 // readSample reads one accounting sample.
 func readSample(ctx context.Context, pool *pgxpool.Pool) (sample, error) {
 	var s sample
-	var counted, rows, keys []byte
-	if err := pool.QueryRow(ctx, sampleSQL).Scan(&s.at, &counted, &rows, &keys); err != nil {
+	var counted, rows, keys, keyCounts, slots []byte
+	if err := pool.QueryRow(ctx, sampleSQL).Scan(&s.at, &counted, &rows, &keys, &keyCounts, &slots); err != nil {
 		return s, fmt.Errorf("read the slots: %w", err)
 	}
 	for _, x := range []struct {
 		raw []byte
 		to  any
-	}{{counted, &s.counted}, {rows, &s.rows}, {keys, &s.keyRows}} {
+	}{{counted, &s.counted}, {rows, &s.rows}, {keys, &s.keyRows}, {keyCounts, &s.keyCounted}, {slots, &s.slots}} {
 		if err := json.Unmarshal(x.raw, x.to); err != nil {
 			return s, fmt.Errorf("decode the slots: %w", err)
 		}
@@ -78,24 +87,36 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 					vs.add("accounting", "%s at %s: %s %d slots, but %d jobs that hold one are working (limits %s)",
 						kind, s.at.Format(time.StampMicro), c.what, c.n, sure, r.limitsAt(kind, s.at))
 				case c.n > near:
-					vs.add("accounting", "%s at %s: %s %d slots, but only %d jobs work within %s before and %s after (limits %s; %s)",
+					vs.add("accounting", "%s at %s: %s %d slots, but only %d jobs work within %s before and %s after (limits %s; %s); the slots: %s",
 						kind, s.at.Format(time.StampMicro), c.what, c.n, near, slotLead, slotLag, r.limitsAt(kind, s.at),
-						r.recentLimits(kind, s.at))
+						r.recentLimits(kind, s.at), r.describeSlots(s, kind, ""))
 				}
 			}
-			for partition, n := range s.keyRows[kind] {
+			partitions := map[string]bool{}
+			for partition := range s.keyRows[kind] {
+				partitions[partition] = true
+			}
+			for partition := range s.keyCounted[kind] {
+				partitions[partition] = true
+			}
+			for partition := range partitions {
 				var key string // the partition key is the JSON text of the args' key
 				if json.Unmarshal([]byte(partition), &key) != nil {
 					continue
 				}
 				ksure, knear := r.slotsAt(kind, key, s.at)
-				switch {
-				case n < ksure:
-					vs.add("accounting", "%s key %s at %s: %d slot rows, but %d jobs of the key that hold one are working",
-						kind, key, s.at.Format(time.StampMicro), n, ksure)
-				case n > knear:
-					vs.add("accounting", "%s key %s at %s: %d slot rows, but only %d jobs of the key work within %s before and %s after",
-						kind, key, s.at.Format(time.StampMicro), n, knear, slotLead, slotLag)
+				for _, c := range []struct {
+					what string
+					n    int
+				}{{"slot rows", s.keyRows[kind][partition]}, {"slots counted on its key row", s.keyCounted[kind][partition]}} {
+					switch {
+					case c.n < ksure:
+						vs.add("accounting", "%s key %s at %s: %d %s, but %d jobs of the key that hold one are working",
+							kind, key, s.at.Format(time.StampMicro), c.n, c.what, ksure)
+					case c.n > knear:
+						vs.add("accounting", "%s key %s at %s: %d %s, but only %d jobs of the key work within %s before and %s after; the slots: %s",
+							kind, key, s.at.Format(time.StampMicro), c.n, c.what, knear, slotLead, slotLag, r.describeSlots(s, kind, partition))
+					}
 				}
 			}
 		}
@@ -147,4 +168,21 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 		}
 	}
 	return sure, near
+}
+
+// describeSlots describes the slot rows of kind (of key partition, unless
+// "") in sample s, with their jobs' histories, for a report.
+func (r *record) describeSlots(s sample, kind, partition string) string {
+	var out []string
+	for _, e := range s.slots {
+		if e.Kind != kind || (partition != "" && (e.Key == nil || *e.Key != partition)) {
+			continue
+		}
+		w := ""
+		if e.Worker != nil {
+			w = *e.Worker
+		}
+		out = append(out, fmt.Sprintf("job %d (reserved %v, worker %q): %s", e.Job, e.Reserved, w, r.history(e.Job)))
+	}
+	return strings.Join(out, "; ")
 }

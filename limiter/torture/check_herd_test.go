@@ -176,7 +176,7 @@ func (r *record) checkReparked(kind string, id int64, c change, rest []change, v
 		!park.at.After(gone.Add(rescueTime)) {
 		return
 	}
-	vs.add("herd", "%s: job %d, resumed at %s and fetched by %s at %s, parked again at %s before it ran (limits %s; %s); %s",
+	vs.add("herd", "%s: job %d, resumed at %s and fetched by %s at %s, parked again at %s before it ran (limits %s; %s); %s; limiter's rows: %s",
 		kind, id, c.at.Format(time.StampMicro), fetch.client, fetch.at.Format(time.StampMicro), park.at.Format(time.StampMicro),
-		r.limitsAt(kind, park.at), r.recentLimits(kind, park.at), r.history(id))
+		r.limitsAt(kind, park.at), r.recentLimits(kind, park.at), r.history(id), r.lineAt(id, park.at))
 }

@@ -30,6 +30,7 @@ func checkLimits(r *record, vs *violations, cov coverage) {
 			}
 			cov.judge("limit")
 			active, activeKey := 0, 0
+			var runningKey, running []string
 			for _, y := range runs[:i+1] {
 				if !r.runEnd(y).After(x.start) {
 					continue
@@ -37,18 +38,21 @@ func checkLimits(r *record, vs *violations, cov coverage) {
 				kindSlot, keySlot := r.heldSlots(kind, y)
 				if kindSlot || y.job == x.job {
 					active++
+					running = append(running, fmt.Sprintf("job %d (%s; limiter's rows: %s)", y.job, r.history(y.job), r.lineAt(y.job, x.start)))
 				}
 				if y.key == x.key && (keySlot || y.job == x.job) {
 					activeKey++
+					runningKey = append(runningKey, fmt.Sprintf("job %d (%s; limiter's rows: %s)", y.job, r.history(y.job), r.lineAt(y.job, x.start)))
 				}
 			}
 			if active > kindCap {
-				vs.add("limit", "%s: job %d started at %s with %d running, limit %d (limits %s)",
-					kind, x.job, x.start.Format(time.StampMicro), active, kindCap, r.limitsAt(kind, x.start))
+				vs.add("limit", "%s: job %d started at %s with %d running, limit %d (limits %s): %s",
+					kind, x.job, x.start.Format(time.StampMicro), active, kindCap, r.limitsAt(kind, x.start), strings.Join(running, "; "))
 			}
 			if activeKey > keyCap {
-				vs.add("limit", "%s key %s: job %d started at %s with %d of its key running, limit %d per key (limits %s)",
-					kind, x.key, x.job, x.start.Format(time.StampMicro), activeKey, keyCap, r.limitsAt(kind, x.start))
+				vs.add("limit", "%s key %s: job %d started at %s with %d of its key running, limit %d per key (limits %s): %s",
+					kind, x.key, x.job, x.start.Format(time.StampMicro), activeKey, keyCap, r.limitsAt(kind, x.start),
+					strings.Join(runningKey, "; "))
 			}
 		}
 	}
@@ -68,24 +72,37 @@ func (r *record) heldSlots(kind string, y run) (kindSlot, keySlot bool) {
 	return kindSlot, keySlot
 }
 
-// rateSince is when kind's rate limit in force at t was set (unchanged
-// since then).
-func (r *record) rateSince(kind string, t time.Time) time.Time {
+// rateSince is the change that set kind's rate limit in force at t
+// (unchanged since then).
+func (r *record) rateSince(kind string, t time.Time) limitChange {
 	cur := r.limitsAt(kind, t)
-	since := time.Time{}
+	var since limitChange
 	for _, c := range r.limits[kind] {
 		if c.at.After(t) {
 			break
 		}
 		if !c.limits.rateEqual(cur) {
-			since = time.Time{}
+			since = limitChange{}
 			continue
 		}
-		if since.IsZero() {
-			since = c.at
+		if since.at.IsZero() {
+			since = c
 		}
 	}
 	return since
+}
+
+// startLogged reports whether the limiter logged a start of job id (a
+// row of concurrency_starts written, or claimed) in [from, to]: a start it
+// decided under a rate then.
+func (r *record) startLogged(id int64, from, to time.Time) bool {
+	for _, e := range r.line[id] {
+		if strings.HasPrefix(e.what, "concurrency_starts ") && !strings.HasSuffix(e.what, "DELETE") &&
+			!e.at.Before(from) && !e.at.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkRates: no window of a rate's period less rateJitter holds more
@@ -103,22 +120,31 @@ func checkRates(r *record, vs *violations, cov coverage) {
 			if !l.hasRate() {
 				continue
 			}
-			since := r.rateSince(kind, x.start)
+			set := r.rateSince(kind, x.start)
+			since := set.at
 			from := since.Add(changeWindow)
-			if x.start.Before(from) {
+			if x.start.Before(from) && !r.startLogged(x.job, set.began, x.start) {
 				cov.exempt("rate", "rate just set")
 				continue
 			}
 			cov.judge("rate")
+			// The window: the starts after from, and those the limiter logged
+			// since the change began (decided under the new rate).
 			lo := x.start.Add(-l.ratePeriod + rateJitter)
-			if lo.Before(from) {
-				lo = from
+			counted := func(y run) bool {
+				switch {
+				case !y.start.After(lo):
+					return false
+				case !y.start.Before(from):
+					return true
+				}
+				return r.startLogged(y.job, set.began, y.start)
 			}
 			var in []string
 			for _, y := range starts[:i+1] {
-				if y.start.After(lo) && (!l.ratePerKey || y.key == x.key) {
-					in = append(in, fmt.Sprintf("job %d attempt %d on %s at %s", y.job, y.attempt, y.worker,
-						y.start.Format("05.000000")))
+				if counted(y) && (!l.ratePerKey || y.key == x.key) {
+					in = append(in, fmt.Sprintf("job %d attempt %d on %s at %s (%s; limiter's rows: %s)", y.job, y.attempt, y.worker,
+						y.start.Format("05.000000"), r.history(y.job), r.lineAt(y.job, x.start)))
 				}
 			}
 			if len(in) > int(l.rateMax) {

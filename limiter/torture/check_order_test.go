@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"strings"
 	"time"
 )
 
@@ -10,21 +11,33 @@ import (
 //   - Strict (a per-key or rate limit): a job never starts while an older
 //     job of its key waits, parked, resumed and on its way, or fetched by a
 //     worker and not started; but for a job fetched by another worker
-//     within fetchTolerance of the younger one's fetch, or of its start.
+//     within fetchTolerance of the younger one's fetch, or of its start,
+//     or for one fetched so by another worker and parked by it straight
+//     from that fetch within fetchTolerance before the younger one's start
+//     (the same race: the worker parked the loser rather than keep it);
+//     or for one its own worker fetched, after the younger one's fetch,
+//     within fetchInFlight before the younger one's start (that fetch was
+//     in flight).
 //   - By fetch (a per-kind limit alone): a job never starts while an older
 //     job of its kind fetched more than fetchTolerance before it (by any
 //     worker), or in the same fetch, waits in a worker; nor while an older
 //     job of its kind is parked or resumed, but for one parked or resumed
-//     within leaseTolerance. (An older job fetched later, a retry say, may
-//     start after it: River hands jobs out in its own order.)
+//     within leaseTolerance, or one River hands out after it (its
+//     scheduled_at later: snoozed or retried after the younger one's
+//     insert). (An older job fetched later, a retry say, may start after
+//     it: River hands jobs out in its own order.)
 //
 // In both, jobs let start together may start up to togetherTolerance apart
 // in either order, a job fetched by a worker since killed waits for the
 // reaper, and a job the test cancelled is not waiting for its turn. A run
 // fetched, or started, within changeWindow of a change of its kind's order
 // regime may follow either regime: a pair is a violation only under every
-// regime the run may have followed; one that may have run with no limit at
-// all is exempt.
+// regime the run may have followed; one fetched or started with no limit
+// is not a candidate, and one that may have run with no limit (a change
+// window) is exempt, unless the limiter's own rows show it decided the run
+// (a slot, a start or a place in the line written between its fetch and
+// its start): then it is judged under the limits its decisions may have
+// followed (a decision under way finishes by the limits it read).
 func checkOrder(r *record, vs *violations, cov coverage) {
 	for _, kind := range kinds {
 		ids := r.kindJobs(kind)
@@ -38,7 +51,19 @@ func checkOrder(r *record, vs *violations, cov coverage) {
 				cov.exempt("order", "no fetch recorded")
 				continue
 			}
-			followed := r.regimesOf(kind, fj.at, xj.start)
+			var followed []limits
+			decided := r.decisionsOf(xj.job, fj.at, xj.start)
+			switch {
+			case len(decided) > 0:
+				// The limiter decided it (its own rows say so: this only turns
+				// an exemption into a judgment): under the limits in force
+				// when it did.
+				followed = r.limitedRegimesAt(kind, decided)
+			case regime(r.limitsAt(kind, fj.at)) == "none":
+				continue // fetched with no limit: no order to keep
+			default:
+				followed = r.regimesOf(kind, fj.at, xj.start)
+			}
 			if followed == nil {
 				cov.exempt("order", "may have run with no limit")
 				continue
@@ -107,6 +132,22 @@ func (r *record) regimesOf(kind string, fetch, start time.Time) []limits {
 	return out
 }
 
+// limitedRegimesAt is every order regime's limits (one each) a decision
+// of the limiter at one of times may have followed, but none and breakers.
+func (r *record) limitedRegimesAt(kind string, times []time.Time) []limits {
+	var out []limits
+	seen := map[string]bool{}
+	for _, t := range times {
+		for _, l := range r.possible(kind, "", t) {
+			if rg := regime(l); rg != "none" && !(l.present && l.max < 0) && !seen[rg] {
+				seen[rg] = true
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
 // orderExcuse is the stated tolerance that excuses job i waiting (w) when
 // run xj (fetched fj) started under limits l ("-": i does not go first
 // there at all; "": none, a violation).
@@ -127,6 +168,17 @@ func (r *record) orderExcuse(l limits, i int64, w wait, xj run, fj change) strin
 			(w.since.After(fj.at.Add(-fetchTolerance)) || w.since.After(xj.start.Add(-fetchTolerance))) {
 			return "fetched at about the same time"
 		}
+		if w.how == "fetched" && w.worker == xj.worker && w.since.After(fj.at) && w.since.After(xj.start.Add(-fetchInFlight)) {
+			// Its worker's fetch of it was in flight when the younger one,
+			// fetched before, started.
+			return "fetched by its worker as the younger one started"
+		}
+		if w.how == "parked" && w.fetchedBy != "" && w.fetchedBy != xj.worker &&
+			w.fetchedAt.After(fj.at.Add(-fetchTolerance)) && w.since.After(xj.start.Add(-fetchTolerance)) {
+			// The same race, lost a moment before the younger one started:
+			// its worker parked it rather than let it wait.
+			return "fetched at about the same time, then parked"
+		}
 		return ""
 	}
 	switch w.how {
@@ -145,6 +197,39 @@ func (r *record) orderExcuse(l limits, i int64, w wait, xj run, fj change) strin
 		if w.since.After(xj.start.Add(-leaseTolerance)) {
 			return w.how + " just now"
 		}
+		if r.scheduledAt(i, xj.start).After(r.scheduledAt(xj.job, fj.at)) {
+			// River hands out available jobs by (priority, scheduled_at, id):
+			// one snoozed or retried after the younger one's insert comes
+			// after it.
+			return "-"
+		}
 		return ""
 	}
+}
+
+// scheduledAt is job id's scheduled_at as of its last change at or before
+// t (River's fetch order within a priority).
+func (r *record) scheduledAt(id int64, t time.Time) time.Time {
+	var out time.Time
+	for _, c := range r.changes[id] {
+		if c.at.After(t) {
+			break
+		}
+		if !c.scheduledAt.IsZero() {
+			out = c.scheduledAt
+		}
+	}
+	return out
+}
+
+// decisionsOf is when the limiter wrote a row for job id (a slot, a start,
+// a place in the line, a parking) in [from, to]: its decisions.
+func (r *record) decisionsOf(id int64, from, to time.Time) []time.Time {
+	var out []time.Time
+	for _, e := range r.line[id] {
+		if !strings.HasSuffix(e.what, "DELETE") && !e.at.Before(from) && !e.at.After(to) {
+			out = append(out, e.at)
+		}
+	}
+	return out
 }

@@ -22,7 +22,7 @@ const (
 	// may still follow the limits before it: every worker hears of a
 	// change by notification (within 50 ms), and a decision already under
 	// way finishes by the limits it read.
-	changeWindow = 100 * time.Millisecond
+	changeWindow = 50 * time.Millisecond
 	// rateJitter is how long after its admission a job's own code may
 	// begin (the worker's record of its start): a window of the rate's
 	// period less rateJitter holds at most the rate's starts.
@@ -31,6 +31,11 @@ const (
 	// for their jobs to start in either order: River hands them out at
 	// once, and the limiter learns of each when its fetch commits.
 	fetchTolerance = 50 * time.Millisecond
+	// fetchInFlight is how long before a job's start its own worker may
+	// fetch an older job of its key and still let it start: the fetch's
+	// jobs reach the limiter when the fetch returns, a round trip after
+	// its attempted_at (the time the record holds).
+	fetchInFlight = 10 * time.Millisecond
 	// togetherTolerance is how far apart jobs let start at the same moment
 	// (one grant, one fetch's decisions) may start, in either order: each
 	// begins as its worker's goroutine does.
@@ -218,6 +223,10 @@ type wait struct {
 	how    string    // parked (pending), resumed (made available from pending, not fetched yet), fetched (not started)
 	since  time.Time // since when it waits so
 	worker string    // fetched: the worker that fetched it
+	// fetchedAt and fetchedBy: parked straight from a fetch that never
+	// started (its worker parked it), that fetch.
+	fetchedAt time.Time
+	fetchedBy string
 }
 
 // waitingAt reports how job id waits at t, if it does: parked (pending);
@@ -231,7 +240,11 @@ func (r *record) waitingAt(id int64, t time.Time) (wait, bool) {
 	}
 	switch c.to {
 	case "pending":
-		return wait{how: "parked", since: c.at}, true
+		w := wait{how: "parked", since: c.at}
+		if f, ok := r.stateAt(id, c.at.Add(-time.Nanosecond)); ok && f.to == "running" && !r.startedSince(id, f.at, c.at) {
+			w.fetchedAt, w.fetchedBy = f.at, f.client
+		}
+		return w, true
 	case "available":
 		if c.from == "pending" && !r.retriedAt(id, c.at) {
 			return wait{how: "resumed", since: c.at}, true

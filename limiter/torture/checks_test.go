@@ -149,6 +149,97 @@ func TestCheckRatesFindsAFullWindow(t *testing.T) {
 	}
 }
 
+// TestCheckRatesJudgesStartsLoggedUnderTheNewRate: a rate of 2/s set at
+// 100 ms (its transaction began at 90 ms). Starts within the change window
+// after it are exempt (they may have followed no rate), unless the
+// limiter's own rows show it logged their starts since the change began
+// (it decided them under the new rate): then three of them in the window
+// are a violation.
+func TestCheckRatesJudgesStartsLoggedUnderTheNewRate(t *testing.T) {
+	for _, logged := range []bool{false, true} {
+		f := newFakeRecord(limits{})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(100), began: f.at(90),
+			limits: limits{present: true, rateMax: 2, ratePeriod: time.Second}})
+		f.r.line = map[int64][]lineEvent{}
+		for id := int64(1); id <= 3; id++ {
+			f.job(id, "")
+			f.ran(id, 120+int(id), 5, "ok")
+			if logged {
+				f.r.line[id] = []lineEvent{{what: "concurrency_starts INSERT", at: f.at(95)}}
+			}
+		}
+		got := f.found("rate")
+		switch {
+		case logged && (len(got) != 1 || !strings.Contains(got[0], "3 starts")):
+			t.Fatalf("logged under the new rate: rate violations %q, want one of 3 starts", got)
+		case !logged && len(got) > 0:
+			t.Fatalf("in the change window: rate violations %q, want none (exempt)", got)
+		}
+	}
+}
+
+// TestCheckOrderJudgesWhatTheLimiterDecided: a per-key limit set at 100 ms
+// over a kind with none; jobs 1 and 2 of one key are fetched just before,
+// and job 2 starts at 130 ms while job 1 waits. In the change window it may
+// have run with no limit (exempt), unless the limiter's own rows show it
+// decided job 2 (a slot written between its fetch and its start): then
+// the pair is judged, and is a violation.
+func TestCheckOrderJudgesWhatTheLimiterDecided(t *testing.T) {
+	for _, decided := range []bool{false, true} {
+		f := newFakeRecord(limits{})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(100), began: f.at(95),
+			limits: limits{present: true, fields: []string{"key"}, keyMax: 1}})
+		f.r.line = map[int64][]lineEvent{}
+		f.job(1, "repo")
+		f.job(2, "repo")
+		f.state(1, "available", "running", 97)
+		f.state(2, "available", "running", 98)
+		f.started(2, "w1", 130, 10)
+		f.started(1, "w1", 400, 10)
+		if decided {
+			f.r.line[2] = []lineEvent{{what: "concurrency_executions INSERT", at: f.at(120)}}
+		}
+		got := f.found("order")
+		switch {
+		case decided && (len(got) != 1 || !strings.Contains(got[0], "job 2 started")):
+			t.Fatalf("decided by the limiter: order violations %q, want job 2's", got)
+		case !decided && len(got) > 0:
+			t.Fatalf("in the change window: order violations %q, want none (exempt)", got)
+		}
+	}
+}
+
+// TestCheckOrderFollowsRiversOrder: under a per-kind limit alone, job 2
+// starts while job 1, older, is resumed and not fetched yet: a violation,
+// unless River hands job 1 out after job 2 (its scheduled_at later: it
+// was snoozed after job 2's insert).
+func TestCheckOrderFollowsRiversOrder(t *testing.T) {
+	for _, snoozed := range []bool{false, true} {
+		f := newFakeRecord(limits{max: 2})
+		f.job(1, "")
+		f.job(2, "")
+		sched1 := f.at(0)
+		if snoozed {
+			sched1 = f.at(50)
+		}
+		f.r.changes[1] = append(f.r.changes[1],
+			change{job: 1, from: "available", to: "running", client: "w1", at: f.at(10), scheduledAt: f.at(0)},
+			change{job: 1, from: "running", to: "pending", client: "w1", at: f.at(20), scheduledAt: sched1},
+			change{job: 1, from: "pending", to: "available", at: f.at(100), scheduledAt: sched1})
+		f.r.changes[2][0].scheduledAt = f.at(5)
+		f.ran(2, 400, 10, "ok")
+		f.r.changes[1] = append(f.r.changes[1], change{job: 1, from: "available", to: "running", client: "w1", at: f.at(600)})
+		f.started(1, "w1", 600, 10)
+		got := f.found("order")
+		switch {
+		case snoozed && len(got) > 0:
+			t.Fatalf("River hands job 1 out after job 2: order violations %q", got)
+		case !snoozed && (len(got) != 1 || !strings.Contains(got[0], "job 2 started")):
+			t.Fatalf("order violations %q, want job 2's", got)
+		}
+	}
+}
+
 func TestCheckOrderFindsAYoungerJobFirst(t *testing.T) {
 	f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
 	f.job(1, "repo")
@@ -179,6 +270,83 @@ func TestCheckOrderExemptsFetchesAtOnce(t *testing.T) {
 	f.state(1, "running", "completed", 350)
 	if got := f.found("order"); len(got) > 0 {
 		t.Fatalf("fetches within the tolerance: %q", got)
+	}
+}
+
+// TestCheckOrderFetchRaceThenParked: under a per-key limit, job 1 fetched
+// by w2 10 ms after w1 fetched job 2 and parked by w2 just before job 2
+// starts lost the same race as one still waiting in w2; parked long before
+// job 2's start, or fetched long before its fetch, it did not.
+func TestCheckOrderFetchRaceThenParked(t *testing.T) {
+	for _, c := range []struct {
+		fetchMs, parkMs int
+		want            int
+	}{{110, 140, 0}, {110, 60, 1}, {20, 140, 1}} {
+		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
+		f.worker("w2")
+		f.job(1, "repo")
+		f.job(2, "repo")
+		f.fetched(2, "w1", 100)
+		f.fetched(1, "w2", c.fetchMs)
+		f.state(1, "running", "pending", c.parkMs)
+		f.started(2, "w1", 150, 10)
+		f.state(1, "pending", "available", 300)
+		f.fetched(1, "w1", 310)
+		f.started(1, "w1", 320, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Fatalf("fetched at %d ms, parked at %d ms: order violations %q, want %d", c.fetchMs, c.parkMs, got, c.want)
+		}
+	}
+}
+
+// TestCheckOrderFetchInFlight: under a per-key limit, job 1 fetched by
+// job 2's own worker, after job 2's fetch, 3 ms before job 2 starts was in
+// flight; 30 ms before, it was not.
+func TestCheckOrderFetchInFlight(t *testing.T) {
+	for _, c := range []struct {
+		fetchMs int
+		want    int
+	}{{147, 0}, {120, 1}} {
+		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
+		f.job(1, "repo")
+		f.job(2, "repo")
+		f.fetched(2, "w1", 100)
+		f.fetched(1, "w1", c.fetchMs)
+		f.started(2, "w1", 150, 10)
+		f.started(1, "w1", 300, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Fatalf("job 1 fetched at %d ms, job 2 started at 150 ms: order violations %q, want %d", c.fetchMs, got, c.want)
+		}
+	}
+}
+
+// TestCheckOrderJudgesADecisionByItsLimits: per-key limits; job 2 (key b)
+// is granted a slot at 100 ms and starts at 300 ms while job 1 (key a)
+// waits parked. The partition is dropped (one kind-wide rate) at 150 ms:
+// decided under per-key limits, where the two keys do not order each
+// other, it kept the order; granted after the change, it broke it.
+func TestCheckOrderJudgesADecisionByItsLimits(t *testing.T) {
+	for _, c := range []struct {
+		grantMs int
+		want    int
+	}{{100, 0}, {250, 1}} {
+		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(150),
+			limits: limits{present: true, rateMax: 5, ratePeriod: time.Second}})
+		f.r.line = map[int64][]lineEvent{}
+		f.job(1, "a")
+		f.job(2, "b")
+		f.state(1, "available", "running", 5)
+		f.state(1, "running", "pending", 40)
+		f.fetched(2, "w1", 50)
+		f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_executions INSERT", at: f.at(c.grantMs), tx: 8})
+		f.started(2, "w1", 300, 10)
+		f.state(1, "pending", "available", 500)
+		f.fetched(1, "w1", 510)
+		f.started(1, "w1", 520, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Fatalf("granted at %d ms: order violations %q, want %d", c.grantMs, got, c.want)
+		}
 	}
 }
 
@@ -445,19 +613,26 @@ func TestCheckAccountingAgainstTheRecord(t *testing.T) {
 	}
 }
 
-// TestCheckAccountingPerKey: a key's slot rows are judged against its
-// runs.
+// TestCheckAccountingPerKey: a key's slot rows, and the slots its key row
+// counts, are judged against its runs.
 func TestCheckAccountingPerKey(t *testing.T) {
 	f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 2})
 	f.job(1, "x")
 	f.ran(1, 0, 5000, "ok")
-	f.r.samples = []sample{{at: f.at(2500), counted: map[string]int{"torture.a": 1}, rows: map[string]int{"torture.a": 1},
-		keyRows: map[string]map[string]int{"torture.a": {`"x"`: 0, `"y"`: 1}}}}
+	f.job(2, "z")
+	f.ran(2, 0, 5000, "ok")
+	f.r.samples = []sample{{at: f.at(2500), counted: map[string]int{"torture.a": 2}, rows: map[string]int{"torture.a": 2},
+		keyRows:    map[string]map[string]int{"torture.a": {`"x"`: 0, `"y"`: 1, `"z"`: 1}},
+		keyCounted: map[string]map[string]int{"torture.a": {`"x"`: 1, `"z"`: 2}}}}
 	got := strings.Join(f.found("accounting"), "\n")
-	for _, want := range []string{"key x at", "0 slot rows, but 1 jobs of the key", "key y at", "1 slot rows, but only 0 jobs"} {
+	for _, want := range []string{"key x at", "0 slot rows, but 1 jobs of the key", "key y at", "1 slot rows, but only 0 jobs",
+		"key z at", "2 slots counted on its key row, but only 1 jobs"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("accounting violations lack %q:\n%s", want, got)
 		}
+	}
+	if n := strings.Count(got, "\n") + 1; n != 3 {
+		t.Errorf("%d violations, want 3 (x's rows, y's rows, z's count):\n%s", n, got)
 	}
 }
 
@@ -551,11 +726,11 @@ func TestCoverageStarvation(t *testing.T) {
 		c.judge("limit")
 	}
 	c.exempt("limit", "x")
-	got := strings.Join(c.starved(minCandidatesSeed), "\n")
-	if !strings.Contains(got, "order exempted 20 of 100") || strings.Contains(got, "limit") {
+	got := strings.Join(c.starved(false), "\n")
+	if !strings.Contains(got, "order exempted 20 of 100") || strings.Contains(got, "limit") || strings.Contains(got, "rate") {
 		t.Fatalf("starved: %q", got)
 	}
-	if got := strings.Join(c.starved(minCandidatesRun), "\n"); !strings.Contains(got, "rate judged nothing") {
-		t.Fatalf("starved over a run: %q", got)
+	if got := strings.Join(c.starved(true), "\n"); !strings.Contains(got, "rate judged nothing") {
+		t.Fatalf("starved over a long run: %q", got)
 	}
 }

@@ -75,7 +75,10 @@ CREATE TABLE public.torture_limits (
     rate_max         integer,
     rate_period_ms   bigint,
     rate_per_key     boolean,
-    at               timestamptz NOT NULL DEFAULT clock_timestamp()
+    at               timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- When the change's transaction began: it acts on the new limits (a
+    -- clear lets its line go, a raise grants) before its commit.
+    began            timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE FUNCTION public.torture_log_limit() RETURNS trigger LANGUAGE plpgsql AS $$

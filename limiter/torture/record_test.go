@@ -125,10 +125,12 @@ func (l limits) String() string {
 
 // limitChange is a change of a kind's limits, at the commit of its
 // transaction (a deferred trigger). Until changeWindow after it, a worker
-// may still follow the limits before it.
+// may still follow the limits before it; from the transaction's beginning
+// (began) the transaction itself acts on the new ones (a clear lets the
+// line go, a raise grants, before the commit).
 type limitChange struct {
-	at     time.Time
-	limits limits
+	at, began time.Time
+	limits    limits
 }
 
 // job is a torture job as the test inserted it, with its state at the end.
@@ -193,8 +195,20 @@ type sample struct {
 	// counted is each limited kind's count on its limit row (admitted);
 	// rows the slot rows and leased slots it stands for.
 	counted, rows map[string]int
-	// keyRows is the slot rows of each key (kind, then key).
-	keyRows map[string]map[string]int
+	// keyRows is the slot rows of each key (kind, then key), keyCounted
+	// the slots counted on the key's row (concurrency_key_lines.slots).
+	keyRows, keyCounted map[string]map[string]int
+	// slots are the slot rows, for a report.
+	slots []sampleSlot
+}
+
+// sampleSlot is a slot row of a sample.
+type sampleSlot struct {
+	Job      int64   `json:"job"`
+	Kind     string  `json:"kind"`
+	Key      *string `json:"key"`
+	Reserved bool    `json:"reserved"`
+	Worker   *string `json:"worker"`
 }
 
 // lineEvent is a change of a job's slot or waiter row.
@@ -223,9 +237,10 @@ func (r *record) limitsAt(kind string, t time.Time) limits {
 }
 
 // possible is every limits of kind that a decision at t on worker may
-// follow ("": any worker): the last ones in force by t, and those before a
+// follow ("": any worker): the last ones in force by t, those before a
 // change made less than changeWindow before t, unless the worker started
-// after that change (it read the limits afresh).
+// after that change (it read the limits afresh), and those of a change
+// whose transaction had begun by t (it acts on them before its commit).
 func (r *record) possible(kind, worker string, t time.Time) []limits {
 	var started time.Time
 	if worker != "" {
@@ -233,8 +248,12 @@ func (r *record) possible(kind, worker string, t time.Time) []limits {
 	}
 	var prev limits
 	var out []limits
+	var inFlight *limits // a change whose transaction had begun by t acts on its limits before its commit
 	for _, c := range r.limits[kind] {
 		if c.at.After(t) {
+			if !c.began.IsZero() && !c.began.After(t) {
+				inFlight = &c.limits
+			}
 			break
 		}
 		if t.Before(c.at.Add(changeWindow)) && !started.After(c.at) {
@@ -242,7 +261,11 @@ func (r *record) possible(kind, worker string, t time.Time) []limits {
 		}
 		prev = c.limits
 	}
-	return appendLimits(out, prev)
+	out = appendLimits(out, prev)
+	if inFlight != nil {
+		out = appendLimits(out, *inFlight) // last: the limits' order is the changes' order
+	}
+	return out
 }
 
 // appendLimits appends l to ls unless it is there.
@@ -350,7 +373,7 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		return nil, fmt.Errorf("read line changes: %w", err)
 	}
 	rows, err = pool.Query(ctx, `SELECT kind, present, COALESCE(max_concurrency, 0), partition_fields, COALESCE(key_max, 0),
-		COALESCE(rate_max, 0), COALESCE(rate_period_ms, 0), COALESCE(rate_per_key, false), at
+		COALESCE(rate_max, 0), COALESCE(rate_period_ms, 0), COALESCE(rate_per_key, false), at, began
 		FROM public.torture_limits ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("read limit changes: %w", err)
@@ -359,12 +382,12 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		var kind string
 		var l limits
 		var periodMS int64
-		var at time.Time
-		if err := rows.Scan(&kind, &l.present, &l.max, &l.fields, &l.keyMax, &l.rateMax, &periodMS, &l.ratePerKey, &at); err != nil {
+		var at, began time.Time
+		if err := rows.Scan(&kind, &l.present, &l.max, &l.fields, &l.keyMax, &l.rateMax, &periodMS, &l.ratePerKey, &at, &began); err != nil {
 			return nil, err
 		}
 		l.ratePeriod = time.Duration(periodMS) * time.Millisecond
-		r.limits[kind] = append(r.limits[kind], limitChange{at: at, limits: l})
+		r.limits[kind] = append(r.limits[kind], limitChange{at: at, began: began, limits: l})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read limit changes: %w", err)

@@ -50,13 +50,15 @@ func (vs *violations) merge(o *violations) {
 var checkNames = []string{"limit", "rate", "order", "fairness", "liveness", "outcome", "herd", "accounting"}
 
 // Starvation: a check that exempted more than maxExempt of its candidates
-// judged too little for its silence to mean anything. A seed with fewer
-// than minCandidatesSeed candidates of a check is not judged on it (the
-// run's totals are, with minCandidatesRun).
+// judged too little for its silence to mean anything. A seed, or a run,
+// with fewer than minCandidates candidates of a check is not judged on it
+// (one or two seeds of a short run say little of a rare event, a key behind
+// another's backlog say); a run of minSeedsSilent seeds or more in which a
+// check judged nothing at all fails.
 const (
-	maxExempt         = 0.10
-	minCandidatesSeed = 30
-	minCandidatesRun  = 1
+	maxExempt      = 0.10
+	minCandidates  = 30
+	minSeedsSilent = 10
 )
 
 // checkCoverage is what one check looked at: the events it judged (a
@@ -116,9 +118,10 @@ func (c coverage) add(o coverage) {
 }
 
 // starved lists the checks that exempted more than maxExempt of their
-// candidates (judged and exempted), among those with at least min
-// candidates; with min 1, a check with no candidate at all is starved too.
-func (c coverage) starved(min int) []string {
+// candidates (judged and exempted), among those with at least
+// minCandidates candidates; with silent, a check with no candidate at all
+// is starved too.
+func (c coverage) starved(silent bool) []string {
 	var out []string
 	for _, name := range checkNames {
 		cc := c[name]
@@ -127,9 +130,9 @@ func (c coverage) starved(min int) []string {
 		}
 		n := cc.judged + cc.exempted()
 		switch {
-		case n == 0 && min <= 1:
+		case n == 0 && silent:
 			out = append(out, fmt.Sprintf("check starved: %s judged nothing", name))
-		case n < min || n == 0:
+		case n < minCandidates:
 		case float64(cc.exempted()) > maxExempt*float64(n):
 			out = append(out, fmt.Sprintf("check starved: %s exempted %d of %d candidates (%.0f%%, at most %.0f%%): %s",
 				name, cc.exempted(), n, 100*float64(cc.exempted())/float64(n), 100*maxExempt, reasons(cc.exempt)))
@@ -219,4 +222,4 @@ func (t *tally) String() string {
 func (t *tally) summary() string { return t.String() + "\n" + t.coverage.table() }
 
 // starved is the run's starved checks over every seed.
-func (t *tally) starved(min int) []string { return t.coverage.starved(min) }
+func (t *tally) starved() []string { return t.coverage.starved(t.seeds >= minSeedsSilent) }

@@ -2,6 +2,7 @@ package torture
 
 import (
 	"context"
+
 	"fmt"
 	"testing"
 	"time"
@@ -46,7 +47,8 @@ func (x *torture) waitFor(d time.Duration, what string, cond func() bool) {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			x.t.Fatalf("timed out waiting for %s; the jobs and the line:\n%s", what, x.dumpLine(context.Background()))
+			d := x.dumpLine(context.Background())
+			x.t.Fatalf("timed out waiting for %s; the jobs and the line:\n%s", what, d)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -66,7 +68,9 @@ func (x *torture) dumpLine(ctx context.Context) string {
 	    (SELECT string_agg(format('parked %s reason %s at %s', p.job_id, p.reason, p.parked_at), E'\n')
 	     FROM concurrency_parked_jobs p),
 	    (SELECT string_agg(format('limit %s %s admitted %s has_parked %s', l.kind, l.max_concurrency, l.admitted, l.has_parked), E'\n')
-	     FROM concurrency_limits l))`).Scan(&out)
+	     FROM concurrency_limits l),
+	    (SELECT string_agg(format('key %s %s slots %s waiting %s served %s', k.kind, k.key, k.slots, k.waiting, k.served_at), E'\n')
+	     FROM concurrency_key_lines k))`).Scan(&out)
 	if err != nil {
 		return err.Error()
 	}

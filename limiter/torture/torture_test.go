@@ -18,7 +18,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/app"
-	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 )
@@ -97,7 +97,7 @@ func TestTorture(t *testing.T) {
 	summary := total.summary()
 	t.Logf("torture:\n%s", summary)
 	fmt.Printf("TORTURE SUMMARY:\n%s", summary)
-	for _, msg := range total.starved(minCandidatesRun) {
+	for _, msg := range total.starved() {
 		t.Errorf("over every seed: %s", msg)
 	}
 }
@@ -158,7 +158,7 @@ func newTorture(t *testing.T, seed uint64) *torture {
 		slots: 16}
 	x.tally.seeds = 1
 	var err error
-	x.pool, err = db.Open(ctx, withPoolSize(x.url, testPoolSize), 10*time.Second)
+	x.pool, err = pgkit.Open(ctx, withPoolSize(x.url, testPoolSize), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func (x *torture) finish(clearAll [2]bool) *tally {
 		}
 	}
 	x.tally.coverage = res.coverage
-	for _, msg := range res.coverage.starved(minCandidatesSeed) {
+	for _, msg := range res.coverage.starved(false) {
 		vs.add("starved", "%s", msg)
 	}
 	for k, v := range vs.count {

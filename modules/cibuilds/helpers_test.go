@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/testlog"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/modules/cibuilds"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // stuckSweep names one of the four sweeps for table-driven tests.
@@ -113,7 +114,7 @@ var jobIDs atomic.Int64
 type sweepEnv struct {
 	Pool     *pgxpool.Pool
 	Logger   *slog.Logger
-	Settings *db.Settings
+	Settings *settings.Settings
 	Metrics  *cibuilds.Metrics
 }
 
@@ -121,7 +122,7 @@ func newSweepEnv(tb testing.TB, pool *pgxpool.Pool) *sweepEnv {
 	tb.Helper()
 	metrics, err := cibuilds.NewMetrics(nil)
 	require.NoError(tb, err)
-	return &sweepEnv{Pool: pool, Logger: jobtest.Logger(tb), Settings: db.NewSettings(pool), Metrics: metrics}
+	return &sweepEnv{Pool: pool, Logger: jobtest.Logger(tb), Settings: settings.New(pool), Metrics: metrics}
 }
 
 // sweeper returns a sweeper on e calling beforeDrop before every drop

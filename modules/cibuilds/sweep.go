@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // The sweep engine shared by the four ci.drop_*_builds kinds (GitLab's
@@ -132,7 +133,7 @@ type SweeperConfig struct {
 	// Pool is the database pool; a run takes a connection of its own.
 	Pool *pgxpool.Pool
 	// Settings reads the timeout settings.
-	Settings *db.Settings
+	Settings *settings.Settings
 	// Logger receives the runs' log lines.
 	Logger *slog.Logger
 	// Metrics counts dropped and doomed builds (nil: a private registry).
@@ -154,7 +155,7 @@ func NewSweeper(cfg SweeperConfig) (*Sweeper, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Settings == nil {
-		cfg.Settings = db.NewSettings(cfg.Pool)
+		cfg.Settings = settings.New(cfg.Pool)
 	}
 	if cfg.Metrics == nil {
 		m, err := NewMetrics(nil)

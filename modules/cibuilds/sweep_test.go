@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/modules/cibuilds"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // TestStuckBuildsGitLabScenarios runs GitLab's spec scenarios of the four
@@ -586,7 +587,7 @@ func TestStuckBuildsDefaults(t *testing.T) {
 
 	ctx := context.Background()
 	pool := testdb.NewPool(t)
-	settings := db.NewSettings(pool)
+	settings := settings.New(pool)
 	registry := jobtest.Registry(t)
 	crons := map[string]string{
 		"ci.drop_canceling_builds": "45 * * * *",

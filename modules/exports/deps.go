@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // deps is what the module's workers share.
@@ -15,7 +16,7 @@ type deps struct {
 	Pool     *pgxpool.Pool
 	Logger   *slog.Logger
 	Queries  *db.Queries
-	Settings *db.Settings
+	Settings *settings.Settings
 	Metrics  *Metrics
 	// Dir is where export.project writes archives; empty means DefaultDir.
 	Dir    string

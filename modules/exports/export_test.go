@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // TestDeps are the module's dependencies, for tests.
@@ -27,7 +28,7 @@ func NewTestDeps(pool *pgxpool.Pool, logger *slog.Logger, metrics *Metrics) (*Te
 	if err != nil {
 		return nil, err
 	}
-	return &TestDeps{d: &deps{Pool: pool, Logger: logger, Queries: db.New(pool), Settings: db.NewSettings(pool),
+	return &TestDeps{d: &deps{Pool: pool, Logger: logger, Queries: db.New(pool), Settings: settings.New(pool),
 		Metrics: metrics, runner: runner}}, nil
 }
 

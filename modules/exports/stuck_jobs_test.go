@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/modules/exports"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // TestStuckExportJobsGitLabSpec covers the scenarios of GitLab's
@@ -199,13 +200,13 @@ func TestStuckExportJobsGraceSetting(t *testing.T) {
 	require.Zero(t, run.Affected, "2 hours old is within the default 6h")
 	require.Equal(t, exports.ExportStarted, e.status(id))
 
-	require.NoError(t, db.NewSettings(e.pool).Set(e.ctx, exports.SettingStuckExportGrace, "soon"))
+	require.NoError(t, settings.New(e.pool).Set(e.ctx, exports.SettingStuckExportGrace, "soon"))
 	before := e.checksum()
 	_, err := e.deps.SweepStuckExports(e.ctx, nil)
 	require.ErrorContains(t, err, exports.SettingStuckExportGrace)
 	require.Equal(t, before, e.checksum())
 
-	require.NoError(t, db.NewSettings(e.pool).Set(e.ctx, exports.SettingStuckExportGrace, "1h"))
+	require.NoError(t, settings.New(e.pool).Set(e.ctx, exports.SettingStuckExportGrace, "1h"))
 	run = e.sweep()
 	require.EqualValues(t, 1, run.Affected)
 	require.Equal(t, exports.ExportFailed, e.status(id))
@@ -222,7 +223,7 @@ func TestExportMigrationDefaults(t *testing.T) {
 	d, err := time.ParseDuration(raw)
 	require.NoError(t, err)
 	require.Equal(t, exports.DefaultStuckExportGrace, d)
-	grace, err := db.NewSettings(e.pool).Duration(e.ctx, exports.SettingStuckExportGrace, 0)
+	grace, err := settings.New(e.pool).Duration(e.ctx, exports.SettingStuckExportGrace, 0)
 	require.NoError(t, err)
 	require.Equal(t, exports.DefaultStuckExportGrace, grace)
 

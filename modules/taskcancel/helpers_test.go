@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/modules"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // holdArgs are the args of test.hold: a job that ignores cancellation and
@@ -169,7 +170,7 @@ func (e *cancelEnv) monitorJob(t *testing.T) *rivertype.JobRow {
 
 func setSetting(t *testing.T, pool *pgxpool.Pool, key string, value any) {
 	t.Helper()
-	require.NoError(t, db.NewSettings(pool).Set(context.Background(), key, value))
+	require.NoError(t, settings.New(pool).Set(context.Background(), key, value))
 }
 
 func setRawSetting(t *testing.T, pool *pgxpool.Pool, key, rawJSON string) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/maintenance"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // Dynamic settings of task_cancellation.monitor and their defaults (the
@@ -103,7 +104,7 @@ func (w *TaskCancellationMonitorWorker) Work(ctx context.Context, job *river.Job
 // Monitor runs the passes of the cancellation monitor.
 type Monitor struct {
 	queries  *db.Queries
-	settings *db.Settings
+	settings *settings.Settings
 	logger   *slog.Logger
 }
 
@@ -112,7 +113,7 @@ func NewMonitor(pool *pgxpool.Pool, logger *slog.Logger) *Monitor {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Monitor{queries: db.New(pool), settings: db.NewSettings(pool), logger: logger}
+	return &Monitor{queries: db.New(pool), settings: settings.New(pool), logger: logger}
 }
 
 // TaskCancellationPass is what one monitor pass did.
@@ -221,7 +222,7 @@ func (s *TaskCancellationSettings) Duration() time.Duration {
 
 // ReadTaskCancellationSettings reads and checks the monitor's settings; a
 // value of the wrong type or out of range is an error naming its key.
-func ReadTaskCancellationSettings(ctx context.Context, settings *db.Settings) (*TaskCancellationSettings, error) {
+func ReadTaskCancellationSettings(ctx context.Context, settings *settings.Settings) (*TaskCancellationSettings, error) {
 	enabled, err := settings.Bool(ctx, SettingTaskCancellationEnabled, DefaultTaskCancellationEnabled)
 	if err != nil {
 		return nil, err
@@ -237,7 +238,7 @@ func ReadTaskCancellationSettings(ctx context.Context, settings *db.Settings) (*
 	return &TaskCancellationSettings{Enabled: enabled, DurationMillis: durationMillis, Kinds: kinds}, nil
 }
 
-func readTaskCancellationDuration(ctx context.Context, settings *db.Settings) (int64, error) {
+func readTaskCancellationDuration(ctx context.Context, settings *settings.Settings) (int64, error) {
 	ms, err := settings.Int(ctx, SettingTaskCancellationDurationMillis, DefaultTaskCancellationDurationMillis)
 	if err != nil {
 		return 0, err
@@ -249,7 +250,7 @@ func readTaskCancellationDuration(ctx context.Context, settings *db.Settings) (i
 	return ms, nil
 }
 
-func readTaskCancellationKinds(ctx context.Context, settings *db.Settings) ([]string, error) {
+func readTaskCancellationKinds(ctx context.Context, settings *settings.Settings) ([]string, error) {
 	kinds, err := settings.Strings(ctx, SettingTaskCancellationKinds, DefaultTaskCancellationKinds())
 	if err != nil {
 		return nil, err

@@ -16,12 +16,14 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/modules"
 	"github.com/sluice-dev/sluice/modules/demo"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // statementRecorder is a pgx tracer that records every SQL statement a pool
@@ -75,7 +77,7 @@ func TestTaskCancellationNothingTrackedReadsNoJobs(t *testing.T) {
 
 	ctx := context.Background()
 	url := testdb.New(t)
-	observer, err := db.Open(ctx, url, 10*time.Second)
+	observer, err := pgkit.Open(ctx, url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(observer.Close)
 	var version int
@@ -319,7 +321,7 @@ func TestTaskCancellationConcurrentMonitors(t *testing.T) {
 	const monitors = 4
 	monitorDeps := make([]*taskcancel.Monitor, monitors)
 	for i := range monitors {
-		p, err := db.Open(ctx, testdb.WithDatabase(testdb.ServerURL(), pool.Config().ConnConfig.Database), 10*time.Second)
+		p, err := pgkit.Open(ctx, testdb.WithDatabase(testdb.ServerURL(), pool.Config().ConnConfig.Database), 10*time.Second)
 		require.NoError(t, err)
 		t.Cleanup(p.Close)
 		monitorDeps[i] = taskcancel.NewMonitor(p, jobtest.Logger(t))
@@ -477,7 +479,7 @@ func TestTaskCancellationSettings(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.NewPool(t)
 	env := newCancelEnv(t, pool)
-	settings := db.NewSettings(pool)
+	settings := settings.New(pool)
 
 	got, err := taskcancel.ReadTaskCancellationSettings(ctx, settings)
 	require.NoError(t, err)

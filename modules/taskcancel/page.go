@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // maxTrackedShown bounds the tracked jobs the page lists.
@@ -30,7 +31,7 @@ func readPage(ctx context.Context, dbtx db.DBTX) (*module.PageContent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the database's clock: %w", err)
 	}
-	settings, err := ReadTaskCancellationSettings(ctx, db.NewSettings(dbtx))
+	settings, err := ReadTaskCancellationSettings(ctx, settings.New(dbtx))
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/settings"
 )
 
 // taskCancellationSection is the "task_cancellation" section, with the
@@ -25,7 +26,7 @@ func readStatsSection(ctx context.Context, dbtx db.DBTX) (module.StatsSection, e
 	if err != nil {
 		return nil, err
 	}
-	settings, err := ReadTaskCancellationSettings(ctx, db.NewSettings(dbtx))
+	settings, err := ReadTaskCancellationSettings(ctx, settings.New(dbtx))
 	if err != nil {
 		return nil, err
 	}

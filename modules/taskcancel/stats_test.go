@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/modules/taskcancel"
 )
@@ -64,7 +65,7 @@ func TestTaskCancellationGauges(t *testing.T) {
 		"sluice_cancelled_still_running{test.hold}":                   1,
 	}, got)
 
-	closed, err := db.Open(context.Background(), testdb.New(t), 10*time.Second)
+	closed, err := pgkit.Open(context.Background(), testdb.New(t), 10*time.Second)
 	require.NoError(t, err)
 	closed.Close()
 	_, err = gauges(t, db.New(closed))

@@ -1,0 +1,269 @@
+package limiter
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
+)
+
+// parkingKey is the key of a job's parking record in its metadata
+// (migration 00014_parking_metadata): only a job that parked can hold a
+// grant of the line when it is fetched.
+var parkingKey = []byte(`"sluice_parking"`)
+
+// everParked reports whether job parked at least once (the line may hold
+// something for it: a grant, its place).
+func everParked(job *rivertype.JobRow) bool { return bytes.Contains(job.Metadata, parkingKey) }
+
+// decideRequest is jobs for the ledger to decide together: those of one
+// fetch, or a job decided again in the middleware. Requests that arrive
+// while a decision runs go together in the next one.
+type decideRequest struct {
+	jobs []ledger.Job
+	done chan struct{}
+	out  *ledger.Decided
+	err  error
+}
+
+// decideBatch decides the jobs of batch in one ledger transaction, and
+// starts what it leaves to do: a grant round for kinds with room while
+// jobs wait for their turn, the timers of rate windows.
+func (l *Limiter) decideBatch(batch []*decideRequest) {
+	var jobs []ledger.Job
+	for _, r := range batch {
+		jobs = append(jobs, r.jobs...)
+	}
+	kinds := make([]string, 0, 2)
+	for _, j := range jobs {
+		if !slices.Contains(kinds, j.Kind) {
+			kinds = append(kinds, j.Kind)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+	defer cancel()
+	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
+	if err == nil {
+		if len(out.Recheck) > 0 {
+			l.releaser.submitAsync(&releaseRequest{rounds: out.Recheck})
+		}
+		for kind, d := range out.Wakes {
+			l.wakes.after(kind, d)
+		}
+	}
+	for _, r := range batch {
+		r.out, r.err = out, err
+		close(r.done)
+	}
+}
+
+// decide has the ledger decide jobs and returns their decisions: the jobs
+// of each kind in one transaction with whatever else of the kind is
+// decided meanwhile (one decider per kind: a kind waiting for its lock
+// holds up no other kind's decisions).
+func (l *Limiter) decide(jobs []ledger.Job) (map[int64]ledger.Decision, error) {
+	byKind := map[string][]ledger.Job{}
+	for _, j := range jobs {
+		byKind[j.Kind] = append(byKind[j.Kind], j)
+	}
+	reqs := make([]*decideRequest, 0, len(byKind))
+	var wg sync.WaitGroup
+	for kind, js := range byKind {
+		r := &decideRequest{jobs: js, done: make(chan struct{})}
+		reqs = append(reqs, r)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.deciders.of(kind).submit(r, r.done)
+		}()
+	}
+	wg.Wait()
+	out := make(map[int64]ledger.Decision, len(jobs))
+	for _, r := range reqs {
+		if r.err != nil {
+			return nil, r.err
+		}
+		for _, d := range r.out.Decisions {
+			out[d.Job] = d
+		}
+	}
+	return out, nil
+}
+
+// deciders are the batchers of decisions, one per kind.
+type deciders struct {
+	l   *Limiter
+	mu  sync.Mutex
+	all map[string]*batcher[decideRequest]
+}
+
+// of returns kind's batcher, made if missing.
+func (d *deciders) of(kind string) *batcher[decideRequest] {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.all == nil {
+		d.all = map[string]*batcher[decideRequest]{}
+	}
+	b := d.all[kind]
+	if b == nil {
+		b = &batcher[decideRequest]{process: d.l.decideBatch, maxInFlight: 1}
+		d.all[kind] = b
+	}
+	return b
+}
+
+// admit puts jobs (one fetch) of limited kinds in their kinds' queues and
+// decides them: on the leased path in the worker's memory where it is
+// open, the others in one ledger decision. dispatched says whether River's
+// executors have them (the middleware admits them) or not yet (their
+// fetch does). It returns the jobs that parked or stepped back (River's
+// executors never see them when decided at their fetch); a job it leaves out (no
+// limit, and never parked) runs without the limiter. A job it could not
+// decide (the ledger failed) stays Deciding: the middleware decides it.
+func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatched bool) (parked map[int64]bool, err error) {
+	var toLedger []ledger.Job
+	queues := map[int64]*local.Queue{}
+	byKind := map[string][]*rivertype.JobRow{}
+	var kinds []string
+	for _, job := range jobs {
+		if _, ok := byKind[job.Kind]; !ok {
+			kinds = append(kinds, job.Kind)
+		}
+		byKind[job.Kind] = append(byKind[job.Kind], job)
+	}
+	for _, kind := range kinds {
+		lim, err := l.limits.of(ctx, kind)
+		if err != nil {
+			return nil, err
+		}
+		var fetched []local.Fetched
+		var kept []*rivertype.JobRow
+		for _, job := range byKind[kind] {
+			if lim.Regime() == ledger.Unlimited && !everParked(job) {
+				continue // not limited, and the line holds nothing for it
+			}
+			key, _ := ledger.PartitionKey(job.EncodedArgs, lim.Fields)
+			fetched = append(fetched, local.Fetched{ID: job.ID, Key: key, Fetched: fetchedAt(job)})
+			kept = append(kept, job)
+		}
+		if len(kept) == 0 {
+			continue
+		}
+		q := l.queues.of(kind)
+		q.Fetch(fetched)
+		for _, job := range kept {
+			queues[job.ID] = q
+			// A first attempt that never parked never waited in the line (a
+			// wait is part of an attempt): on the leased path it asks only
+			// the worker's memory.
+			if lim.Regime() == ledger.Leased && !l.neverPark && job.Attempt <= 1 && !everParked(job) {
+				if works, ok := q.TakeLeased(job.ID, true, lim.Max, time.Now()); ok {
+					if !works {
+						l.keeper.wakeUp() // it waits for a leased slot
+					}
+					continue
+				}
+			}
+			lj := ledgerJob(job, dispatched, l.neverPark)
+			lj.HeldBehind = q.HeldBehind(job.ID)
+			toLedger = append(toLedger, lj)
+		}
+	}
+	if len(toLedger) == 0 {
+		return nil, nil
+	}
+	decisions, err := l.decide(toLedger)
+	if err != nil {
+		return nil, err
+	}
+	parked = map[int64]bool{}
+	for _, j := range toLedger {
+		switch l.apply(queues[j.ID], decisions[j.ID]) {
+		case ledger.Parked, ledger.StepBack:
+			parked[j.ID] = true
+		}
+	}
+	return parked, nil
+}
+
+// ledgerJob is job as the ledger decides it.
+func ledgerJob(job *rivertype.JobRow, dispatched, noWait bool) ledger.Job {
+	return ledger.Job{ID: job.ID, Kind: job.Kind, Args: job.EncodedArgs, FetchedAt: fetchedAt(job), Attempt: job.Attempt,
+		Dispatched: dispatched, NoWait: noWait}
+}
+
+// fetchedAt is when job's attempt was fetched (its attempted_at).
+func fetchedAt(job *rivertype.JobRow) time.Time {
+	if job.AttemptedAt != nil {
+		return *job.AttemptedAt
+	}
+	return time.Now()
+}
+
+// apply tells q what the ledger decided for a job of it, and returns the
+// action. A job that waits in the line here closes the kind's leased path
+// in this worker (local.Queue.Line): the line alone orders its jobs then.
+func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
+	switch d.Action {
+	case ledger.Run:
+		q.Work(d.Job, local.NoSlot)
+	case ledger.Slot:
+		q.Work(d.Job, local.LineSlot)
+	case ledger.Wait:
+		if y := q.SwapFor(d.Job); y != nil {
+			// A younger job of its key here holds a slot and has not started:
+			// it takes that slot, and the younger one waits in its place.
+			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+			ok, err := l.ledger.Swap(ctx, d.Kind, y.ID, d.Job, d.Reason)
+			cancel()
+			if err != nil {
+				l.logger.Warn("concurrency limits: a held slot not handed to an older job; it waits in the line", "kind", d.Kind,
+					"job_id", d.Job, "held_job_id", y.ID, "error", err)
+			}
+			if q.Swapped(d.Job, y.ID, ok, d.Ahead, d.Reason) {
+				l.keeper.wakeUp()
+			}
+			if ok {
+				l.TestSignals.Swapped.Signal(d.Job)
+			}
+			break
+		}
+		if q.Line(d.Job, d.Ahead, d.Reason) {
+			l.keeper.wakeUp() // the kind's spare leased slots go back
+		}
+	case ledger.Parked:
+		q.Forget(d.Job)
+		l.parkedTotal.Add(1)
+		l.metrics.Parked.WithLabelValues(d.Kind).Inc()
+		if ledger.RateReason(d.Reason) {
+			l.metrics.RateDelayed.WithLabelValues(d.Kind).Inc()
+		}
+	case ledger.Fail, ledger.StepBack:
+		q.Forget(d.Job)
+	}
+	return d.Action
+}
+
+// decideAgain decides job (in the middleware, in q Deciding) again: its
+// wait ended (timedOut), JobCancel came (cancelled), or its place or path
+// went.
+func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, cancelled bool) (ledger.Decision, error) {
+	j := ledgerJob(job, true, l.neverPark)
+	j.TimedOut, j.Cancelled, j.HeldBehind = timedOut, cancelled, q.HeldBehind(job.ID)
+	decisions, err := l.decide([]ledger.Job{j})
+	if err != nil {
+		return ledger.Decision{}, fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)
+	}
+	d := decisions[job.ID]
+	if l.apply(q, d) == ledger.Parked {
+		l.rechecks.parked(job.Kind) // River's completer completes the parking
+	}
+	return d, nil
+}

@@ -1,0 +1,151 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// MaxResumeBatch caps how many parked jobs one transaction resumes when a
+// kind has no limit left.
+const MaxResumeBatch = 5000
+
+// Change changes kind's limits in one transaction that holds the kind's
+// lock, exclusive: edit writes them (the caller's part: the row, its
+// sources, the declarations); the ledger then sets the keys of the kind's
+// slots and waiting jobs again when the partition changed, and, with no
+// limit left, lets every job of the line go (its leases, reservations and
+// row go with it); else it takes back the grants not claimed yet that the
+// new limits no longer allow, recounts, and gives the room to the front of
+// the line, over every key (the resume rule: only what the new limits let
+// start, each with a slot reserved). then runs last, with the limits in
+// force (the caller schedules the safety net). The transaction is a plain
+// one (Tx.Pgx), for River's InsertTx.
+func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) error, then func(tx *Tx, lim Limits) error) (*Granted, error) {
+	var out *Granted
+	err := l.runOn(ctx, []lock{{kind: kind}}, true, func(tx *Tx) error {
+		before, err := tx.readLimits([]string{kind})
+		if err != nil {
+			return err
+		}
+		if err := edit(tx); err != nil {
+			return err
+		}
+		after, err := tx.readLimits([]string{kind})
+		if err != nil {
+			return err
+		}
+		c := after[kind]
+		if !slices.Equal(before[kind].Fields, c.Fields) {
+			if err := tx.q.LedgerRepartition(tx.ctx, kind); err != nil {
+				return fmt.Errorf("set the keys of waiting jobs: %w", err)
+			}
+		}
+		if c.Regime() == Unlimited {
+			out = newGranted()
+			n, err := tx.liftLimits(kind)
+			out.Resumed[kind] = n
+			if err != nil {
+				return err
+			}
+		} else if out, err = tx.settle(kind); err != nil {
+			return err
+		}
+		if then != nil {
+			return then(tx, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// settle recounts kind (under its exclusive lock), takes back the grants
+// not claimed yet that its limits no longer allow, of the kind and of each
+// key (their jobs wait in the line again), and runs a grant round over its
+// whole line.
+func (tx *Tx) settle(kind string) (*Granted, error) {
+	if err := tx.q.LedgerRecount(tx.ctx, kind); err != nil {
+		return nil, fmt.Errorf("recount: %w", err)
+	}
+	lims, err := tx.readLimits([]string{kind})
+	if err != nil {
+		return nil, err
+	}
+	c := lims[kind]
+	excess := int32(0)
+	switch {
+	case c.Max < 0:
+		excess = c.Admitted
+	case c.Max > 0 && c.Admitted > c.Max:
+		excess = c.Admitted - c.Max
+	}
+	revoked := 0
+	if excess > 0 {
+		ids, err := tx.q.RevokeGrants(tx.ctx, revokeParams(kind, excess))
+		if err != nil {
+			return nil, fmt.Errorf("take back grants: %w", err)
+		}
+		revoked += len(ids)
+	}
+	if c.KeyMax > 0 {
+		ids, err := tx.q.LedgerRevokeKeyGrants(tx.ctx, db.LedgerRevokeKeyGrantsParams{Kind: kind, KeyMax: c.KeyMax})
+		if err != nil {
+			return nil, fmt.Errorf("take back grants of keys: %w", err)
+		}
+		revoked += len(ids)
+	}
+	if revoked > 0 {
+		if err := tx.q.LedgerRecount(tx.ctx, kind); err != nil {
+			return nil, fmt.Errorf("recount: %w", err)
+		}
+	}
+	return tx.grantKinds([]lock{{kind: kind}}, nil, []string{kind}, nil, []string{kind}, nil)
+}
+
+// liftLimits lets every job of kind's line go, its limits gone (under its
+// exclusive lock): parked jobs become available (oldest first,
+// MaxResumeBatch at a time), its waiters leave the line, its leases and
+// reservations go (workers find them gone and stop using them), and its
+// row goes once nothing of the kind is held (slot rows of running jobs keep
+// it, limitless, until they end). It returns how many it resumed.
+func (tx *Tx) liftLimits(kind string) (int, error) {
+	total := 0
+	for {
+		row, err := tx.q.LedgerLetGo(tx.ctx, letGoParams(kind))
+		if err != nil {
+			return total, fmt.Errorf("let the %s line go: %w", kind, err)
+		}
+		total += int(row.Resumed)
+		if row.Resumed < MaxResumeBatch {
+			break
+		}
+	}
+	for _, step := range []struct {
+		what string
+		fn   func() error
+	}{
+		{"drop the leases", func() error { return tx.q.DeleteLimitLeases(tx.ctx, kind) }},
+		{"drop the reserved starts", func() error { return tx.q.DeleteReservedStarts(tx.ctx, kind) }},
+		{"drop the reserved slots", func() error { return tx.q.DeleteReservedSlots(tx.ctx, kind) }},
+		{"recount", func() error { return tx.q.LedgerRecount(tx.ctx, kind) }},
+		{"remove the limit row", func() error { _, err := tx.q.DeleteEmptyLimit(tx.ctx, kind); return err }},
+	} {
+		if err := step.fn(); err != nil {
+			return total, fmt.Errorf("%s of %s: %w", step.what, kind, err)
+		}
+	}
+	return total, nil
+}
+
+func revokeParams(kind string, n int32) db.RevokeGrantsParams {
+	return db.RevokeGrantsParams{Kind: kind, N: n}
+}
+
+func letGoParams(kind string) db.LedgerLetGoParams {
+	return db.LedgerLetGoParams{Kind: kind, MaxRows: MaxResumeBatch}
+}

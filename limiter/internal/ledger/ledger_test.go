@@ -1,0 +1,371 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+)
+
+// newLedger is a ledger of worker on a fresh database.
+func newLedger(t *testing.T, worker string) (*pgxpool.Pool, *ledger.Ledger) {
+	t.Helper()
+	pool := testdb.NewPool(t)
+	return pool, ledger.New(ledger.Config{Pool: pool, WorkerID: worker})
+}
+
+// setLimits writes kind's limit row (set: its columns, as SQL) through a
+// change of limits, as the CLI does.
+func setLimits(t *testing.T, l *ledger.Ledger, kind, set string) *ledger.Granted {
+	t.Helper()
+	g, err := l.Change(context.Background(), kind, func(tx *ledger.Tx) error {
+		_, err := tx.Pgx().Exec(tx.Context(), `INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ($1, 0)
+			ON CONFLICT (kind) DO NOTHING`, kind)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Pgx().Exec(tx.Context(), `UPDATE concurrency_limits SET `+set+` WHERE kind = $1`, kind)
+		return err
+	}, nil)
+	require.NoError(t, err)
+	return g
+}
+
+// exec runs sql.
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+// count runs a counting query.
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// running inserts a River job of kind, running in worker since its fetch
+// at fetched, and returns it as the ledger decides it.
+func running(t *testing.T, pool *pgxpool.Pool, kind, args, worker string, attempt int, fetched time.Time) ledger.Job {
+	t.Helper()
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempt,
+		attempted_at, attempted_by) VALUES ($1, $2, 5, 'running', 'default', $3, $4, ARRAY[$5]) RETURNING id`,
+		args, kind, attempt, fetched, worker).Scan(&id))
+	return ledger.Job{ID: id, Kind: kind, Args: []byte(args), FetchedAt: fetched, Attempt: attempt, Dispatched: true}
+}
+
+// admitted is kind's count of slots and its slot rows.
+func admitted(t *testing.T, pool *pgxpool.Pool, kind string) (count, rows int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT COALESCE((SELECT admitted FROM concurrency_limits WHERE kind = $1), 0),
+		(SELECT count(*) FROM concurrency_executions WHERE kind = $1)`, kind).Scan(&count, &rows))
+	return count, rows
+}
+
+// decideOne decides job and returns its decision.
+func decideOne(t *testing.T, l *ledger.Ledger, job ledger.Job, guess map[string]ledger.Limits) ledger.Decision {
+	t.Helper()
+	d, err := l.Decide(context.Background(), []ledger.Job{job}, guess, time.Second)
+	require.NoError(t, err)
+	require.Len(t, d.Decisions, 1)
+	return d.Decisions[0]
+}
+
+// TestDecideLetsGoWhatAnUnlimitedJobHeld: a job that holds a slot and is
+// decided again (its wait ended as its grant came) after its kind's limits
+// were cleared runs without a limit, and the slot it held goes back: a job
+// running without a slot never releases one, so the row and the count
+// would stay taken.
+func TestDecideLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
+	t.Parallel()
+	const kind = "test.unlimited"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 1")
+	job := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Minute))
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, job.ID, kind)
+	exec(t, pool, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+	setLimits(t, l, kind, "max_concurrency = 0")
+	_, rows := admitted(t, pool, kind)
+	require.Equal(t, 1, rows, "a cleared limit leaves the slot of a running job to its release")
+
+	job.TimedOut = true
+	d := decideOne(t, l, job, nil)
+	require.Equal(t, ledger.Run, d.Action, "no limit: it runs, without a slot")
+	n, rows := admitted(t, pool, kind)
+	require.Zero(t, rows, "the slot it held went back")
+	require.Zero(t, n)
+}
+
+// TestDecideARetryAfresh: a job retried at once is fetched again before
+// the release of its first attempt is written: the first attempt's slot
+// row and start are still there. The new attempt is decided afresh and
+// logs a start of its own, so the rate window counts it, on the one slot
+// row of the job.
+func TestDecideARetryAfresh(t *testing.T) {
+	t.Parallel()
+	const kind = "test.retried"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 5, rate_max = 10, rate_period = interval '1 minute'")
+	job := running(t, pool, kind, `{}`, "w1", 2, time.Now().Add(-100*time.Millisecond))
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, worker_id, admitted_at) VALUES ($1, $2, 'w1', now() - interval '2 seconds')`,
+		job.ID, kind)
+	exec(t, pool, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+	exec(t, pool, `INSERT INTO concurrency_starts (kind, job_id, started_at) VALUES ($1, $2, now() - interval '2 seconds')`, kind, job.ID)
+
+	d := decideOne(t, l, job, nil)
+	require.Equal(t, ledger.Slot, d.Action, "room in the limit and the rate: it starts with a slot")
+	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, job.ID),
+		"attempt 2 logged a start of its own")
+	n, rows := admitted(t, pool, kind)
+	require.Equal(t, 1, rows, "one slot row per job")
+	require.Equal(t, rows, n, "the count equals the rows")
+}
+
+// TestReleaseRacesLimitRowCreation: slots of a kind without a limit row
+// (its limits were cleared while jobs held them) are released while a
+// limit is set on the kind, over and over: the new row counts the slots
+// it finds, and a release must lower that count or free its slot before
+// the row is made. At the end of each round the count equals the rows.
+func TestReleaseRacesLimitRowCreation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.rowless"
+	pool, l := newLedger(t, "w1")
+	admin := ledger.New(ledger.Config{Pool: pool, WorkerID: "cli"})
+	for i := range int64(100) {
+		exec(t, pool, `DELETE FROM concurrency_limits WHERE kind = $1`, kind)
+		exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES ($1, $2, 'w1')`, i+1, kind)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			setLimits(t, admin, kind, "max_concurrency = 5")
+		}()
+		_, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: i + 1, Kind: kind}}}, nil)
+		require.NoError(t, err)
+		<-done
+		n, rows := admitted(t, pool, kind)
+		require.Equal(t, rows, n, "round %d: the count equals the slot rows", i)
+	}
+}
+
+// TestCleanUpWaitsForALimitRowInTheMaking: the safety net frees the stale
+// slot of a kind that has no limit row while another transaction gives the
+// kind one by plain SQL (its insert counts the slot rows it finds, under
+// the kind's ledger lock, which the row's trigger takes). The clean-up
+// waits for that transaction, then frees the slot under the new row and
+// lowers its count.
+func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.rowless"
+	pool, l := newLedger(t, "w1")
+	// A slot left by job 42 (no longer in River) of a kind whose limits
+	// were cleared while it ran.
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, worker_id) VALUES (42, $1, 'w1')`, kind)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx, `INSERT INTO concurrency_limits (kind, max_concurrency) VALUES ($1, 1)`, kind)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, _, _, err := l.CleanUp(ctx, kind, 30*time.Second, 15*time.Second, "test")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the clean-up did not wait for the limit row being made (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the clean-up did not finish")
+	}
+	n, rows := admitted(t, pool, kind)
+	require.Zero(t, rows, "the stale slot is still there")
+	require.Equal(t, rows, n, "the count does not match the slot rows")
+}
+
+// TestGrantWaitsForAParkingInProgress (the torture test's seed 399460107):
+// under a per-kind limit alone, a grant round that finds the oldest job of
+// the line still completing its parking (its worker committed it; River's
+// completion has not made it pending yet) grants nothing past it: a
+// younger parked job granted then would start before it. Once River's
+// completion makes it pending, the next round resumes it first.
+func TestGrantWaitsForAParkingInProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.parking"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 2")
+	// Job 1 is completing its parking: running, marked, recorded. Jobs 2
+	// and 3, younger, are parked.
+	exec(t, pool, `
+		INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
+		VALUES (1, '{}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}'),
+		       (2, '{}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
+		       (3, '{}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}')`, kind)
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id)
+		VALUES (1, $1, 'limit', 'w1'), (2, $1, 'limit', 'w1'), (3, $1, 'limit', 'w1')`, kind)
+	exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+	state := func(id int) string {
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&s))
+		return s
+	}
+	round := ledger.Release{Rounds: []string{kind}}
+	_, err := l.Release(ctx, round, nil)
+	require.NoError(t, err)
+	require.Equal(t, "pending", state(2), "nothing is granted past a parking in progress")
+	require.Equal(t, "pending", state(3))
+
+	// River's completion lands: the job is parked in place.
+	exec(t, pool, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = 1`)
+	require.Equal(t, "pending", state(1))
+	_, err = l.Release(ctx, round, nil)
+	require.NoError(t, err)
+	require.Equal(t, "available", state(1), "the oldest is resumed first")
+	require.Equal(t, "available", state(2))
+	require.Equal(t, "pending", state(3), "two slots")
+}
+
+// TestKeysDoNotShareALock: under per-key limits alone, a decision and a
+// release of one key do not wait for a transaction that holds another
+// key's lock (its row in concurrency_key_lines); a decision of the same
+// key does. A kind-wide limit beside the partition makes every decision of
+// the kind take the kind's lock, exclusive.
+func TestKeysDoNotShareALock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.keys"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{tenant}', key_max = 1")
+	limits, err := l.ReadLimits(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Keys, limits[kind].Regime())
+
+	// Another transaction holds key "b".
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key) VALUES ($1, '"b"')`, kind)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM concurrency_key_lines WHERE kind = $1 AND key = '"b"' FOR UPDATE`, kind)
+	require.NoError(t, err)
+
+	a := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now())
+	quick, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	d, err := l.Decide(quick, []ledger.Job{a}, limits, time.Second)
+	require.NoError(t, err, "key a waited for key b's lock")
+	require.Equal(t, ledger.Slot, d.Decisions[0].Action)
+	_, err = l.Release(quick, ledger.Release{Ended: []ledger.Held{{ID: a.ID, Kind: kind, Key: `"a"`}}}, limits)
+	require.NoError(t, err, "key a's release waited for key b's lock")
+
+	b := running(t, pool, kind, `{"tenant": "b"}`, "w1", 1, time.Now())
+	decided := make(chan error, 1)
+	go func() {
+		_, err := l.Decide(ctx, []ledger.Job{b}, limits, time.Second)
+		decided <- err
+	}()
+	select {
+	case err := <-decided:
+		t.Fatalf("key b's decision did not wait for key b's lock (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-decided)
+
+	// With a per-kind limit, the kind's lock is exclusive: a transaction
+	// holding it holds up every key.
+	setLimits(t, l, kind, "max_concurrency = 5")
+	limits, err = l.ReadLimits(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ledger.KindWide, limits[kind].Regime())
+	held, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer held.Rollback(ctx) //nolint:errcheck
+	_, err = held.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || $1, 0))`, kind)
+	require.NoError(t, err)
+	c := running(t, pool, kind, `{"tenant": "c"}`, "w1", 1, time.Now())
+	go func() {
+		_, err := l.Decide(ctx, []ledger.Job{c}, limits, time.Second)
+		decided <- err
+	}()
+	select {
+	case err := <-decided:
+		t.Fatalf("a decision under a kind-wide limit did not wait for the kind's lock (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, held.Rollback(ctx))
+	require.NoError(t, <-decided)
+}
+
+// TestLoweredKeyLimitTakesBackGrants: a per-key limit lowered while slots
+// are reserved for resumed jobs of a key (granted, not claimed yet) takes
+// back the grants beyond the new limit, newest first: their jobs wait in
+// the line again, and the key's count follows its rows.
+func TestLoweredKeyLimitTakesBackGrants(t *testing.T) {
+	t.Parallel()
+	const kind = "test.lowered"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{tenant}', key_max = 3")
+	held := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now())
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, worker_id, key) VALUES ($1, $2, 'w1', '"a"')`, held.ID, kind)
+	var granted []int64
+	for range 2 {
+		var id int64
+		require.NoError(t, pool.QueryRow(context.Background(), `INSERT INTO river_job (args, kind, max_attempts, state, queue)
+			VALUES ('{"tenant": "a"}', $1, 5, 'available', 'default') RETURNING id`, kind).Scan(&id))
+		exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, reserved, key) VALUES ($1, $2, true, '"a"')`, id, kind)
+		granted = append(granted, id)
+	}
+	setLimits(t, l, kind, "key_max = 2")
+	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind), "one grant taken back")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, granted[0]), "the oldest kept")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id IS NULL`, granted[1]),
+		"the newest waits in the line again")
+	require.Equal(t, 2, count(t, pool, `SELECT slots FROM concurrency_key_lines WHERE kind = $1 AND key = '"a"'`, kind))
+}
+
+// TestWaitingPublishedBeforeAnyLease: a worker whose jobs wait for a leased
+// slot before it leased any publishes them all the same, and the worker
+// holding the kind's slots sees them (its younger jobs let them go first);
+// publishing none waiting clears them.
+func TestWaitingPublishedBeforeAnyLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.leased"
+	pool, holder := newLedger(t, "w1")
+	waiter := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, holder, kind, "max_concurrency = 2")
+	granted, _, offPath, err := holder.Lease(ctx, kind, 2)
+	require.NoError(t, err)
+	require.False(t, offPath)
+	require.EqualValues(t, 2, granted)
+
+	fetched := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	job := running(t, pool, kind, `{}`, "w2", 1, fetched)
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, []int64{job.ID}))
+	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.WithinDuration(t, fetched, st.OldestOther, time.Millisecond, "the holder does not see the job waiting in w2")
+
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil))
+	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, st.OldestOther.IsZero(), "jobs no longer waiting still published")
+	require.Equal(t, 0, count(t, pool, `SELECT count(*) FROM concurrency_leases WHERE worker_id = 'w1' AND slots <> 2`))
+}

@@ -1,0 +1,177 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/sluice-dev/sluice/db"
+)
+
+// Held is a job whose slot (or place) a release gives up: its kind and
+// key ("": none), as its decision found them.
+type Held struct {
+	ID   int64
+	Kind string
+	Key  string
+}
+
+// HandOver is a slot handed over in memory: the slot of From, which ended,
+// is now To's, a job of its kind that waited in this worker.
+type HandOver struct {
+	From, To Held
+}
+
+// Release is what a release transaction frees and grants.
+type Release struct {
+	// Ended are the jobs of this worker that ended holding a slot.
+	Ended []Held
+	// Forgotten are the jobs that gave up waiting (their context ended, or
+	// they were decided not to run): they leave the line, and a grant they
+	// got goes back.
+	Forgotten []Held
+	// Handed are the slots handed over in memory since the last release.
+	Handed []HandOver
+	// Rounds are the kinds whose whole line a grant round reads, although
+	// nothing of them ended (a recheck after a parking, a rate window
+	// freeing a start, the safety net).
+	Rounds []string
+}
+
+// kinds is every kind of the release.
+func (r Release) kinds() []string {
+	var out []string
+	add := func(k string) {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	for _, h := range r.Ended {
+		add(h.Kind)
+	}
+	for _, h := range r.Forgotten {
+		add(h.Kind)
+	}
+	for _, h := range r.Handed {
+		add(h.From.Kind)
+	}
+	for _, k := range r.Rounds {
+		add(k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Release frees the slots of jobs that ended and of jobs that gave up
+// waiting, writes the slots handed over in memory, and gives the room that
+// freed to the front of each kind's line (a grant round), in one
+// transaction. Under per-key limits alone a release takes its keys' rows
+// and the kind's lock shared, and its round reads only the keys whose
+// slots freed; a kind of Rounds is locked exclusive and its round reads
+// every key. guess is the worker's copy of the kinds' limits.
+func (l *Ledger) Release(ctx context.Context, r Release, guess map[string]Limits) (*Granted, error) {
+	var out *Granted
+	err := withRelock(guess, func(guess map[string]Limits) error {
+		kinds := r.kinds()
+		keys := map[string][]string{}
+		for _, hs := range [][]Held{r.Ended, r.Forgotten} {
+			for _, h := range hs {
+				if h.Key != "" {
+					keys[h.Kind] = append(keys[h.Kind], h.Key)
+				}
+			}
+		}
+		for _, h := range r.Handed {
+			if h.From.Key != "" {
+				keys[h.From.Kind] = append(keys[h.From.Kind], h.From.Key)
+			}
+		}
+		locks := locksFor(kinds, guess, keys)
+		for i := range locks {
+			if slices.Contains(r.Rounds, locks[i].kind) {
+				locks[i].shared, locks[i].keys = false, nil
+			}
+		}
+		return l.run(ctx, locks, func(tx *Tx) error {
+			var err error
+			out, err = tx.release(locks, guess, kinds, keys, r)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release: %w", err)
+	}
+	return out, nil
+}
+
+// release frees what r frees, reads the kinds' lines, and runs their
+// grant rounds.
+func (tx *Tx) release(locks []lock, guess map[string]Limits, kinds []string, keys map[string][]string, r Release) (*Granted, error) {
+	p := db.LedgerReleaseParams{JobIds: []int64{}, ForgetIds: []int64{}, FromIds: []int64{}, ToIds: []int64{}, WorkerID: tx.l.worker}
+	for _, h := range r.Ended {
+		p.JobIds = append(p.JobIds, h.ID)
+	}
+	for _, h := range r.Forgotten {
+		p.ForgetIds = append(p.ForgetIds, h.ID)
+	}
+	turnover := map[string]bool{}
+	for _, h := range r.Handed {
+		p.FromIds, p.ToIds = append(p.FromIds, h.From.ID), append(p.ToIds, h.To.ID)
+		turnover[h.From.Kind] = true
+	}
+	for _, h := range r.Ended {
+		turnover[h.Kind] = true
+	}
+	if len(p.JobIds)+len(p.ForgetIds)+len(p.FromIds) > 0 {
+		if err := tx.q.LedgerRelease(tx.ctx, p); err != nil {
+			return nil, fmt.Errorf("free slots: %w", err)
+		}
+	}
+
+	return tx.grantKinds(locks, guess, kinds, keys, r.Rounds, turnover)
+}
+
+// grantKinds reads the lines of kinds (under per-key limits alone, the
+// keys named; every key of a kind of full) and runs their grant rounds.
+func (tx *Tx) grantKinds(locks []lock, guess map[string]Limits, kinds []string, keys map[string][]string, full []string,
+	turnover map[string]bool) (*Granted, error) {
+	g := db.LedgerGrantStateParams{Depth: maxFront, Kinds: kinds, KeyKinds: []string{}, Keys: []string{}, TurnKeys: maxTurnKeys,
+		FullKinds: full}
+	if g.FullKinds == nil {
+		g.FullKinds = []string{}
+	}
+	for _, kind := range kinds {
+		for _, key := range keys[kind] {
+			g.KeyKinds, g.Keys = append(g.KeyKinds, kind), append(g.Keys, key)
+		}
+	}
+	raw, err := tx.q.LedgerGrantState(tx.ctx, g)
+	if err != nil {
+		return nil, fmt.Errorf("read the lines: %w", err)
+	}
+	st, err := decode[grantState](raw, "the lines")
+	if err != nil {
+		return nil, err
+	}
+	limits := make(map[string]Limits, len(kinds))
+	for _, kind := range kinds {
+		limits[kind] = Limits{Kind: kind}
+	}
+	for _, k := range st.Kinds {
+		limits[k.Kind] = k.limits()
+	}
+	if err := checkLocks(locks, guess, limits); err != nil {
+		return nil, err
+	}
+	out := newGranted()
+	for _, kind := range kinds {
+		out.Limits[kind] = limits[kind]
+	}
+	for _, k := range st.Kinds {
+		if err := tx.grant(k, turnover[k.Kind], out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

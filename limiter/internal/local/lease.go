@@ -1,0 +1,415 @@
+package local
+
+import "time"
+
+// Leased-path bounds.
+const (
+	// FetchTolerance is how much earlier another worker's job must have
+	// been fetched for this worker's younger jobs to let it go first: a
+	// freed leased slot goes back (the other worker leases it) rather than
+	// to a job fetched after it.
+	FetchTolerance = 50 * time.Millisecond
+	// ViewFresh is how old the keeper's view of a kind may be for a slot to
+	// be handed over in memory.
+	ViewFresh = 50 * time.Millisecond
+)
+
+// View is a leased kind as the worker's keeper last read it.
+type View struct {
+	// At is when it was read.
+	At time.Time
+	// Limit is the kind's per-kind limit; Admitted its slots taken.
+	Limit, Admitted int32
+	// OffPath: jobs of the kind's line wait, slots are reserved for
+	// resumed jobs, or it has a per-key or rate limit: the leased path is
+	// closed.
+	OffPath bool
+	// Keyed: it has a per-key or rate limit: no slot of the line is handed
+	// over in memory.
+	Keyed bool
+	// Others is how many other workers hold slots of the kind or want some.
+	Others int32
+	// OldestOther is when the oldest job waiting in another worker for a
+	// leased slot was fetched (zero: none).
+	OldestOther time.Time
+	// OldestParked, OldestReserved and OldestOtherLine are the kind's
+	// oldest parked job, its oldest job granted a slot not claimed yet and
+	// its oldest job waiting in its line other than in this worker (0:
+	// none): no younger job is handed a slot in memory ahead of them.
+	OldestParked, OldestReserved, OldestOtherLine int64
+}
+
+// fresh reports whether v was read within ViewFresh of now.
+func (v View) fresh(now time.Time) bool { return !v.At.IsZero() && now.Sub(v.At) <= ViewFresh }
+
+// overLimit reports whether the kind's slots taken exceed its limit (it was
+// lowered): no spare slot is used; they drain as jobs end.
+func (v View) overLimit() bool { return v.Admitted > v.Limit }
+
+// Lease is the worker's leased slots of a kind.
+type Lease struct {
+	// Leased is the slots the worker holds, as it believes the database
+	// counts them; InUse those its working jobs use; ToReturn those given
+	// up, for the keeper to give back.
+	Leased, InUse, ToReturn int
+	// minSpare is the fewest leased slots left unused at any moment since
+	// windowAt: slots not needed for a whole linger go back.
+	minSpare int
+	windowAt time.Time
+	view     View
+}
+
+// usable is how many leased slots the worker may use: no more than the
+// kind's limit (lowered, maybe, since they were leased), and none beyond
+// those in use while the kind's slots taken exceed it.
+func (l *Lease) usable() int {
+	if l.view.overLimit() {
+		return min(l.Leased, l.InUse)
+	}
+	return min(l.Leased, max(int(l.view.Limit), 0))
+}
+
+// share is the worker's fair share of the limit while others hold or want
+// slots of the kind: the limit over the workers, rounded up, at least one.
+func (l *Lease) share() int {
+	workers := int(l.view.Others) + 1
+	return max((int(l.view.Limit)+workers-1)/workers, 1)
+}
+
+// overShare reports whether the worker holds more slots than its share.
+func (l *Lease) overShare() bool {
+	if l.view.Others == 0 {
+		return l.Leased > int(l.view.Limit)
+	}
+	return l.Leased > l.share()
+}
+
+// noticeSpare records the spare leased slots now (for the linger).
+func (l *Lease) noticeSpare() { l.minSpare = min(l.minSpare, l.Leased-l.InUse) }
+
+// letsGo reports whether a job of this worker fetched at fetched may take
+// a leased slot ahead of the jobs waiting in other workers: none of them
+// was fetched more than FetchTolerance before it.
+func (l *Lease) letsGo(fetched time.Time) bool {
+	return l.view.OldestOther.IsZero() || !fetched.After(l.view.OldestOther.Add(FetchTolerance))
+}
+
+// SetView stores the keeper's view of the kind. When the leased path
+// closed, the jobs Queued for a leased slot go to the ledger (Redecide),
+// and the spare slots are given up; it returns the jobs sent.
+func (q *Queue) SetView(v View) []int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.lease.view = v
+	if !v.OffPath {
+		q.serveLocked()
+		return nil
+	}
+	return q.closeLocked()
+}
+
+// Close closes the leased path of the kind in this worker (a job of it
+// waits in the line here: the line alone orders its jobs): the Queued jobs
+// go to the ledger and the spare slots are given up. It returns the jobs
+// sent.
+func (q *Queue) Close() []int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closeLocked()
+}
+
+func (q *Queue) closeLocked() []int64 {
+	var sent []int64
+	for _, j := range q.order {
+		if j.state == Queued {
+			j.state = Deciding
+			j.wake <- Redecide
+			sent = append(sent, j.ID)
+		}
+	}
+	if spare := q.lease.Leased - q.lease.InUse; spare > 0 {
+		q.lease.Leased -= spare
+		q.lease.ToReturn += spare
+		q.lease.minSpare = 0
+	}
+	return sent
+}
+
+// openLocked reports whether the leased path of the kind is open in this
+// worker as far as it knows: its keeper saw it open (or has not looked
+// yet: fast is the limits' copy's word), and no job of the kind waits in
+// the line here; q.mu is held.
+func (q *Queue) openLocked(fast bool) bool {
+	if !q.lease.view.At.IsZero() {
+		fast = !q.lease.view.OffPath
+	}
+	if !fast {
+		return false
+	}
+	for _, j := range q.order {
+		if j.state == Lined {
+			return false
+		}
+	}
+	return true
+}
+
+// TakeLeased decides Deciding job id on the leased path: it works on a
+// leased slot now if one is spare and no job goes before it (here, or,
+// fetched earlier, in another worker), or it is Queued for one. It returns
+// false, leaving it Deciding, when the leased path is closed here (a job of
+// the kind waits in the line here, or the keeper saw the path off: the
+// line decides it); fast is the limits' copy's word on the path while the
+// keeper has not looked yet, limit the limit it says.
+func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (works, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Deciding || !q.openLocked(fast) {
+		return false, false
+	}
+	if q.lease.view.At.IsZero() {
+		q.lease.view.Limit = limit
+	}
+	first := len(q.order) > 0 && q.order[0] == j // working jobs are out of the order
+	// It takes a slot at once only on a fresh view of the kind (of the
+	// jobs waiting in other workers, of its line): else the keeper serves
+	// it once it read one.
+	known := q.lease.view.fresh(now)
+	if first && known && q.lease.InUse < q.lease.usable() && q.lease.letsGo(j.Fetched) {
+		q.workLocked(j, LeasedSlot)
+		q.serveLocked()
+		q.releaseHeldLocked()
+		q.lease.noticeSpare()
+		return true, true
+	}
+	j.state = Queued
+	q.releaseHeldLocked()
+	return false, true
+}
+
+// GiveLeased gives a leased slot that freed (a job that ended on one) to
+// the job at the front of the queue Queued for one, if the leased path is
+// open, the worker keeps within its share and the kind's limit, and no job
+// fetched earlier waits in another worker; else the slot is given up (the
+// keeper gives it back, for the line or another worker). It returns the job
+// that got it (nil: none).
+func (q *Queue) GiveLeased() *Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lease
+	switch {
+	case l.InUse >= l.Leased:
+		return nil // the slot was lost (the lease expired, or the limit went)
+	case l.view.OffPath || l.view.overLimit() || l.overShare():
+		l.Leased--
+		l.ToReturn++
+		return nil
+	}
+	j := q.frontLocked(Queued)
+	if j == nil || l.InUse >= l.usable() {
+		return nil
+	}
+	if !l.letsGo(j.Fetched) {
+		l.Leased--
+		l.ToReturn++
+		return nil
+	}
+	q.workLocked(j, LeasedSlot)
+	j.wake <- Granted
+	q.releaseHeldLocked()
+	return j
+}
+
+// GiveLine hands a slot of the line that freed (a job of the worker that
+// ended on one, under a per-kind limit alone) to the job at the front of
+// the queue Lined, in memory, if the keeper's view is fresh, the kind has
+// a per-kind limit alone, positive and not exceeded, and no job of the kind older than it is
+// parked, granted and on its way, or waiting in another worker; the move
+// is the caller's to write. It returns the job that got it (nil: none: the
+// slot is released).
+func (q *Queue) GiveLine(now time.Time) *Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	v := q.lease.view
+	if !v.fresh(now) || v.Keyed || v.Limit <= 0 || v.overLimit() {
+		return nil
+	}
+	j := q.frontLocked(Lined)
+	if j == nil {
+		return nil
+	}
+	for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestOtherLine} {
+		if older != 0 && older < j.ID {
+			return nil
+		}
+	}
+	q.workLocked(j, LineSlot)
+	j.wake <- Granted
+	return j
+}
+
+// Want is how many more leased slots the worker asks for: those its Queued
+// jobs lack, within its share and the limit; one when it holds none and
+// wants some (so that the others see it wants).
+func (q *Queue) Want() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lease
+	queued := 0
+	for _, j := range q.order {
+		if j.state == Queued {
+			queued++
+		}
+	}
+	if l.view.OffPath || queued == 0 {
+		return 0
+	}
+	want := queued - (l.Leased - l.InUse)
+	if l.view.Others > 0 {
+		want = min(want, max(l.share()-l.Leased, 0))
+	}
+	want = min(want, int(l.view.Limit))
+	if want <= 0 && l.Leased == 0 {
+		want = 1
+	}
+	return want
+}
+
+// Leased adds n slots leased, and gives them to the Queued jobs, in order.
+// It returns the jobs that got one.
+func (q *Queue) Leased(n int) []*Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.lease.Leased += n
+	out := q.serveLocked()
+	q.lease.noticeSpare()
+	return out
+}
+
+// serveLocked gives the spare leased slots to the jobs at the front of the
+// queue Queued for one, in order, while the lease lets them go; q.mu is
+// held. Every change that can leave a slot spare with a job Queued at the
+// front (slots leased, a job ahead decided or gone, a new view) calls it.
+func (q *Queue) serveLocked() []*Job {
+	l := &q.lease
+	var out []*Job
+	for l.InUse < l.usable() {
+		j := q.frontLocked(Queued)
+		if j == nil || !l.letsGo(j.Fetched) {
+			break
+		}
+		q.workLocked(j, LeasedSlot)
+		j.wake <- Granted
+		out = append(out, j)
+	}
+	if len(out) > 0 {
+		q.releaseHeldLocked()
+	}
+	return out
+}
+
+// Returning takes the slots to give back: those given up, those spare for a
+// whole linger (or, stopping, every spare one), and those above the limit.
+func (q *Queue) Returning(now time.Time, linger time.Duration, stopping bool) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lease
+	ret := l.ToReturn
+	l.ToReturn = 0
+	if stopping || now.Sub(l.windowAt) >= linger {
+		idle := min(l.minSpare, l.Leased-l.InUse)
+		if stopping {
+			idle = l.Leased - l.InUse
+		}
+		queued := false
+		for _, j := range q.order {
+			queued = queued || j.state == Queued
+		}
+		if idle > 0 && !queued {
+			ret += idle
+			l.Leased -= idle
+		}
+		l.minSpare, l.windowAt = l.Leased-l.InUse, now
+	}
+	over := l.Leased - max(l.InUse, int(l.view.Limit))
+	if l.view.overLimit() {
+		over = l.Leased - l.InUse
+	}
+	if over > 0 {
+		ret += over
+		l.Leased -= over
+	}
+	return ret
+}
+
+// Unreturned puts back slots the keeper failed to give back (it tries
+// again after a renewal says what the database counts).
+func (q *Queue) Unreturned(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.lease.ToReturn += n
+}
+
+// Reconcile makes the worker's count of its leased slots (held and to give
+// back) agree with held, what the database counts for it, and returns the
+// difference it found (> 0: slots lost, not used any more; < 0: slots the
+// database counts and the worker does not hold, to give back).
+func (q *Queue) Reconcile(held int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := &q.lease
+	diff := l.Leased + l.ToReturn - held
+	switch {
+	case diff > 0:
+		fromReturn := min(diff, l.ToReturn)
+		l.ToReturn -= fromReturn
+		l.Leased -= diff - fromReturn
+		l.minSpare = 0
+	case diff < 0:
+		l.ToReturn -= diff
+	}
+	return diff
+}
+
+// Lost drops every leased slot (the kind's limit row went, and its leases
+// with it) and sends the Queued jobs to the ledger; it returns them.
+func (q *Queue) Lost() []int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.lease.Leased, q.lease.ToReturn = 0, 0
+	q.lease.view = View{}
+	var sent []int64
+	for _, j := range q.order {
+		if j.state == Queued {
+			j.state = Deciding
+			j.wake <- Redecide
+			sent = append(sent, j.ID)
+		}
+	}
+	return sent
+}
+
+// Shared reports whether the worker holds leased slots of the kind that
+// other workers hold or want slots of too (its keeper looks often then:
+// their waiting jobs go first).
+func (q *Queue) Shared() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.lease.Leased > 0 && q.lease.view.Others > 0
+}
+
+// LeaseState is the lease's counts, for the keeper.
+func (q *Queue) LeaseState() (leased, inUse, toReturn int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.lease.Leased, q.lease.InUse, q.lease.ToReturn
+}
+
+// Idle reports whether the queue holds nothing: no job, no leased slot,
+// none to give back.
+func (q *Queue) Idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.jobs) == 0 && q.lease.Leased == 0 && q.lease.ToReturn == 0
+}

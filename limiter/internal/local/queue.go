@@ -1,0 +1,556 @@
+// Package local is one worker's memory of the limiter: per limited kind,
+// its jobs in the order the kind's line serves them, each in exactly one
+// state, and the slots the worker leases. Every way a job of the worker
+// gets a slot without the ledger (a leased slot, a slot handed over in
+// memory) asks its kind's queue for its front. It has no SQL and no
+// pointer to the limiter: the limiter tells it what the ledger decided,
+// and asks it who goes next.
+package local
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// State is where a job of a queue stands.
+type State int
+
+const (
+	// Deciding: fetched, and its decision (at its fetch, or again in the
+	// middleware) is under way. No younger job of its kind gets a slot in
+	// memory ahead of it: it may be the one the slot is for.
+	Deciding State = iota
+	// Queued: it waits in this worker for one of its leased slots.
+	Queued
+	// Lined: it waits in the kind's line (the ledger's), in this worker,
+	// for a grant.
+	Lined
+	// Held: it got what it needs (a decision to run, a grant), but a job
+	// of its key ahead of it here (older, or fetched earlier) is deciding
+	// or waits for a leased slot: it starts once none is, so that no job
+	// of a worker starts ahead of the one its slot may be for.
+	Held
+	// Working: it holds what it needs (Slot) and runs.
+	Working
+)
+
+func (s State) String() string {
+	return [...]string{"deciding", "queued", "lined", "held", "working"}[s]
+}
+
+// Slot is what a working job holds.
+type Slot int
+
+const (
+	// NoSlot: it runs without one (no limit, or only a rate).
+	NoSlot Slot = iota
+	// LeasedSlot: one of the worker's leased slots.
+	LeasedSlot
+	// LineSlot: a slot of the line's: taken at its decision, granted, or
+	// handed over in memory.
+	LineSlot
+)
+
+// Outcome is how a job's wait (Queued or Lined) ended, when something
+// other than the job itself ended it.
+type Outcome int
+
+const (
+	// Granted: it got what it needs (its Slot): it runs.
+	Granted Outcome = iota
+	// Redecide: it goes to the ledger to be decided again: its place in the
+	// line went (its kind's limits were cleared), or the leased path closed
+	// while it waited for a leased slot.
+	Redecide
+	// Relined: held with a slot, it gave the slot to an older job of its
+	// key here that was put in the line, and waits in the line in its
+	// place (Swapped).
+	Relined
+)
+
+// Job is a job of a queue.
+type Job struct {
+	// ID is its River job id; Key its partition key ("": none).
+	ID  int64
+	Key string
+	// Fetched is when it was fetched (its attempt's attempted_at).
+	Fetched time.Time
+
+	mu     *sync.Mutex // its queue's
+	seq    uint64      // its fetch, in fetch order
+	state  State
+	slot   Slot
+	ahead  bool
+	reason string
+	// early: a grant came while it was deciding (its decision to wait and
+	// the grant crossed): it does not wait, it is decided again.
+	early bool
+	// heldSlot is what a Held job holds; swapping: it is to give it to an
+	// older job of its key (SwapFor), and stays Held until Swapped.
+	heldSlot Slot
+	swapping bool
+	// granted: it got what it needs by a grant of the ledger (Grant);
+	// held: it was Held before it worked.
+	granted bool
+	held    bool
+	wake    chan Outcome
+}
+
+// State is the job's state.
+func (j *Job) State() State {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.state
+}
+
+// Slot is what the job holds while it works.
+func (j *Job) Slot() Slot {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.slot
+}
+
+// Granted reports whether the job got what it needs by a grant of the
+// ledger while it waited in the line (not by its decision, nor a leased or
+// handed-over slot).
+func (j *Job) Granted() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.granted
+}
+
+// WasHeld reports whether the job was Held (given what it needs, and held
+// back behind an older job of its key here) before it worked: a start
+// logged at its decision is logged again when it begins.
+func (j *Job) WasHeld() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.held
+}
+
+// Held is what held the job in the line (its reason: "" when it never
+// waited there), and whether it came ahead of a free slot (resumed by the
+// lookahead: it waits in the line as long as it takes).
+func (j *Job) Held() (reason string, ahead bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.reason, j.ahead
+}
+
+// Wake delivers the outcome of the job's wait when something other than
+// the job ends it (a grant, a slot handed over, its place gone).
+func (j *Job) Wake() <-chan Outcome { return j.wake }
+
+// before reports whether j goes before o in its kind's line: fetched
+// earlier, or, in the same fetch, older.
+func (j *Job) before(o *Job) bool {
+	if j.seq != o.seq {
+		return j.seq < o.seq
+	}
+	return j.ID < o.ID
+}
+
+// Queue is one worker's jobs of one limited kind, each in exactly one
+// state, those not working in the order the kind's line serves them (by
+// fetch, a fetch's jobs by job id); and the kind's slots the worker leases.
+// Its methods are safe for concurrent use.
+type Queue struct {
+	mu    sync.Mutex
+	kind  string
+	seq   uint64
+	jobs  map[int64]*Job
+	order []*Job // the jobs not working, in line order
+	lease Lease
+}
+
+// NewQueue returns the queue of kind, empty.
+func NewQueue(kind string) *Queue {
+	return &Queue{kind: kind, jobs: map[int64]*Job{}}
+}
+
+// Kind is the queue's kind.
+func (q *Queue) Kind() string { return q.kind }
+
+// Fetched is a job as a fetch brings it.
+type Fetched struct {
+	ID      int64
+	Key     string
+	Fetched time.Time
+}
+
+// Fetch adds the jobs of one fetch (together: one place in fetch order,
+// job-id order within it), each Deciding, and returns them. A job already
+// in the queue (fetched again for a new attempt before its last one was
+// forgotten) is replaced.
+func (q *Queue) Fetch(fetched []Fetched) []*Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.seq++
+	out := make([]*Job, len(fetched))
+	for i, f := range fetched {
+		if old := q.jobs[f.ID]; old != nil {
+			q.removeLocked(old)
+		}
+		j := &Job{ID: f.ID, Key: f.Key, Fetched: f.Fetched, mu: &q.mu, seq: q.seq, state: Deciding, wake: make(chan Outcome, 1)}
+		q.jobs[f.ID] = j
+		q.insertLocked(j)
+		out[i] = j
+	}
+	return out
+}
+
+// insertLocked puts j in line order; q.mu is held.
+func (q *Queue) insertLocked(j *Job) {
+	i, _ := slices.BinarySearchFunc(q.order, j, func(a, b *Job) int {
+		switch {
+		case a.before(b):
+			return -1
+		case b.before(a):
+			return 1
+		}
+		return 0
+	})
+	q.order = slices.Insert(q.order, i, j)
+}
+
+// removeLocked takes j out of the queue; q.mu is held.
+func (q *Queue) removeLocked(j *Job) {
+	delete(q.jobs, j.ID)
+	if i := slices.Index(q.order, j); i >= 0 {
+		q.order = slices.Delete(q.order, i, i+1)
+	}
+	q.releaseHeldLocked()
+}
+
+// blockedLocked reports whether a job of j's key ahead of it here (older,
+// or fetched earlier) is deciding, or waits for a leased slot: j, given a
+// slot, is Held until none is; q.mu is held.
+func (q *Queue) blockedLocked(j *Job) bool {
+	for _, o := range q.jobs {
+		if o != j && o.Key == j.Key && (o.state == Deciding || o.state == Queued) && (o.ID < j.ID || o.before(j)) {
+			return true
+		}
+	}
+	return false
+}
+
+// startLocked starts j with slot, or holds it while it is blocked; q.mu is
+// held. It reports whether j works now.
+func (q *Queue) startLocked(j *Job, slot Slot) bool {
+	if q.blockedLocked(j) {
+		j.state, j.heldSlot, j.held = Held, slot, true
+		return false
+	}
+	q.workLocked(j, slot)
+	return true
+}
+
+// releaseHeldLocked starts the Held jobs no longer blocked, waking them;
+// q.mu is held. Every change that can unblock one calls it.
+func (q *Queue) releaseHeldLocked() {
+	for again := true; again; {
+		again = false
+		for _, j := range q.order {
+			if j.state == Held && !j.swapping && !q.blockedLocked(j) {
+				q.workLocked(j, j.heldSlot)
+				j.wake <- Granted
+				again = true // the order changed
+				break
+			}
+		}
+	}
+}
+
+// Get returns job id (nil: not in the queue).
+func (q *Queue) Get(id int64) *Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.jobs[id]
+}
+
+// Work makes a Deciding job Working, holding slot (its decision: it runs),
+// or Held while a job of its key ahead of it here decides or waits for a
+// leased slot. It returns false when the job is not Deciding.
+func (q *Queue) Work(id int64, slot Slot) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Deciding {
+		return false
+	}
+	q.startLocked(j, slot)
+	q.releaseHeldLocked()
+	q.serveLocked() // jobs behind it may take the spare leased slots now
+	return true
+}
+
+// workLocked makes j Working with slot; q.mu is held.
+func (q *Queue) workLocked(j *Job, slot Slot) {
+	if i := slices.Index(q.order, j); i >= 0 {
+		q.order = slices.Delete(q.order, i, i+1)
+	}
+	j.state, j.slot, j.early = Working, slot, false
+	if slot == LeasedSlot {
+		q.lease.InUse++
+	}
+}
+
+// Line makes a Deciding job Lined (its decision: it waits in the line, held
+// for reason; ahead: it came ahead of a free slot), and closes the leased
+// path (Close). It returns false when the job is not Deciding, or was
+// granted while deciding (it is decided again).
+func (q *Queue) Line(id int64, ahead bool, reason string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Deciding {
+		return false
+	}
+	if j.early {
+		// Granted while deciding: the ledger knows what it holds.
+		j.early = false
+		return false
+	}
+	j.state, j.ahead, j.reason = Lined, j.ahead || ahead, reason
+	// The line alone orders the kind's jobs in this worker now: the leased
+	// path closes (its Queued jobs go to the ledger, its spare slots back).
+	q.closeLocked()
+	q.releaseHeldLocked()
+	return true
+}
+
+// HeldBehind reports whether a job younger than job id, of its key, is
+// Held here with a slot of the line (SwapFor would find one now).
+func (q *Queue) HeldBehind(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	x := q.jobs[id]
+	if x == nil {
+		return false
+	}
+	for _, o := range q.order {
+		if o.state == Held && !o.swapping && o.heldSlot == LineSlot && o.Key == x.Key && x.ID < o.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// SwapFor is asked before a Deciding job is put in the line (its decision:
+// it waits): it returns the youngest job of its key here, younger than it,
+// that is Held with a slot of the line, which is
+// to give that slot to it (Swapped), so that no job starts while an older
+// one of its key waits in the line; nil when there is none, or the job is
+// not Deciding, or a grant crossed its decision. The job returned stays
+// Held until Swapped.
+func (q *Queue) SwapFor(id int64) *Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	x := q.jobs[id]
+	if x == nil || x.state != Deciding || x.early {
+		return nil
+	}
+	var y *Job
+	for _, o := range q.order {
+		if o.state == Held && !o.swapping && o.heldSlot == LineSlot && o.Key == x.Key && x.ID < o.ID {
+			y = o // the last in line order: the youngest
+		}
+	}
+	if y != nil {
+		y.swapping = true
+	}
+	return y
+}
+
+// Swapped ends a swap that SwapFor began between job to (Deciding, to wait
+// in the line, held for reason; ahead: it came ahead of a free slot) and
+// from (Held): when the ledger moved the slot (ok), to works with it (or
+// is Held while a job of its key ahead of it decides) and from waits in
+// the line in its place without a deadline (as a job resumed ahead),
+// woken (Relined); else to is put in the line (as
+// Line) and from is Held as before. It reports whether to was put in the
+// line and the leased path closed (as Line).
+func (q *Queue) Swapped(to, from int64, ok, ahead bool, reason string) (lined bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	x, y := q.jobs[to], q.jobs[from]
+	if y != nil {
+		y.swapping = false
+	}
+	switch {
+	case ok && x != nil && y != nil:
+		x.granted = true
+		q.startLocked(x, LineSlot)
+		// It waits as a job resumed ahead does, as long as it takes: it is
+		// next of its key once the older one is through, and parking it
+		// would undo the grant or resume that brought it here.
+		y.state, y.heldSlot, y.reason, y.granted, y.ahead = Lined, NoSlot, reason, false, true
+		select {
+		case y.wake <- Relined:
+		default: // a wake is pending already: its wait ends anyway
+		}
+	case x != nil && x.state == Deciding && !x.early:
+		x.state, x.ahead, x.reason = Lined, x.ahead || ahead, reason
+		q.closeLocked()
+		lined = true
+	}
+	q.releaseHeldLocked()
+	q.serveLocked()
+	return lined
+}
+
+// Forget takes a job out of the queue (it parked, failed, or ran without
+// a limit); a Working job's slot is its release's.
+func (q *Queue) Forget(id int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if j := q.jobs[id]; j != nil {
+		q.removeLocked(j)
+		q.serveLocked()
+	}
+}
+
+// Leave ends the wait of a Queued or Lined job that the job ended itself
+// (its park-after time, its context): it is Deciding again. It returns
+// false when it no longer waits (a grant or a hand-over took it meanwhile:
+// that outcome, on its Wake, stands).
+func (q *Queue) Leave(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || (j.state != Queued && j.state != Lined) {
+		return false
+	}
+	j.state = Deciding
+	return true
+}
+
+// Grant ends the wait of a Lined job with a grant of the ledger: it works,
+// holding slot, or is Held while a job of its key ahead of it here
+// decides. It returns false when the job is not Lined: one Deciding (its
+// wait ended meanwhile, or its decision to wait is not applied yet) is
+// decided again instead of waiting (Line refuses it), and its decision
+// finds the grant.
+func (q *Queue) Grant(id int64, slot Slot) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j != nil && j.state == Deciding {
+		j.early = true
+	}
+	if j == nil || j.state != Lined {
+		return false
+	}
+	j.granted = true
+	if q.startLocked(j, slot) {
+		j.wake <- Granted
+	}
+	q.serveLocked()
+	return true
+}
+
+// Redecide ends the wait of a Queued or Lined job: it goes to the ledger
+// to be decided again (its place went, or the leased path closed). It
+// returns false when it no longer waits.
+func (q *Queue) Redecide(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || (j.state != Queued && j.state != Lined) {
+		return false
+	}
+	j.state = Deciding
+	j.wake <- Redecide
+	return true
+}
+
+// End takes a Working job out of the queue and returns the slot it held:
+// its release's, or its hand-over's (GiveLeased, GiveLine).
+func (q *Queue) End(id int64) Slot {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Working {
+		return NoSlot
+	}
+	q.removeLocked(j)
+	if j.slot == LeasedSlot {
+		q.lease.InUse--
+	}
+	return j.slot
+}
+
+// frontLocked returns the first job of the line order if it is in state
+// (nil otherwise: a job waiting otherwise, or deciding, goes first); q.mu
+// is held.
+func (q *Queue) frontLocked(state State) *Job {
+	if len(q.order) == 0 || q.order[0].state != state {
+		return nil
+	}
+	return q.order[0]
+}
+
+// Front returns the job that a slot of this worker would go to next in
+// state (Queued: a leased slot; Lined: a slot handed over): the first of
+// the line order, if it waits so (nil otherwise: a job deciding, or
+// waiting the other way, goes before every other).
+func (q *Queue) Front(state State) *Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.frontLocked(state)
+}
+
+// Waiting counts the jobs Queued or Lined, and Lined.
+func (q *Queue) Waiting() (queued, lined int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.order {
+		switch j.state {
+		case Queued:
+			queued++
+		case Lined:
+			lined++
+		}
+	}
+	return queued, lined
+}
+
+// Unplaced are the jobs neither working nor waiting in the line, in line
+// order: those Queued for a leased slot, and those Deciding (fetched, or on
+// their way to the line after their wait for a leased slot ended). The
+// other workers' younger jobs let them go first: a job is not forgotten
+// between its leased wait and its place in the line.
+func (q *Queue) Unplaced() []*Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []*Job
+	for _, j := range q.order {
+		if j.state == Queued || j.state == Deciding {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// Lined are the jobs Lined, in line order.
+func (q *Queue) Lined() []*Job { return q.inState(Lined) }
+
+func (q *Queue) inState(s State) []*Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []*Job
+	for _, j := range q.order {
+		if j.state == s {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// Len is how many jobs the queue holds, in every state.
+func (q *Queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.jobs)
+}

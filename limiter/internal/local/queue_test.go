@@ -1,0 +1,335 @@
+package local
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The queue's state machine, checked exhaustively over every sequence of
+// up to maxSteps events on three jobs (two fetches): after every event,
+// every job is in exactly one state, the jobs not working are in line
+// order, the leased slots in use are the working jobs' leased slots, no
+// leased slot is spare while the front job waits for one on a fresh view, a job given a
+// slot is held only while a job of its key ahead of it decides or waits
+// for a leased slot, and every slot given in
+// memory went to the job at the front of the line, with no job deciding
+// ahead of it, within the view's rules.
+
+const maxSteps = 5
+
+// event is one thing that can happen to a queue.
+type event struct {
+	name string
+	do   func(m *model) string // what broke, or ""
+}
+
+// model is a queue under test, with the record of what it was told.
+type model struct {
+	q   *Queue
+	now time.Time
+	// early are the jobs granted while deciding, not decided since.
+	early map[int64]bool
+}
+
+// events are the alphabet: jobs 1 and 2 come in one fetch, job 3 in a
+// later one (fetched 100 ms later), each decided to work, to wait in the
+// line, or for a leased slot; waits end by the job (Leave), by a grant, by
+// a hand-over, or are sent back to the ledger; jobs end; the keeper's view
+// changes (the leased path closes, a parked job older than all appears),
+// and slots are leased.
+func events() []event {
+	var out []event
+	out = append(out, event{"fetch 1,2", func(m *model) string {
+		if m.q.Get(1) != nil {
+			return ""
+		}
+		m.q.Fetch([]Fetched{{ID: 1, Fetched: m.now}, {ID: 2, Fetched: m.now}})
+		return ""
+	}})
+	out = append(out, event{"fetch 3", func(m *model) string {
+		if m.q.Get(3) != nil || m.q.Get(1) == nil {
+			return ""
+		}
+		m.q.Fetch([]Fetched{{ID: 3, Fetched: m.now.Add(100 * time.Millisecond)}})
+		return ""
+	}})
+	for id := int64(1); id <= 3; id++ {
+		out = append(out,
+			event{fmt.Sprintf("work %d", id), func(m *model) string {
+				if m.q.Work(id, LineSlot) {
+					delete(m.early, id)
+					return m.checkUnblocked(id)
+				}
+				return ""
+			}},
+			event{fmt.Sprintf("line %d", id), func(m *model) string {
+				if m.q.Line(id, false, "limit") && m.early[id] {
+					return fmt.Sprintf("job %d, granted while deciding, waits in the line", id)
+				}
+				delete(m.early, id)
+				return ""
+			}},
+			event{fmt.Sprintf("line or swap %d", id), func(m *model) string { return m.lineOrSwap(id, true) }},
+			event{fmt.Sprintf("line or swap (ledger refuses) %d", id), func(m *model) string { return m.lineOrSwap(id, false) }},
+			event{fmt.Sprintf("take leased %d", id), func(m *model) string {
+				before := m.front()
+				if works, _ := m.q.TakeLeased(id, true, 2, m.now); works && before != id {
+					return fmt.Sprintf("job %d took a leased slot while job %d was ahead", id, before)
+				}
+				return ""
+			}},
+			event{fmt.Sprintf("leave %d", id), func(m *model) string { m.q.Leave(id); return "" }},
+			event{fmt.Sprintf("grant %d", id), func(m *model) string {
+				if j := m.q.Get(id); j != nil && j.state == Deciding {
+					m.early[id] = true
+				}
+				if m.q.Grant(id, LineSlot) {
+					return m.checkUnblocked(id)
+				}
+				return ""
+			}},
+			event{fmt.Sprintf("end %d", id), func(m *model) string {
+				slot := m.q.End(id)
+				switch slot {
+				case LeasedSlot:
+					return m.checkGiven(m.q.GiveLeased(), Queued)
+				case LineSlot:
+					return m.checkGiven(m.q.GiveLine(m.now), Lined)
+				}
+				return ""
+			}},
+		)
+	}
+	out = append(out,
+		event{"view open", func(m *model) string {
+			m.q.SetView(View{At: m.now, Limit: 2, Admitted: 1})
+			return ""
+		}},
+		event{"view parked 1", func(m *model) string {
+			m.q.SetView(View{At: m.now, Limit: 2, Admitted: 1, OldestParked: 1})
+			return ""
+		}},
+		event{"view off path", func(m *model) string {
+			for _, id := range m.q.SetView(View{At: m.now, Limit: 2, OffPath: true}) {
+				if j := m.q.Get(id); j == nil || j.state != Deciding {
+					return fmt.Sprintf("job %d sent to the ledger is not deciding", id)
+				}
+			}
+			return ""
+		}},
+		event{"lease 1", func(m *model) string {
+			m.q.mu.Lock()
+			var order []int64
+			for _, j := range m.q.order {
+				order = append(order, j.ID)
+			}
+			m.q.mu.Unlock()
+			for i, j := range m.q.Leased(1) {
+				if i >= len(order) || j.ID != order[i] {
+					return fmt.Sprintf("leased slots went to jobs out of line order (job %d, the line %v)", j.ID, order)
+				}
+			}
+			return ""
+		}},
+	)
+	return out
+}
+
+// lineOrSwap puts job id in the line as the limiter does (SwapFor first;
+// ok: the ledger moves the slot) and checks the outcome: a swap leaves the
+// held job waiting in the line, told so, and the older one with its slot;
+// without one (or refused), the job waits in the line as Line has it; and,
+// the swap done, no job held with a slot of the line goes after it.
+func (m *model) lineOrSwap(id int64, ok bool) string {
+	y := m.q.SwapFor(id)
+	if y == nil {
+		if m.q.Line(id, false, "limit") && m.early[id] {
+			return fmt.Sprintf("job %d, granted while deciding, waits in the line", id)
+		}
+		delete(m.early, id)
+		return ""
+	}
+	if m.early[id] {
+		return fmt.Sprintf("job %d, granted while deciding, takes job %d's slot", id, y.ID)
+	}
+	m.q.Swapped(id, y.ID, ok, false, "limit")
+	x := m.q.Get(id)
+	if !ok {
+		if y.State() != Held && y.State() != Working {
+			return fmt.Sprintf("job %d, its slot kept (the ledger refused the swap), is %s", y.ID, y.State())
+		}
+		if x.State() != Lined {
+			return fmt.Sprintf("job %d, the swap refused, is %s, not in the line", id, x.State())
+		}
+		return ""
+	}
+	if y.State() != Lined {
+		return fmt.Sprintf("job %d gave its slot to job %d and is %s, not in the line", y.ID, id, y.State())
+	}
+	select {
+	case o := <-y.wake:
+		if o != Relined {
+			return fmt.Sprintf("job %d gave its slot and was told %d", y.ID, o)
+		}
+	default:
+		return fmt.Sprintf("job %d gave its slot and was not told", y.ID)
+	}
+	if s := x.State(); s != Working && s != Held {
+		return fmt.Sprintf("job %d took job %d's slot and is %s", id, y.ID, s)
+	}
+	return m.checkUnblocked(id)
+}
+
+// front is the first job not working in line order (0: none).
+func (m *model) front() int64 {
+	m.q.mu.Lock()
+	defer m.q.mu.Unlock()
+	if len(m.q.order) == 0 {
+		return 0
+	}
+	return m.q.order[0].ID
+}
+
+// checkGiven checks a slot given in memory: to a job that was waiting in
+// state, now working, and first of the line (its wake holding Granted).
+func (m *model) checkGiven(j *Job, state State) string {
+	if j == nil {
+		return ""
+	}
+	if j.state != Working {
+		return fmt.Sprintf("job %d was given a slot and is %s", j.ID, j.state)
+	}
+	select {
+	case o := <-j.wake:
+		if o != Granted {
+			return fmt.Sprintf("job %d was given a slot and told %d", j.ID, o)
+		}
+	default:
+		return fmt.Sprintf("job %d was given a slot and not told", j.ID)
+	}
+	m.q.mu.Lock()
+	defer m.q.mu.Unlock()
+	for _, o := range m.q.order {
+		if o.before(j) && (o.state == Deciding || o.state == state) {
+			return fmt.Sprintf("job %d was given a slot while job %d (%s) went before it", j.ID, o.ID, o.state)
+		}
+	}
+	if state == Lined {
+		v := m.q.lease.view
+		for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestOtherLine} {
+			if older != 0 && older < j.ID {
+				return fmt.Sprintf("job %d was handed a slot while job %d, older, waited elsewhere", j.ID, older)
+			}
+		}
+	}
+	return ""
+}
+
+// checkUnblocked checks that job id, if it works, has no job of its key
+// ahead of it deciding or waiting for a leased slot.
+func (m *model) checkUnblocked(id int64) string {
+	m.q.mu.Lock()
+	defer m.q.mu.Unlock()
+	if j := m.q.jobs[id]; j != nil && j.state == Working && m.q.blockedLocked(j) {
+		return fmt.Sprintf("job %d works while a job of its key ahead of it decides or waits for a leased slot", id)
+	}
+	return ""
+}
+
+// invariants checks the queue's shape.
+func (m *model) invariants() string {
+	q := m.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	inUse := 0
+	for id, j := range q.jobs {
+		if j.ID != id {
+			return fmt.Sprintf("job %d filed as %d", j.ID, id)
+		}
+		n := 0
+		for _, o := range q.order {
+			if o == j {
+				n++
+			}
+		}
+		switch {
+		case j.state == Working && n != 0:
+			return fmt.Sprintf("job %d works and is in the line order", id)
+		case j.state != Working && n != 1:
+			return fmt.Sprintf("job %d (%s) is in the line order %d times", id, j.state, n)
+		}
+		if j.state == Working && j.slot == LeasedSlot {
+			inUse++
+		}
+		if j.state == Held && !q.blockedLocked(j) {
+			return fmt.Sprintf("job %d is held with no job of its key ahead of it deciding or queued", id)
+		}
+	}
+	for i := 1; i < len(q.order); i++ {
+		if !q.order[i-1].before(q.order[i]) {
+			return fmt.Sprintf("line order %d before %d", q.order[i-1].ID, q.order[i].ID)
+		}
+	}
+	for _, o := range q.order {
+		if q.jobs[o.ID] != o {
+			return fmt.Sprintf("job %d in the order but not in the queue", o.ID)
+		}
+	}
+	if inUse != q.lease.InUse {
+		return fmt.Sprintf("%d leased slots in use, %d jobs work on one", q.lease.InUse, inUse)
+	}
+	if len(q.order) > 0 && q.order[0].state == Queued && q.lease.InUse < q.lease.usable() && q.lease.letsGo(q.order[0].Fetched) &&
+		q.lease.view.fresh(m.now) {
+		return fmt.Sprintf("a leased slot is spare while job %d waits for one at the front", q.order[0].ID)
+	}
+	return ""
+}
+
+// TestQueueStateMachine runs every sequence of up to maxSteps events.
+func TestQueueStateMachine(t *testing.T) {
+	alphabet := events()
+	seqs := 0
+	var run func(prefix []int)
+	run = func(prefix []int) {
+		seqs++
+		m := &model{q: NewQueue("k"), now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), early: map[int64]bool{}}
+		for step, e := range prefix {
+			if msg := alphabet[e].do(m); msg != "" {
+				t.Fatalf("after %s: %s", describe(alphabet, prefix[:step+1]), msg)
+			}
+			// A wake not read by the job it was sent to is read now, as the
+			// job's goroutine would (a second send would block).
+			for _, j := range m.q.jobs {
+				select {
+				case <-j.wake:
+				default:
+				}
+			}
+			if msg := m.invariants(); msg != "" {
+				t.Fatalf("after %s: %s", describe(alphabet, prefix[:step+1]), msg)
+			}
+		}
+		if len(prefix) == maxSteps {
+			return
+		}
+		for e := range alphabet {
+			run(append(slices.Clone(prefix), e))
+			if t.Failed() {
+				return
+			}
+		}
+	}
+	run(nil)
+	t.Logf("%d sequences of up to %d events", seqs, maxSteps)
+}
+
+func describe(alphabet []event, seq []int) string {
+	names := make([]string, len(seq))
+	for i, e := range seq {
+		names[i] = alphabet[e].name
+	}
+	return strings.Join(names, ", ")
+}

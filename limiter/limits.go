@@ -1,0 +1,143 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+)
+
+// LimitChannel is the channel a change of a kind's limits notifies (a
+// trigger on concurrency_limits, sluice_limits_notify; the payload is the
+// kind): every worker LISTENs on it and re-reads its copy of the limits at
+// once.
+const LimitChannel = "sluice_limits"
+
+// listeningTTL is how long a worker trusts its copy of the limits while
+// its listener is connected (a change expires it at once: this is only a
+// safety net).
+const listeningTTL = 30 * time.Second
+
+// limitsCopy is the worker's copy of every kind's limits, read without a
+// lock: it decides which way a job goes (the leased path, the line, no
+// limit at all) and which locks the ledger takes; every decision reads
+// the limits again under those locks. The limits listener expires it the
+// moment a kind's limits change (or its connection is made again: a
+// change may have been missed); while the listener is not connected it is
+// re-read at most every LimitCacheTTL. A job never goes by an expired copy:
+// one that finds it so waits for the re-read.
+type limitsCopy struct {
+	l         *Limiter
+	refreshMu sync.Mutex
+	cur       atomic.Pointer[limitsSnapshot]
+	// gen counts the changes heard: a copy read while one came in is
+	// stored expired.
+	gen       atomic.Uint64
+	listening atomic.Bool
+}
+
+// limitsSnapshot is a copy of the limits, never changed once stored.
+type limitsSnapshot struct {
+	kinds  map[string]ledger.Limits
+	loaded time.Time // zero: expired
+}
+
+func newLimitsCopy(l *Limiter) *limitsCopy { return &limitsCopy{l: l} }
+
+// of returns kind's limits (Present false: no limit row).
+func (c *limitsCopy) of(ctx context.Context, kind string) (ledger.Limits, error) {
+	s, err := c.snapshot(ctx)
+	if err != nil {
+		return ledger.Limits{}, err
+	}
+	if lim, ok := s.kinds[kind]; ok {
+		return lim, nil
+	}
+	return ledger.Limits{Kind: kind}, nil
+}
+
+// guess returns the limits of kinds as the copy has them, for the ledger's
+// locks (a read that fails gives none: the ledger locks every kind
+// exclusively, which always fits).
+func (c *limitsCopy) guess(ctx context.Context, kinds []string) map[string]ledger.Limits {
+	out := make(map[string]ledger.Limits, len(kinds))
+	s, err := c.snapshot(ctx)
+	if err != nil {
+		return out
+	}
+	for _, k := range kinds {
+		if lim, ok := s.kinds[k]; ok {
+			out[k] = lim
+		}
+	}
+	return out
+}
+
+// snapshot returns a copy not expired, re-reading it when needed.
+func (c *limitsCopy) snapshot(ctx context.Context) (*limitsSnapshot, error) {
+	ttl := LimitCacheTTL
+	if c.listening.Load() {
+		ttl = listeningTTL
+	}
+	if s := c.cur.Load(); s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl {
+		return s, nil
+	}
+	return c.refresh(ctx, ttl)
+}
+
+// refresh re-reads the limits (one reader at a time; the others wait for
+// it). Only when the read fails is the last copy used, with a warning.
+func (c *limitsCopy) refresh(ctx context.Context, ttl time.Duration) (*limitsSnapshot, error) {
+	c.refreshMu.Lock()
+	defer c.refreshMu.Unlock()
+	if s := c.cur.Load(); s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl {
+		return s, nil // refreshed meanwhile
+	}
+	var s *limitsSnapshot
+	// A change heard while the copy is read may not be in it: read again
+	// (a few times at most; the copy is stored expired if changes keep
+	// coming).
+	for range 3 {
+		gen := c.gen.Load()
+		kinds, err := c.l.ledger.ReadLimits(ctx)
+		if err != nil {
+			if old := c.cur.Load(); old != nil {
+				c.l.logger.Warn("concurrency limits not refreshed; using the last copy", "error", err)
+				s = &limitsSnapshot{kinds: old.kinds, loaded: time.Now()}
+				c.cur.Store(s)
+				return s, nil
+			}
+			return nil, fmt.Errorf("read concurrency limits: %w", err)
+		}
+		s = &limitsSnapshot{kinds: kinds, loaded: time.Now()}
+		if c.gen.Load() == gen {
+			break
+		}
+		s.loaded = time.Time{}
+	}
+	c.cur.Store(s)
+	return s, nil
+}
+
+// expire marks the copy stale: the next job re-reads it (a read under way
+// when the change came is stale too).
+func (c *limitsCopy) expire() {
+	c.gen.Add(1)
+	if s := c.cur.Load(); s != nil {
+		c.cur.CompareAndSwap(s, &limitsSnapshot{kinds: s.kinds})
+	}
+}
+
+// connected is told that the limiter's listener LISTENs (again): a change
+// may have been missed meanwhile.
+func (c *limitsCopy) connected() {
+	c.expire()
+	c.listening.Store(true)
+}
+
+// disconnected is told that the listener lost its connection: the copy is
+// re-read every LimitCacheTTL until it is back.
+func (c *limitsCopy) disconnected() { c.listening.Store(false) }

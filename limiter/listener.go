@@ -1,0 +1,69 @@
+package limiter
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+)
+
+// GrantChannel is the channel a grant round notifies when it gives a slot
+// or a start to a job waiting in another worker; the payload is a JSON
+// note naming the worker and its jobs.
+const GrantChannel = ledger.GrantChannel
+
+// Listener reconnect backoff.
+const (
+	listenRetryMin = 100 * time.Millisecond
+	listenRetryMax = 5 * time.Second
+)
+
+// listen holds the worker's one listening connection, on LimitChannel
+// and GrantChannel, until ctx ends, reconnecting with backoff: a change of
+// limits expires the worker's copy of them at once and runs a grant round
+// of the kind, and a grant to a job waiting here wakes it. While it is not connected, the copy is re-read
+// every LimitCacheTTL and the grants are looked for every GrantPollLost.
+func (l *Limiter) listen(ctx context.Context) {
+	pgkit.Listener{
+		Pool:    l.pool,
+		Channel: LimitChannel + ", " + GrantChannel,
+		Listen: func(ctx context.Context, q *db.Queries) error {
+			if err := q.ListenLimits(ctx); err != nil {
+				return err
+			}
+			return q.ListenGrants(ctx)
+		},
+		Logger:   l.logger,
+		Lost:     "concurrency limits: listener lost its connection; polling until it reconnects",
+		RetryMin: listenRetryMin,
+		RetryMax: listenRetryMax,
+		Connected: func() {
+			l.limits.connected()
+			l.grants.connected()
+			l.TestSignals.Listening.Signal(struct{}{})
+		},
+		Disconnected: func() {
+			l.limits.disconnected()
+			l.grants.disconnected()
+		},
+		Notified: func(n *pgconn.Notification) {
+			switch n.Channel {
+			case LimitChannel:
+				l.limits.expire()
+				if n.Payload != "" && !l.isStopped() {
+					// A change made by any SQL (a migration, psql) gives its room
+					// to the line at once, as the CLI's does in its own
+					// transaction.
+					l.releaser.submitAsync(&releaseRequest{rounds: []string{n.Payload}})
+				}
+				l.TestSignals.LimitsChanged.Signal(n.Payload)
+			case GrantChannel:
+				l.grants.heard(n.Payload)
+			}
+		},
+	}.Run(ctx)
+}

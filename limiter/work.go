@@ -1,0 +1,201 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
+)
+
+// Work runs a job within its kind's limits: decided at its fetch (or here,
+// when its fetch did not), it waits for its slot in this worker until its
+// park-after time (a job resumed ahead of a free slot as long as it
+// takes), runs, and gives its slot to the next job when it ends. A job
+// that parks returns nil without running: River's completion of it is what
+// moves it to pending (trigger sluice_park_in_place).
+func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	if job.Kind == ResumeKind || l.ignoreLimits {
+		return doInner(ctx) // never limited itself; or limits ignored
+	}
+	q := l.queues.get(job.Kind)
+	var j *local.Job
+	if q != nil {
+		j = q.Get(job.ID)
+	}
+	if j == nil {
+		// Not decided at its fetch: the driver was not watching, or its
+		// kind had no limit then (it and the older jobs of its kind that
+		// went to River undecided are decided together: strays).
+		parked, err := l.admitStray(ctx, job)
+		if err != nil {
+			return fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)
+		}
+		if parked {
+			return nil
+		}
+		if q = l.queues.get(job.Kind); q != nil {
+			j = q.Get(job.ID)
+		}
+		if j == nil {
+			return doInner(ctx) // no limit
+		}
+	}
+	return l.follow(ctx, q, j, job, doInner)
+}
+
+// admitStray decides job, not decided at its fetch, in the middleware
+// (dispatched), with the older strays of its kind, or waits for the
+// decision of a batch that took it; it reports whether job parked.
+func (l *Limiter) admitStray(ctx context.Context, job *rivertype.JobRow) (bool, error) {
+	lim, err := l.limits.of(ctx, job.Kind)
+	unlimited := err == nil && lim.Regime() == ledger.Unlimited && !everParked(job)
+	st, batch := l.strays.claim(job, !unlimited)
+	switch {
+	case st != nil:
+		<-st.decided
+		if st.err == nil {
+			return st.parked, nil
+		}
+		// The batch's decision failed: it is decided alone.
+	case unlimited:
+		return false, nil // no limit: it runs
+	}
+	if batch == nil {
+		batch = []*rivertype.JobRow{job}
+	}
+	parked, err := l.admit(ctx, batch, true)
+	l.strays.done(batch, parked, err)
+	return parked[job.ID], err
+}
+
+// follow takes job (j in q) from its decision to its end: it waits while
+// it is Queued or Lined, is decided again while it is Deciding, and runs
+// once it is Working.
+func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job *rivertype.JobRow,
+	doInner func(context.Context) error) error {
+	entered := time.Now()
+	deadline := entered.Add(l.parkAfter)
+	timedOut, cancelled := false, false
+	for {
+		switch j.State() {
+		case local.Working:
+			if j.Granted() || j.WasHeld() {
+				l.startedAfterGrant(ctx, q, j)
+			}
+			return l.run(ctx, q, j, job, entered, doInner)
+		case local.Deciding:
+			d, err := l.decideAgain(q, job, timedOut, cancelled)
+			if err != nil {
+				// It does not run: it leaves the queue (a wait of the line or
+				// a grant it got is the safety net's to clean up).
+				q.Forget(job.ID)
+				return err
+			}
+			switch d.Action {
+			case ledger.Parked, ledger.StepBack:
+				return nil // River's completion parks it, or makes it available again
+			case ledger.Fail:
+				return fmt.Errorf("concurrency limit of %s (%s): %w", job.Kind, d.Reason, ErrNoSlot)
+			}
+			// Still Deciding after a decision to wait: a grant crossed it
+			// (local.Queue.Line), and the next decision finds it.
+			timedOut, cancelled = false, false
+		case local.Queued, local.Lined, local.Held:
+			timedOut, cancelled = l.wait(ctx, q, j, deadline)
+		}
+	}
+}
+
+// wait waits until the wait of j ends: a grant or a hand-over (it is
+// Working), its place or path gone (Deciding), its deadline (none for a
+// job resumed ahead: its place is the line's; none for a job Held: it has
+// its slot) or its context (it leaves the line to be decided again:
+// timedOut, or cancelled by JobCancel).
+func (l *Limiter) wait(ctx context.Context, q *local.Queue, j *local.Job, deadline time.Time) (timedOut, cancelled bool) {
+	var expired <-chan time.Time
+	if _, ahead := j.Held(); !ahead && j.State() != local.Held {
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		expired = timer.C
+	}
+	select {
+	case <-j.Wake():
+		return false, false
+	case <-expired:
+		timedOut = true
+	case <-ctx.Done():
+		// A stop or a timeout parks it, its attempt undone; JobCancel
+		// parks it too, and its parking cancels it.
+		timedOut = true
+		cancelled = errors.Is(context.Cause(ctx), rivertype.ErrJobCancelledRemotely)
+	}
+	if !q.Leave(j.ID) {
+		<-j.Wake() // a grant or a hand-over came meanwhile: it stands
+		return false, false
+	}
+	l.gate.left()
+	return timedOut, cancelled
+}
+
+// startedAfterGrant logs the start of j, which waited in the line and
+// starts on a grant (or was held back after its decision), when its kind
+// has a rate: the grant reserved its start (the decision logged it),
+// counted until now whatever its time, and from now in its window.
+// It is written before the job runs: a retry of it decided meanwhile would
+// otherwise take the reservation for its own.
+func (l *Limiter) startedAfterGrant(ctx context.Context, q *local.Queue, j *local.Job) {
+	if lim, err := l.limits.of(ctx, q.Kind()); err == nil && lim.RateMax == 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), decideTimeout)
+	defer cancel()
+	if err := l.ledger.ClaimStarts(wctx, []int64{j.ID}); err != nil {
+		// Its start stays reserved: counted until the safety net drops it.
+		l.logger.Warn("concurrency limits: start not logged", "kind", q.Kind(), "job_id", j.ID, "error", err)
+	}
+}
+
+// run runs job, Working, and ends it: its slot goes to the next job.
+func (l *Limiter) run(ctx context.Context, q *local.Queue, j *local.Job, job *rivertype.JobRow, entered time.Time,
+	doInner func(context.Context) error) error {
+	defer l.end(q, j)
+	reason, _ := j.Held()
+	waited := time.Since(entered)
+	if reason == "" && j.Slot() == local.LeasedSlot && waited >= leaseWaitShown {
+		reason = ledger.ReasonLimit
+	}
+	if reason != "" {
+		ctx = withHeld(ctx, Held{Since: fetchedAt(job), Reason: reason})
+	}
+	return doInner(ctx)
+}
+
+// end ends j in q, and gives its slot to the next job: a leased slot to
+// the job of this worker at the front of the kind's queue, if it waits
+// for one (or back to the lease keeper); a slot of the line to the job at
+// the front of the line, if it waits in this worker and the kind has a
+// per-kind limit alone (the move written with the next release), or back
+// to the ledger, whose grant round gives it to the front of the line.
+func (l *Limiter) end(q *local.Queue, j *local.Job) {
+	kind := q.Kind()
+	switch q.End(j.ID) {
+	case local.LeasedSlot:
+		if q.GiveLeased() == nil {
+			l.keeper.wakeUp()
+		}
+	case local.LineSlot:
+		from := ledger.Held{ID: j.ID, Kind: kind, Key: j.Key}
+		if to := q.GiveLine(time.Now()); to != nil {
+			l.releaser.submitAsync(&releaseRequest{handed: &ledger.HandOver{From: from, To: ledger.Held{ID: to.ID, Kind: kind, Key: to.Key}}})
+			l.TestSignals.HandedOver.Signal(to.ID)
+			return
+		}
+		l.releaser.submitAsync(&releaseRequest{ended: &from})
+	}
+	l.gate.left()
+}

@@ -1,0 +1,996 @@
+-- The limiter's ledger (limiter/internal/ledger): every transaction that
+-- changes slots locks its kinds (LedgerLockKinds: an advisory lock per
+-- kind, exclusive, or shared under per-key limits alone) and, under
+-- per-key limits alone, its keys' rows (LedgerLockKeys), in that order;
+-- then reads in one statement what it decides from (a JSON document, read
+-- in the snapshot taken once the locks are held); then writes. Each
+-- transaction is two round trips: the locks travel with the read, and the
+-- writes with COMMIT (pgkit.Pipeline).
+
+-- name: LedgerSettings :exec
+-- For the rest of the transaction (a ledger transaction's first
+-- statement), reads every table by an index where one serves. The line
+-- tables swing from empty to thousands of rows and back: a plan made while
+-- one looked small scans it, once per key of a nested loop (a generic plan,
+-- cached for the connection's life, scanned concurrency_parked_jobs whole
+-- at 80 ms a statement). With sequential scans off the statements' cached
+-- generic plans are safe to keep, which also spares planning each one
+-- under the kind's lock. A plan that has to scan a table anyway costs more
+-- than jit_above_cost with sequential scans off: JIT is off too (it
+-- compiled for 190 ms a statement that runs in a millisecond).
+SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true);
+
+-- name: LedgerLockKinds :exec
+-- Takes the kinds' locks (kinds sorted, shared in step: true for a shared
+-- lock), in kind order: transaction-level advisory locks on
+-- hashtextextended('sluice.limit_row:' || kind, 0), also taken (exclusive)
+-- by every change of a kind's limits and by the creation of its limit row.
+SELECT CASE WHEN s.shared THEN pg_advisory_xact_lock_shared(s.h)::text ELSE pg_advisory_xact_lock(s.h)::text END
+FROM (SELECT hashtextextended('sluice.limit_row:' || k.kind, 0) AS h, k.shared
+      FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(shared)::boolean[]) AS shared) AS k
+      ORDER BY k.kind OFFSET 0) AS s;
+
+-- name: LedgerLockKeys :exec
+-- Takes the rows of the keys (kinds and keys in step, sorted by kind,
+-- then key), making those missing: a key's row is its lock under per-key
+-- limits alone.
+INSERT INTO concurrency_key_lines (kind, key)
+SELECT k.kind, k.key
+FROM (SELECT DISTINCT r.kind, r.key FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(keys)::text[]) AS key) AS r
+      ORDER BY 1, 2) AS k
+ON CONFLICT (kind, key) DO UPDATE SET kind = EXCLUDED.kind;
+
+-- name: LedgerLimits :many
+-- The limit rows of kinds, as the ledger decides from them.
+SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields, l.key_max, l.rate_max,
+       COALESCE((extract(epoch FROM l.rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+       l.rate_per_key
+FROM concurrency_limits l
+WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
+ORDER BY l.kind;
+
+-- name: LedgerAllLimits :many
+-- Every limit row, as LedgerLimits reads them: a worker's copy of the
+-- limits (read without a lock; every decision reads them again under its
+-- kinds' locks).
+SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields, l.key_max, l.rate_max,
+       COALESCE((extract(epoch FROM l.rate_period) * 1000)::bigint, 0)::bigint AS rate_period_ms,
+       l.rate_per_key
+FROM concurrency_limits l
+ORDER BY l.kind;
+
+-- name: LedgerDecideState :one
+-- What a decision of jobs (job_ids, with their kinds, the keys the caller
+-- computed and when each was fetched, in step) reads, as one JSON
+-- document: per job its key (from its args and its kind's partition), and
+-- what the ledger holds for it (a grant to claim: a reserved slot or
+-- start; a slot or start it took in this attempt, or a stale one of an
+-- earlier attempt; a place in the line); per kind (with a limit row) its
+-- limits and counts, its line (the oldest job waiting for the kind, and,
+-- without a partition, how many wait, up to max_ahead, the newest slot
+-- and start reserved for a job on its way, and the oldest job granted a
+-- slot and not fetched yet: transit) and its rate window; per key its
+-- count of slots, its line (its newest reserved slot and start, its
+-- transit) and its rate window. (A job fetched by another worker and not
+-- decided yet is not waited for: its decision is a moment away, and in
+-- this worker the local queue holds younger jobs behind it.)
+WITH lim AS (
+    SELECT l.kind, l.partition_fields AS fields, l.rate_max,
+           COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
+    FROM concurrency_limits l
+    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
+),
+batch AS (
+    SELECT b.job_id, b.kind, b.key, b.fetched_at
+    FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(job_kinds)::text[]) AS kind, unnest(sqlc.arg(job_keys)::text[]) AS key, unnest(sqlc.arg(fetched_ats)::timestamptz[]) AS fetched_at) AS b
+),
+jobs AS (
+    SELECT b.job_id, b.kind,
+           COALESCE(sluice_partition_key(j.args, lim.fields), '') AS key,
+           EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = b.job_id AND e.reserved) AS slot_reserved,
+           EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = b.job_id AND s.reserved) AS start_reserved,
+           EXISTS (SELECT 1 FROM concurrency_executions e
+                   WHERE e.job_id = b.job_id AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text
+                     AND e.admitted_at >= b.fetched_at) AS slot_held,
+           EXISTS (SELECT 1 FROM concurrency_executions e
+                   WHERE e.job_id = b.job_id AND NOT e.reserved
+                     AND NOT (e.worker_id = sqlc.arg(worker_id)::text AND e.admitted_at >= b.fetched_at)) AS slot_stale,
+           EXISTS (SELECT 1 FROM concurrency_starts s
+                   WHERE s.job_id = b.job_id AND NOT s.reserved AND s.started_at >= b.fetched_at) AS start_held,
+           w.job_id IS NOT NULL AS waiter,
+           COALESCE(w.ahead, false) AS ahead
+    FROM batch b
+    LEFT JOIN river_job j ON j.id = b.job_id
+    LEFT JOIN lim ON lim.kind = b.kind
+    LEFT JOIN concurrency_waiters w ON w.job_id = b.job_id
+),
+keys AS (
+    -- The jobs' keys as the database computes them (the caller's locked the
+    -- keys' rows; a decision checks that the two agree).
+    SELECT DISTINCT j.kind, j.key FROM jobs j JOIN lim ON lim.kind = j.kind AND lim.fields IS NOT NULL
+)
+SELECT jsonb_build_object(
+    'jobs', COALESCE((SELECT jsonb_agg(to_jsonb(jobs)) FROM jobs), '[]'),
+    'kinds', COALESCE((
+        SELECT jsonb_agg(jsonb_build_object(
+            'kind', lim.kind, 'max', l.max_concurrency, 'admitted', l.admitted, 'has_parked', l.has_parked,
+            'fields', l.partition_fields, 'key_max', l.key_max, 'rate_max', l.rate_max,
+            'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', l.rate_per_key,
+            'reserved_slot', (SELECT max(e.job_id) FROM concurrency_executions e
+                              WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'transit', (SELECT min(e.job_id) FROM concurrency_executions e JOIN river_job o ON o.id = e.job_id AND o.state = 'available'
+                        WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
+                               WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL),
+            'front', (SELECT min(x.job_id) FROM (
+                (SELECT w.job_id FROM concurrency_waiters w
+                 WHERE w.kind = lim.kind AND (lim.fields IS NULL OR w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                 ORDER BY w.job_id LIMIT 1)
+                UNION ALL
+                (SELECT p.job_id FROM concurrency_parked_jobs p
+                 WHERE p.kind = lim.kind AND (lim.fields IS NULL OR p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                 ORDER BY p.job_id LIMIT 1)) x),
+            'ahead', (SELECT count(*) FROM (
+                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = lim.kind AND lim.fields IS NULL
+                 LIMIT sqlc.arg(max_ahead)::integer)
+                UNION ALL
+                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = lim.kind AND lim.fields IS NULL
+                 LIMIT sqlc.arg(max_ahead)::integer)) x),
+            'starts', (SELECT count(*) FROM concurrency_starts s
+                       WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
+                         AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
+            'frees_in_ms', (SELECT COALESCE(ceil(extract(epoch FROM min(s.started_at) + lim.period - statement_timestamp()) * 1000),
+                                            extract(epoch FROM lim.period) * 1000)::bigint
+                            FROM concurrency_starts s
+                            WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind AND NOT s.reserved
+                              AND s.started_at > statement_timestamp() - lim.period)))
+        FROM lim JOIN concurrency_limits l ON l.kind = lim.kind), '[]'),
+    'keys', COALESCE((
+        SELECT jsonb_agg(jsonb_build_object(
+            'kind', k.kind, 'key', k.key,
+            'slots', COALESCE(kl.slots, 0),
+            'reserved_slot', (SELECT max(e.job_id) FROM concurrency_executions e
+                              WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
+            'transit', (SELECT min(e.job_id) FROM concurrency_executions e JOIN river_job o ON o.id = e.job_id AND o.state = 'available'
+                        WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
+            'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
+                               WHERE s.kind = k.kind AND s.key = k.key AND s.reserved),
+            'front', (SELECT min(x.job_id) FROM (
+                (SELECT w.job_id FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key ORDER BY w.job_id LIMIT 1)
+                UNION ALL
+                (SELECT p.job_id FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key ORDER BY p.job_id LIMIT 1)
+                UNION ALL
+                (SELECT e.job_id FROM concurrency_executions e WHERE e.kind = k.kind AND e.key = k.key AND e.reserved
+                 ORDER BY e.job_id LIMIT 1)) x),
+            'ahead', (SELECT count(*) FROM (
+                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT sqlc.arg(max_ahead)::integer)
+                UNION ALL
+                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT sqlc.arg(max_ahead)::integer)) x),
+            'starts', (SELECT count(*) FROM concurrency_starts s, lim
+                       WHERE lim.kind = k.kind AND lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
+                         AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
+            'frees_in_ms', COALESCE(
+                (SELECT ceil(extract(epoch FROM min(s.started_at + lim.period) - statement_timestamp()) * 1000)
+                 FROM concurrency_starts s, lim
+                 WHERE lim.kind = k.kind AND lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind
+                   AND s.key = k.key AND NOT s.reserved AND s.started_at > statement_timestamp() - lim.period),
+                (SELECT extract(epoch FROM lim.period) * 1000 FROM lim WHERE lim.kind = k.kind))::bigint))
+        FROM keys k
+        LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key), '[]')
+)::jsonb AS state;
+
+-- name: LedgerRelease :exec
+-- Frees slots, in a transaction that holds their kinds' locks (and, under
+-- per-key limits alone, their keys' rows: LedgerLockReleasedKeys): those of
+-- jobs that ended (job_ids, worker_id's own), those of jobs that gave up
+-- waiting (forget_ids: worker_id's, or a grant not started yet; those
+-- leave the waiters too, with any start reserved for them), and moves
+-- the slots handed over in memory (from_ids[i] to to_ids[i]: the slot row
+-- of an ended job becomes the job's it was handed to, which leaves the
+-- waiters; one that a grant reserved a slot for meanwhile keeps that one,
+-- and the ended job's slot is freed instead). The counts follow: each
+-- key's slots, and the kind's admitted where it is kept. A job rescued and
+-- running on another worker keeps the slot of its new attempt when the old
+-- attempt's worker releases late (the slot is worker_id's no more).
+WITH pairs AS (
+    SELECT p.from_id, p.to_id
+    FROM (SELECT unnest(sqlc.arg(from_ids)::bigint[]) AS from_id, unnest(sqlc.arg(to_ids)::bigint[]) AS to_id) AS p
+),
+handed AS (
+    UPDATE concurrency_executions e
+    SET job_id = p.to_id, admitted_at = clock_timestamp()
+    FROM pairs p
+    WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
+    RETURNING e.job_id
+),
+granted AS (
+    UPDATE concurrency_executions e
+    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = clock_timestamp()
+    FROM pairs p
+    WHERE e.job_id = p.to_id
+    RETURNING e.job_id
+),
+freed AS (
+    DELETE FROM concurrency_executions e
+    WHERE (e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.worker_id = sqlc.arg(worker_id)::text)
+       OR (e.job_id = ANY(sqlc.arg(forget_ids)::bigint[]) AND (e.worker_id = sqlc.arg(worker_id)::text OR e.worker_id IS NULL))
+       OR (e.job_id IN (SELECT p.from_id FROM pairs p) AND e.worker_id = sqlc.arg(worker_id)::text
+           AND EXISTS (SELECT 1 FROM concurrency_executions x, pairs p2 WHERE p2.from_id = e.job_id AND x.job_id = p2.to_id))
+    RETURNING e.kind, e.key
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w
+    WHERE w.job_id = ANY(sqlc.arg(forget_ids)::bigint[]) OR w.job_id IN (SELECT p.to_id FROM pairs p)
+),
+unstarted AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = ANY(sqlc.arg(forget_ids)::bigint[]) AND s.reserved
+),
+per_key AS (
+    SELECT f.kind, f.key, count(*)::integer AS n FROM freed f WHERE f.key IS NOT NULL GROUP BY f.kind, f.key
+),
+keys AS (
+    UPDATE concurrency_key_lines kl
+    SET slots = GREATEST(kl.slots - pk.n, 0)
+    FROM per_key pk
+    WHERE kl.kind = pk.kind AND kl.key = pk.key
+)
+UPDATE concurrency_limits l
+SET admitted = GREATEST(l.admitted - pk.n, 0)
+FROM (SELECT f.kind, count(*)::integer AS n FROM freed f GROUP BY f.kind) pk
+WHERE l.kind = pk.kind AND l.admitted IS NOT NULL;
+
+-- name: LedgerGrantState :one
+-- What a grant round of kinds reads, as one JSON document: per kind, its
+-- limits and counts, its rate window, and the front of its line: for a
+-- kind without a partition, its oldest waiting jobs (depth of them); for a
+-- partitioned kind, per key (the keys named in step with key_kinds, or,
+-- for a kind whose limits need one view of its keys, the keys with
+-- waiting jobs in the round's order, up to turn_keys) its slots, its
+-- oldest slot or start reserved for a job on its way (no job of the key
+-- waiting in a worker is granted past it), its rate window, and its oldest waiting
+-- jobs (depth of them); the keys in the round's order, served longest ago
+-- first. A front job is a waiter without a grant (waiting in
+-- a worker, or resumed ahead and not fetched yet: no worker) or a parked
+-- job, with whether it is ready (a parked job still completing its
+-- parking, unless it is more than 5 s late, and a job resumed ahead still
+-- stepping back from its worker hold up the younger ones) and resumable
+-- (pending).
+WITH lim AS (
+    SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields AS fields, l.key_max, l.rate_max,
+           COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
+    FROM concurrency_limits l
+    WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
+),
+named AS (
+    SELECT DISTINCT n.kind, n.key FROM (SELECT unnest(sqlc.arg(key_kinds)::text[]) AS kind, unnest(sqlc.arg(keys)::text[]) AS key) AS n
+),
+keys AS (
+    SELECT lim.kind, n.key FROM lim JOIN named n ON n.kind = lim.kind
+    WHERE lim.fields IS NOT NULL
+    UNION
+    SELECT lim.kind, t.key FROM lim
+    CROSS JOIN LATERAL (
+        SELECT kl.key FROM concurrency_key_lines kl
+        WHERE kl.kind = lim.kind AND kl.waiting
+        ORDER BY kl.served_at NULLS FIRST, kl.key
+        LIMIT sqlc.arg(turn_keys)::integer
+    ) t
+    WHERE lim.fields IS NOT NULL
+      AND (lim.kind = ANY(sqlc.arg(full_kinds)::text[])
+           OR NOT (lim.max_concurrency = 0 AND (lim.rate_max IS NULL OR lim.rate_per_key)))
+)
+SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
+    'kind', lim.kind, 'max', lim.max_concurrency, 'admitted', lim.admitted, 'has_parked', lim.has_parked,
+    'fields', lim.fields, 'key_max', lim.key_max, 'rate_max', lim.rate_max,
+    'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', lim.rate_per_key,
+    'starts', (SELECT count(*) FROM concurrency_starts s
+               WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
+                 AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
+    'frees_in_ms', (SELECT COALESCE(ceil(extract(epoch FROM min(s.started_at) + lim.period - statement_timestamp()) * 1000),
+                                    extract(epoch FROM lim.period) * 1000)::bigint
+                    FROM concurrency_starts s
+                    WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind AND NOT s.reserved
+                      AND s.started_at > statement_timestamp() - lim.period),
+    'oldest_reserved', (SELECT min(x.job_id) FROM (
+                            SELECT e.job_id FROM concurrency_executions e
+                            WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL
+                            UNION ALL
+                            SELECT s.job_id FROM concurrency_starts s
+                            WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL) x),
+    'kind_waiting', EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+                            WHERE p.kind = lim.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                    OR EXISTS (SELECT 1 FROM concurrency_waiters w
+                               WHERE w.kind = lim.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
+                                 AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+    'ahead', (SELECT count(*) FROM concurrency_waiters w
+              JOIN river_job j ON j.id = w.job_id AND j.state IN ('running', 'available')
+              WHERE w.kind = lim.kind AND w.ahead
+                AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+    'front', CASE WHEN lim.fields IS NULL THEN (
+        SELECT COALESCE(jsonb_agg(to_jsonb(f) ORDER BY f.job_id), '[]') FROM (
+            SELECT x.* FROM (
+                (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
+                        (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds') AS ready,
+                        (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
+                 FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id
+                 WHERE p.kind = lim.kind AND p.key IS NULL
+                 ORDER BY p.job_id LIMIT sqlc.arg(depth)::integer)
+                UNION ALL
+                (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead
+                 FROM concurrency_waiters w
+                 JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
+                 WHERE w.kind = lim.kind AND w.key IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+                 ORDER BY w.job_id LIMIT sqlc.arg(depth)::integer)
+            ) x ORDER BY x.job_id LIMIT sqlc.arg(depth)::integer
+        ) f) END,
+    'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+        'key', k.key,
+        'slots', COALESCE(kl.slots, 0),
+        'oldest_reserved', (SELECT min(x.job_id) FROM (
+                                SELECT e.job_id FROM concurrency_executions e
+                                WHERE e.kind = k.kind AND e.key = k.key AND e.reserved
+                                UNION ALL
+                                SELECT s.job_id FROM concurrency_starts s
+                                WHERE s.kind = k.kind AND s.key = k.key AND s.reserved) x),
+        'starts', (SELECT count(*) FROM concurrency_starts s
+                   WHERE lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
+                     AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
+        'frees_in_ms', (SELECT COALESCE(ceil(extract(epoch FROM min(s.started_at) + lim.period - statement_timestamp()) * 1000),
+                                        extract(epoch FROM lim.period) * 1000)::bigint
+                        FROM concurrency_starts s
+                        WHERE lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
+                          AND NOT s.reserved AND s.started_at > statement_timestamp() - lim.period),
+        'front', (SELECT COALESCE(jsonb_agg(to_jsonb(f) ORDER BY f.job_id), '[]') FROM (
+            SELECT x.* FROM (
+                (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
+                        (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds') AS ready,
+                        (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
+                 FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id
+                 WHERE p.kind = k.kind AND p.key = k.key
+                 ORDER BY p.job_id LIMIT sqlc.arg(depth)::integer)
+                UNION ALL
+                (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead
+                 FROM concurrency_waiters w
+                 JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
+                 WHERE w.kind = k.kind AND w.key = k.key
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+                 ORDER BY w.job_id LIMIT sqlc.arg(depth)::integer)
+            ) x ORDER BY x.job_id LIMIT sqlc.arg(depth)::integer
+        ) f)
+    ) ORDER BY kl.served_at NULLS FIRST, k.key), '[]')
+      FROM keys k LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
+      WHERE k.kind = lim.kind)
+)), '[]'))::jsonb AS state
+FROM lim;
+
+-- name: LedgerInsertSlots :exec
+-- Writes slots taken or granted (job_ids, kinds and keys in step; key ''
+-- for none): taken by a job of worker_id, or granted to one (worker_ids in
+-- step: the worker a job waits in, '' for a job resumed and not fetched,
+-- whose slot is reserved until it is). A job that still had a row (a stale
+-- one of an earlier attempt) keeps it, made the new slot's.
+INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+SELECT r.job_id, r.kind, NULLIF(r.worker_id, ''), r.worker_id = '', NULLIF(r.key, ''), clock_timestamp()
+FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(keys)::text[]) AS key, unnest(sqlc.arg(worker_ids)::text[]) AS worker_id) AS r
+ON CONFLICT (job_id) DO UPDATE
+SET worker_id = EXCLUDED.worker_id, reserved = EXCLUDED.reserved, admitted_at = clock_timestamp(), key = EXCLUDED.key;
+
+-- name: LedgerClaimSlots :exec
+-- Jobs of worker_id take the slots and starts reserved for them (granted
+-- while they were resumed), as their own, started now.
+WITH slots AS (
+    UPDATE concurrency_executions e
+    SET reserved = false, worker_id = sqlc.arg(worker_id)::text, admitted_at = clock_timestamp()
+    WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.reserved
+)
+UPDATE concurrency_starts s
+SET reserved = false, started_at = clock_timestamp()
+WHERE s.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND s.reserved;
+
+-- name: LedgerCount :exec
+-- Adds to the counts of kinds (kinds, admitted and has_parked in step: the
+-- slots added to admitted, where it is kept; has_parked: -1 as it is, 0
+-- false, 1 true) and of their keys (key_kinds, keys, key_slots,
+-- key_waiting and key_served in step: the slots added; whether jobs of the
+-- key wait, -1 as it is; served: the key was granted now, and its turn
+-- moves to the end of the round). Keys with neither slots nor waiting jobs
+-- lose their row.
+WITH kinds AS (
+    UPDATE concurrency_limits l
+    SET admitted = CASE WHEN l.admitted IS NULL THEN NULL ELSE GREATEST(l.admitted + c.admitted, 0) END,
+        has_parked = CASE c.has_parked WHEN -1 THEN l.has_parked ELSE c.has_parked = 1 END
+    FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(admitted)::integer[]) AS admitted,
+                 unnest(sqlc.arg(has_parked)::integer[]) AS has_parked) AS c
+    WHERE l.kind = c.kind
+),
+src AS (
+    SELECT unnest(sqlc.arg(key_kinds)::text[]) AS kind, unnest(sqlc.arg(keys)::text[]) AS key,
+           unnest(sqlc.arg(key_slots)::integer[]) AS slots, unnest(sqlc.arg(key_waiting)::integer[]) AS waiting,
+           unnest(sqlc.arg(key_served)::boolean[]) AS served
+),
+upd AS (
+    UPDATE concurrency_key_lines kl
+    SET slots = GREATEST(kl.slots + s.slots, 0),
+        waiting = CASE s.waiting WHEN -1 THEN kl.waiting ELSE s.waiting = 1 END,
+        served_at = CASE WHEN s.served THEN clock_timestamp() ELSE kl.served_at END
+    FROM src s
+    WHERE kl.kind = s.kind AND kl.key = s.key
+    RETURNING kl.kind, kl.key, kl.slots, kl.waiting
+),
+ins AS (
+    INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at)
+    SELECT s.kind, s.key, GREATEST(s.slots, 0), s.waiting = 1, CASE WHEN s.served THEN clock_timestamp() END
+    FROM src s
+    WHERE NOT EXISTS (SELECT 1 FROM concurrency_key_lines kl WHERE kl.kind = s.kind AND kl.key = s.key)
+      AND (s.slots > 0 OR s.waiting = 1)
+    ON CONFLICT (kind, key) DO NOTHING
+)
+DELETE FROM concurrency_key_lines d
+USING upd u
+WHERE d.kind = u.kind AND d.key = u.key AND u.slots = 0 AND NOT u.waiting;
+
+-- name: LedgerParkFetched :exec
+-- Parks in place, at once, jobs a worker fetched and never handed to
+-- River's executors (job_ids, with their kinds, keys and reasons in step;
+-- key '' for none): each goes back to pending with its fetch undone
+-- (attempt, attempted_by; attempted_at cleared with a first attempt), its
+-- parking recorded in its metadata and in concurrency_parked_jobs. None
+-- ran, and River will never complete them: there is no completion to race
+-- with. A job whose cancellation was asked meanwhile is cancelled instead
+-- (it never ran).
+WITH p AS (
+    SELECT r.job_id, r.kind, r.key, r.reason
+    FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(keys)::text[]) AS key, unnest(sqlc.arg(reasons)::text[]) AS reason) AS r
+),
+moved AS (
+    UPDATE river_job j
+    SET state = CASE WHEN j.metadata ? 'cancel_attempted_at' THEN 'cancelled'::river_job_state ELSE 'pending'::river_job_state END,
+        finalized_at = CASE WHEN j.metadata ? 'cancel_attempted_at' THEN now() END,
+        attempt = GREATEST(j.attempt - 1, 0),
+        attempted_by = j.attempted_by[1:GREATEST(COALESCE(array_length(j.attempted_by, 1), 0) - 1, 0)],
+        attempted_at = CASE WHEN j.attempt <= 1 THEN NULL ELSE j.attempted_at END,
+        metadata = CASE WHEN j.metadata ? 'cancel_attempted_at' THEN j.metadata
+                   ELSE j.metadata || jsonb_build_object('sluice_parking',
+                       COALESCE(CASE WHEN (j.metadata->'sluice_parking'->>'attempt')::integer = GREATEST(j.attempt - 1, 0)
+                                     THEN j.metadata->'sluice_parking' END,
+                                jsonb_build_object('attempt', GREATEST(j.attempt - 1, 0), 'first_at', now(), 'parks', 0))
+                       || jsonb_build_object('parked_at', now(), 'reason', p.reason,
+                                             'parks', COALESCE((j.metadata->'sluice_parking'->>'parks')::integer, 0) + 1))
+                   END
+    FROM p
+    WHERE j.id = p.job_id AND j.state = 'running'
+    RETURNING j.id, j.state
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w WHERE w.job_id IN (SELECT m.id FROM moved m)
+)
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+SELECT p.job_id, p.kind, p.reason, sqlc.arg(worker_id)::text, NULLIF(p.key, '')
+FROM p JOIN moved m ON m.id = p.job_id AND m.state = 'pending'
+ON CONFLICT (job_id) DO NOTHING;
+
+-- name: LedgerWait :exec
+-- Jobs wait in the line (job_ids, keys and reasons in step; key '' for
+-- none): in worker_id, for a grant, or without a worker when resumed ahead
+-- (worker_id ''). A job already in the line keeps its place, its first
+-- since, and whether it came ahead.
+INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+SELECT r.job_id, sqlc.arg(kind), NULLIF(r.key, ''), NULLIF(sqlc.arg(worker_id)::text, ''), r.reason,
+       sqlc.arg(worker_id)::text = ''
+FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key, unnest(sqlc.arg(reasons)::text[]) AS reason) AS r
+ON CONFLICT (job_id) DO UPDATE
+SET worker_id = EXCLUDED.worker_id, reason = EXCLUDED.reason, key = EXCLUDED.key;
+
+-- name: LedgerParkDispatched :exec
+-- Parks running jobs that River's executors have (job_ids, with their
+-- kinds, keys, reasons and attempts in step; key '' for none): each is
+-- marked for parking (metadata key sluice_park), so that River's completion
+-- of it turns it into a pending job with its attempt undone (trigger
+-- sluice_park_in_place), its parking recorded, and it leaves the waiters.
+-- A job no longer running this attempt (rescued meanwhile) is left alone.
+WITH p AS (
+    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,
+           unnest(sqlc.arg(keys)::text[]) AS key, unnest(sqlc.arg(reasons)::text[]) AS reason,
+           unnest(sqlc.arg(attempts)::integer[]) AS attempt
+),
+marked AS (
+    UPDATE river_job j
+    SET metadata = j.metadata || '{"sluice_park": true}'::jsonb
+    FROM p
+    WHERE j.id = p.job_id AND j.attempt = p.attempt AND j.state = 'running'
+    RETURNING j.id
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w WHERE w.job_id IN (SELECT m.id FROM marked m)
+)
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key, ahead)
+SELECT p.job_id, p.kind, p.reason, sqlc.arg(worker_id)::text, NULLIF(p.key, ''),
+       COALESCE((SELECT w.ahead FROM concurrency_waiters w WHERE w.job_id = p.job_id), false)
+FROM p JOIN marked m ON m.id = p.job_id
+ON CONFLICT (job_id) DO NOTHING;
+
+-- name: LedgerStarts :exec
+-- Logs starts of kind now, by the database's clock (job_ids and keys in
+-- step; key '': none), reserved for granted jobs that have not started yet
+-- or not.
+INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved)
+SELECT sqlc.arg(kind), NULLIF(r.key, ''), r.job_id, clock_timestamp(), sqlc.arg(reserved)::boolean
+FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key) AS r;
+
+-- name: LedgerUnwait :exec
+-- Takes jobs out of the line's waiters (they start, or have gone).
+DELETE FROM concurrency_waiters WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);
+
+-- name: LedgerGrantParked :exec
+-- Grants slots to parked jobs at the front of kind's line (job_ids and
+-- keys in step; key '' for none): each still pending is resumed (made
+-- available; its parking record goes with it, trigger sluice_unpark) with
+-- a slot reserved for it (and a start, under a rate: with_start), claimed
+-- when a worker fetches it; the counts follow (the key's slots, the
+-- kind's admitted where it is kept), and the River producers of their
+-- queues are woken (River's insert notification, as NotifyRiverInsert
+-- sends it). A job no longer pending, or locked by another transaction (a
+-- River client call on it), is left alone.
+WITH p AS (
+    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key
+),
+resumed AS (
+    UPDATE river_job j
+    SET state = 'available'
+    WHERE j.id IN (SELECT r.id FROM river_job r
+                   WHERE r.id = ANY(sqlc.arg(job_ids)::bigint[]) AND r.state = 'pending'
+                   ORDER BY r.id
+                   FOR UPDATE SKIP LOCKED)
+    RETURNING j.id, j.queue
+),
+slots AS (
+    INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
+    SELECT r.id, sqlc.arg(kind), NULL, true, NULLIF(p.key, ''), clock_timestamp()
+    FROM resumed r JOIN p ON p.job_id = r.id
+    WHERE sqlc.arg(with_slot)::boolean
+    ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, reserved = true, admitted_at = clock_timestamp(), key = EXCLUDED.key
+    RETURNING job_id, key, (xmax::text = '0')::boolean AS inserted
+),
+starts AS (
+    INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved)
+    SELECT sqlc.arg(kind), NULLIF(p.key, ''), r.id, clock_timestamp(), true
+    FROM resumed r JOIN p ON p.job_id = r.id
+    WHERE sqlc.arg(with_start)::boolean
+),
+keyed AS (
+    UPDATE concurrency_key_lines kl
+    SET slots = kl.slots + s.n, served_at = clock_timestamp()
+    FROM (SELECT key, count(*)::integer AS n FROM slots WHERE inserted AND key IS NOT NULL GROUP BY key) s
+    WHERE kl.kind = sqlc.arg(kind) AND kl.key = s.key
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = l.admitted + (SELECT count(*) FROM slots WHERE inserted)::integer
+    WHERE l.kind = sqlc.arg(kind) AND l.admitted IS NOT NULL
+)
+SELECT pg_notify(COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
+                 json_build_object('queue', q.queue)::text)
+FROM (SELECT DISTINCT queue FROM resumed) q;
+
+-- name: LedgerResumeAhead :exec
+-- Resumes parked jobs of kind ahead of a free slot (job_ids, keys and
+-- reasons in step; key '' for none): each still pending is made available
+-- (its parking record goes with it) and waits in the line without a worker
+-- (a waiter resumed ahead), keeping its place: the worker that fetches it
+-- records it as waiting in it, and a grant gives it the next slot. The
+-- River producers of their queues are woken.
+WITH p AS (
+    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(keys)::text[]) AS key,
+           unnest(sqlc.arg(reasons)::text[]) AS reason
+),
+resumed AS (
+    UPDATE river_job j
+    SET state = 'available'
+    WHERE j.id IN (SELECT r.id FROM river_job r
+                   WHERE r.id = ANY(sqlc.arg(job_ids)::bigint[]) AND r.state = 'pending'
+                   ORDER BY r.id
+                   FOR UPDATE SKIP LOCKED)
+    RETURNING j.id, j.queue
+),
+waiting AS (
+    INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+    SELECT r.id, sqlc.arg(kind), NULLIF(p.key, ''), NULL, p.reason, true
+    FROM resumed r JOIN p ON p.job_id = r.id
+    ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, ahead = true
+)
+SELECT pg_notify(COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
+                 json_build_object('queue', q.queue)::text)
+FROM (SELECT DISTINCT queue FROM resumed) q;
+
+-- name: LedgerLease :one
+-- Leases up to want more slots of kind to worker_id (under the kind's
+-- lock), as many as are free, none while the kind is off the leased path:
+-- its limit not positive, jobs of its line waiting (they go first), slots
+-- reserved for resumed jobs (they claim them first), or a per-key or rate
+-- limit. A worker that gets fewer than it asked for is marked as wanting,
+-- which makes the other holders keep to a fair share. Returns the slots
+-- granted and whether the kind is off the leased path.
+WITH lim AS (
+    SELECT l.kind, l.max_concurrency, COALESCE(l.admitted, 0) AS admitted,
+           (l.has_parked OR l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL
+            OR EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved)) AS off_path
+    FROM concurrency_limits l
+    WHERE l.kind = sqlc.arg(kind)
+),
+g AS (
+    SELECT CASE WHEN lim.max_concurrency <= 0 OR lim.off_path THEN 0
+                ELSE LEAST(sqlc.arg(want)::integer, GREATEST(lim.max_concurrency - lim.admitted, 0)) END AS n
+    FROM lim
+),
+leased AS (
+    INSERT INTO concurrency_leases AS cl (kind, worker_id, slots, wanted_at, renewed_at)
+    SELECT sqlc.arg(kind), sqlc.arg(worker_id)::text, g.n, CASE WHEN g.n < sqlc.arg(want)::integer THEN now() END, now()
+    FROM g
+    ON CONFLICT (kind, worker_id) DO UPDATE
+    SET slots = cl.slots + EXCLUDED.slots, wanted_at = COALESCE(EXCLUDED.wanted_at, cl.wanted_at), renewed_at = now()
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = l.admitted + g.n
+    FROM g
+    WHERE l.kind = sqlc.arg(kind) AND g.n > 0
+)
+SELECT g.n::integer AS granted, lim.max_concurrency, lim.off_path::boolean AS off_path
+FROM g, lim;
+
+-- name: LedgerReturnLease :one
+-- Gives back up to n slots of kind leased to worker_id (under the kind's
+-- lock; no more than it holds: a lease the reaper already freed gives back
+-- nothing), and returns how many went back.
+WITH old AS (
+    SELECT cl.slots FROM concurrency_leases cl
+    WHERE cl.kind = sqlc.arg(kind) AND cl.worker_id = sqlc.arg(worker_id)::text
+),
+back AS (
+    UPDATE concurrency_leases cl
+    SET slots = cl.slots - LEAST(sqlc.arg(n)::integer, old.slots), renewed_at = now()
+    FROM old
+    WHERE cl.kind = sqlc.arg(kind) AND cl.worker_id = sqlc.arg(worker_id)::text
+    RETURNING LEAST(sqlc.arg(n)::integer, old.slots) AS n
+),
+counted AS (
+    UPDATE concurrency_limits l
+    SET admitted = GREATEST(l.admitted - back.n, 0)
+    FROM back
+    WHERE l.kind = sqlc.arg(kind) AND l.admitted IS NOT NULL
+)
+SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned;
+
+-- name: LedgerLeaseState :one
+-- A leased kind as a worker holding or wanting its slots sees it, without
+-- a lock: its limit, the slots taken, whether it is off the leased path
+-- (jobs of its line waiting, slots reserved for resumed jobs, a per-key or
+-- rate limit), whether it has a per-key or rate limit (keyed), the slots this worker's lease holds, how many other workers
+-- hold slots or asked for some within wanted_window_ms (they share the
+-- limit fairly), and when the oldest job waiting in another worker for a
+-- leased slot was fetched (9999-12-31: none), which goes before this
+-- worker's younger jobs; and, for the hand-over of a freed slot in memory,
+-- its oldest parked job, its oldest job granted a slot not claimed yet,
+-- and its oldest job waiting in its line other than in this worker (0:
+-- none), which go before any younger job.
+SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
+       (l.has_parked OR l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL
+        OR EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved))::boolean AS off_path,
+       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
+       COALESCE((SELECT cl.slots FROM concurrency_leases cl
+                 WHERE cl.kind = l.kind AND cl.worker_id = sqlc.arg(worker_id)::text), 0)::integer AS own,
+       (SELECT count(*) FROM concurrency_leases cl
+        WHERE cl.kind = l.kind AND cl.worker_id <> sqlc.arg(worker_id)::text
+          AND (cl.slots > 0 OR cl.wanted_at > now() - make_interval(secs => sqlc.arg(wanted_window_ms)::bigint / 1000.0)))::integer AS others,
+       COALESCE((SELECT min(j.attempted_at) FROM concurrency_leases cl
+                 CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                 JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
+                 WHERE cl.kind = l.kind AND cl.worker_id <> sqlc.arg(worker_id)::text),
+                '9999-12-31'::timestamptz)::timestamptz AS oldest_other,
+       COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
+       COALESCE((SELECT min(e.job_id) FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved), 0)::bigint AS oldest_reserved,
+       COALESCE((SELECT min(w.job_id) FROM concurrency_waiters w
+                 WHERE w.kind = l.kind AND w.worker_id IS DISTINCT FROM sqlc.arg(worker_id)::text
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)), 0)::bigint AS oldest_other_line
+FROM concurrency_limits l
+WHERE l.kind = sqlc.arg(kind);
+
+-- name: LedgerRecount :exec
+-- Sets kind's counts from the rows they describe (under the kind's
+-- exclusive lock): admitted (its slot rows and leased slots; NULL without
+-- a per-kind limit), has_parked (jobs of the line wait for the kind
+-- itself), and its keys' rows (each key's slot rows, and whether jobs of
+-- it wait; a key with neither has no row; turns kept).
+WITH lim AS (
+    UPDATE concurrency_limits l
+    SET admitted = CASE WHEN l.max_concurrency <> 0 THEN
+            (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
+            + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) END,
+        has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+                             WHERE p.kind = l.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                  OR EXISTS (SELECT 1 FROM concurrency_waiters w
+                             WHERE w.kind = l.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+    WHERE l.kind = sqlc.arg(kind)
+    RETURNING l.kind
+),
+counted AS (
+    SELECT k.key,
+           (SELECT count(*) FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind) AND e.key = k.key)::integer AS slots,
+           (EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = sqlc.arg(kind) AND w.key = k.key)
+            OR EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind) AND p.key = k.key)) AS waiting
+    FROM (SELECT key FROM concurrency_executions WHERE kind = sqlc.arg(kind) AND key IS NOT NULL
+          UNION SELECT key FROM concurrency_waiters WHERE kind = sqlc.arg(kind) AND key IS NOT NULL
+          UNION SELECT key FROM concurrency_parked_jobs WHERE kind = sqlc.arg(kind) AND key IS NOT NULL
+          UNION SELECT key FROM concurrency_key_lines WHERE kind = sqlc.arg(kind)) k
+),
+upserted AS (
+    INSERT INTO concurrency_key_lines AS kl (kind, key, slots, waiting)
+    SELECT sqlc.arg(kind), c.key, c.slots, c.waiting FROM counted c WHERE c.slots > 0 OR c.waiting
+    ON CONFLICT (kind, key) DO UPDATE SET slots = EXCLUDED.slots, waiting = EXCLUDED.waiting
+)
+DELETE FROM concurrency_key_lines kl
+USING counted c
+WHERE kl.kind = sqlc.arg(kind) AND kl.key = c.key AND c.slots = 0 AND NOT c.waiting;
+
+-- name: LedgerRepartition :exec
+-- Sets the keys of kind's slots, waiting and parked jobs from their River
+-- rows and the kind's partition_fields (NULL: none), after the partition
+-- changed, and starts the round afresh: the keys' rows go (LedgerRecount
+-- makes them again).
+WITH lim AS (
+    SELECT l.partition_fields FROM concurrency_limits l WHERE l.kind = sqlc.arg(kind)
+),
+slots AS (
+    UPDATE concurrency_executions e
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE e.kind = sqlc.arg(kind) AND j.id = e.job_id
+),
+waiting AS (
+    UPDATE concurrency_waiters w
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE w.kind = sqlc.arg(kind) AND j.id = w.job_id
+),
+parked AS (
+    UPDATE concurrency_parked_jobs p
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE p.kind = sqlc.arg(kind) AND j.id = p.job_id
+)
+DELETE FROM concurrency_key_lines kl WHERE kl.kind = sqlc.arg(kind);
+
+-- name: LedgerLetGo :one
+-- Lets jobs of kind's line go, its limits gone (under the kind's lock):
+-- the oldest max_rows parked jobs become available (their parking records
+-- go with them), the River producers of their queues are woken, and every
+-- waiter leaves the line (a job waiting in a worker finds its place gone
+-- and runs). Returns how many it resumed.
+WITH resumed AS (
+    UPDATE river_job j
+    SET state = 'available'
+    WHERE j.id IN (
+        SELECT r.id FROM river_job r
+        JOIN concurrency_parked_jobs p ON p.job_id = r.id
+        WHERE p.kind = sqlc.arg(kind) AND r.state = 'pending'
+        ORDER BY r.id
+        LIMIT sqlc.arg(max_rows)
+        FOR UPDATE OF r SKIP LOCKED
+    )
+    RETURNING j.id, j.queue
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w WHERE w.kind = sqlc.arg(kind)
+),
+notified AS (
+    SELECT pg_notify(COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
+                     json_build_object('queue', q.queue)::text)
+    FROM (SELECT DISTINCT queue FROM resumed) q
+)
+SELECT (SELECT count(*) FROM resumed)::integer AS resumed, (SELECT count(*) FROM notified)::integer AS queues;
+
+-- name: LedgerBackfillKeys :exec
+-- Gives the slots, waiting and parked jobs of kind without a key theirs,
+-- when the kind has a partition: rows left from before a partition that
+-- plain SQL set (a change through sluice sets the keys at once). The
+-- safety net runs it, then LedgerRecount.
+WITH lim AS (
+    SELECT l.partition_fields FROM concurrency_limits l
+    WHERE l.kind = sqlc.arg(kind) AND l.partition_fields IS NOT NULL
+),
+slots AS (
+    UPDATE concurrency_executions e
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE e.kind = sqlc.arg(kind) AND e.key IS NULL AND j.id = e.job_id AND EXISTS (SELECT 1 FROM lim)
+),
+waiting AS (
+    UPDATE concurrency_waiters w
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE w.kind = sqlc.arg(kind) AND w.key IS NULL AND j.id = w.job_id AND EXISTS (SELECT 1 FROM lim)
+)
+UPDATE concurrency_parked_jobs p
+SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+FROM river_job j
+WHERE p.kind = sqlc.arg(kind) AND p.key IS NULL AND j.id = p.job_id AND EXISTS (SELECT 1 FROM lim);
+
+-- name: LedgerLineLeft :one
+-- Whether jobs of kind wait in its line (parked, or in a worker; a job
+-- granted a slot it has not claimed yet is on its way: the safety net
+-- frees the grant once it is ReservedSlotTTL old).
+SELECT (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(kind))
+     OR EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.kind = sqlc.arg(kind)))::boolean AS left;
+
+-- name: LedgerGrantedTo :many
+-- What the line holds for jobs job_ids waiting in worker_id (a look for
+-- the grants whose notifications it missed): each granted a slot (worker
+-- worker_id's, not reserved: slot) or a start (since it waits: reserved
+-- until it starts), or gone from the line without a grant (its place went: its
+-- limits were cleared, or the safety net dropped it); and, for a job
+-- resumed ahead of a free slot, whether an older job of its line holds a
+-- grant and waits to be fetched (behind: it steps back).
+SELECT r.job_id::bigint AS job_id,
+       EXISTS (SELECT 1 FROM concurrency_executions e
+               WHERE e.job_id = r.job_id AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text) AS slot,
+       EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = r.job_id
+               AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id)) AS start,
+       NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS out_of_line,
+       EXISTS (SELECT 1 FROM concurrency_waiters w
+               JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved
+                                            AND e.job_id < w.job_id
+               JOIN river_job o ON o.id = e.job_id AND o.state = 'available'
+               WHERE w.job_id = r.job_id AND w.ahead) AS behind
+FROM unnest(sqlc.arg(job_ids)::bigint[]) AS r(job_id);
+
+-- name: LedgerRevokeKeyGrants :many
+-- Takes back, per key of kind, the newest grants not claimed yet beyond
+-- key_max (its per-key limit was lowered), with the starts reserved for
+-- them: their jobs wait in the line again, without a worker (a resumed
+-- job keeps its place). Under the kind's exclusive lock. Returns the jobs.
+WITH ranked AS (
+    SELECT e.job_id, e.key,
+           row_number() OVER (PARTITION BY e.key ORDER BY e.job_id) AS n,
+           (SELECT count(*) FROM concurrency_executions h
+            WHERE h.kind = e.kind AND h.key = e.key AND NOT h.reserved) AS held
+    FROM concurrency_executions e
+    WHERE e.kind = sqlc.arg(kind) AND e.reserved AND e.key IS NOT NULL
+),
+revoked AS (
+    DELETE FROM concurrency_executions e
+    USING ranked r
+    WHERE e.job_id = r.job_id AND r.held + r.n > sqlc.arg(key_max)::integer
+    RETURNING e.job_id, e.key
+),
+unstarted AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.reserved AND s.job_id IN (SELECT r.job_id FROM revoked r)
+),
+back AS (
+    INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
+    SELECT r.job_id, sqlc.arg(kind), r.key, NULL, 'key_limit' FROM revoked r
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT r.job_id FROM revoked r;
+
+-- name: LedgerStealGrants :exec
+-- Takes back grants not claimed yet (job_ids: their reserved slots and
+-- starts) for older jobs of their lines that start in their place: each
+-- job granted goes back to the line as a job resumed ahead (a waiter
+-- without a worker), keeping its place.
+WITH slots AS (
+    DELETE FROM concurrency_executions e
+    WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.reserved
+    RETURNING e.job_id, e.kind, e.key
+),
+starts AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND s.reserved
+    RETURNING s.job_id, s.kind, s.key
+),
+taken AS (
+    SELECT DISTINCT ON (x.job_id) x.job_id, x.kind, x.key FROM (SELECT * FROM slots UNION ALL SELECT * FROM starts) x
+)
+INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+SELECT t.job_id, t.kind, t.key, NULL, CASE WHEN t.key IS NULL THEN 'fifo' ELSE 'key_fifo' END, true
+FROM taken t
+ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, ahead = true;
+
+-- name: LedgerStepBackFetched :exec
+-- Jobs resumed ahead of a free slot that a worker fetched and never handed
+-- to River's executors step back (job_ids): an older job of their line
+-- holds a grant and waits to be fetched, and the worker's River slot is
+-- for it. Each goes back to available with its fetch undone (attempt,
+-- attempted_by; attempted_at cleared with a first attempt), still in the
+-- line as a job resumed ahead (its waiter row without a worker). Its
+-- scheduled_at moves up to the latest of the older granted jobs of its
+-- line still available, so that River, which fetches by (priority,
+-- scheduled_at, id), hands those out first: without it a job granted after
+-- a snooze or retry (a later scheduled_at) is never fetched while the
+-- younger ones step back and are fetched again, round after round.
+WITH moved AS (
+    UPDATE river_job j
+    SET state = 'available',
+        attempt = GREATEST(j.attempt - 1, 0),
+        attempted_by = j.attempted_by[1:GREATEST(COALESCE(array_length(j.attempted_by, 1), 0) - 1, 0)],
+        attempted_at = CASE WHEN j.attempt <= 1 THEN NULL ELSE j.attempted_at END,
+        scheduled_at = GREATEST(j.scheduled_at, (
+            SELECT max(o.scheduled_at)
+            FROM concurrency_waiters w
+            JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved AND e.job_id < w.job_id
+            JOIN river_job o ON o.id = e.job_id AND o.state = 'available'
+            WHERE w.job_id = j.id))
+    WHERE j.id = ANY(sqlc.arg(job_ids)::bigint[]) AND j.state = 'running'
+    RETURNING j.id
+)
+UPDATE concurrency_waiters w SET worker_id = NULL, ahead = true
+FROM moved m WHERE w.job_id = m.id;
+
+-- name: LedgerStepBackDispatched :exec
+-- Jobs resumed ahead of a free slot that River's executors have (job_ids,
+-- with their attempts in step) step back (as LedgerStepBackFetched): each
+-- is marked (sluice_park "ahead"), so that River's completion of it turns
+-- it into an available job with its attempt undone (trigger
+-- sluice_park_in_place), still in the line as a job resumed ahead.
+WITH p AS (
+    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(attempts)::integer[]) AS attempt
+),
+marked AS (
+    UPDATE river_job j
+    SET metadata = j.metadata || '{"sluice_park": "ahead"}'::jsonb
+    FROM p
+    WHERE j.id = p.job_id AND j.attempt = p.attempt AND j.state = 'running'
+    RETURNING j.id
+)
+UPDATE concurrency_waiters w SET worker_id = NULL, ahead = true
+FROM marked m WHERE w.job_id = m.id;
+
+-- name: LedgerClaimStarts :exec
+-- Jobs granted a start while they waited in a worker, or held back in it
+-- after their decision, started: their starts (reserved, or logged at
+-- their decision in this attempt) are theirs, logged now (a start counts
+-- in its rate window from when its job began, not from its grant).
+UPDATE concurrency_starts s
+SET reserved = false, started_at = clock_timestamp()
+FROM river_job j
+WHERE s.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND j.id = s.job_id
+  AND (s.reserved OR s.started_at >= j.attempted_at);
+
+-- name: LedgerSwapSlot :one
+-- Moves the slot of from_id, a job of worker_id that was granted or
+-- admitted one and has not started (its worker holds it back: an older job
+-- of its key there was deciding), to to_id, that older job, which its
+-- decision put in the line: to_id leaves the line and starts in its place
+-- (with the start logged for from_id's slot, if any, reserved for to_id
+-- to claim as it begins: LedgerClaimStarts), and from_id waits in
+-- the line in worker_id, held for reason. Counts do not change: the two
+-- are of one key. Returns whether the slot moved (not when from_id holds
+-- no slot of worker_id's, or to_id holds one).
+WITH moved AS (
+    UPDATE concurrency_executions e
+    SET job_id = sqlc.arg(to_id)::bigint, admitted_at = clock_timestamp()
+    WHERE e.job_id = sqlc.arg(from_id)::bigint AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = sqlc.arg(to_id)::bigint)
+    RETURNING e.kind, e.key, e.admitted_at
+),
+started AS (
+    UPDATE concurrency_starts s
+    SET job_id = sqlc.arg(to_id)::bigint, reserved = true
+    WHERE s.job_id = sqlc.arg(from_id)::bigint AND EXISTS (SELECT 1 FROM moved)
+      AND (s.reserved OR s.started_at >= (SELECT j.attempted_at FROM river_job j WHERE j.id = sqlc.arg(from_id)::bigint))
+),
+unwaited AS (
+    DELETE FROM concurrency_waiters w
+    WHERE w.job_id = sqlc.arg(to_id)::bigint AND EXISTS (SELECT 1 FROM moved)
+),
+waiting AS (
+    INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+    SELECT sqlc.arg(from_id)::bigint, m.kind, m.key, sqlc.arg(worker_id)::text, sqlc.arg(reason)::text, false
+    FROM moved m
+    ON CONFLICT (job_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, reason = EXCLUDED.reason, ahead = false
+    RETURNING job_id
+)
+SELECT EXISTS (SELECT 1 FROM waiting) AS swapped;
