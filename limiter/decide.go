@@ -123,11 +123,13 @@ func (d *deciders) of(kind string) *batcher[decideRequest] {
 // decides them: on the leased path in the worker's memory where it is
 // open, the others in one ledger decision. dispatched says whether River's
 // executors have them (the middleware admits them) or not yet (their
-// fetch does). It returns the jobs that parked or stepped back (River's
-// executors never see them when decided at their fetch); a job it leaves out (no
-// limit, and never parked) runs without the limiter. A job it could not
-// decide (the ledger failed) stays Deciding: the middleware decides it.
-func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatched bool) (parked map[int64]bool, err error) {
+// fetch does). It returns the decisions that took jobs out of their queues:
+// those that parked or stepped back (River's executors never see them when
+// decided at their fetch), and those that may not start (Fail); a job it
+// leaves out (no limit, and never parked) runs without the limiter. A job
+// it could not decide (the ledger failed) stays Deciding: the middleware
+// decides it.
+func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatched bool) (gone map[int64]ledger.Decision, err error) {
 	var toLedger []ledger.Job
 	queues := map[int64]*local.Queue{}
 	byKind := map[string][]*rivertype.JobRow{}
@@ -183,14 +185,15 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 	if err != nil {
 		return nil, err
 	}
-	parked = map[int64]bool{}
+	gone = map[int64]ledger.Decision{}
 	for _, j := range toLedger {
-		switch l.apply(queues[j.ID], decisions[j.ID]) {
-		case ledger.Parked, ledger.StepBack:
-			parked[j.ID] = true
+		d := decisions[j.ID]
+		switch l.apply(queues[j.ID], d) {
+		case ledger.Parked, ledger.StepBack, ledger.Fail:
+			gone[j.ID] = d
 		}
 	}
-	return parked, nil
+	return gone, nil
 }
 
 // ledgerJob is job as the ledger decides it.

@@ -8,6 +8,8 @@ import (
 	"github.com/riverqueue/river/riverdriver"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
 )
 
 // maxFetchThrough is how many times one of River's fetches fetches again
@@ -104,10 +106,15 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 	if len(mine) == 0 {
 		return nil
 	}
-	parked, err := l.admit(ctx, mine, false)
+	gone, err := l.admit(ctx, mine, false)
 	if err != nil {
 		l.logger.Warn("concurrency limits: fetched jobs not decided at their fetch; deciding them in the middleware", "error", err)
-		parked = nil
+	}
+	parked := map[int64]bool{}
+	for id, d := range gone {
+		if d.Action == ledger.Parked || d.Action == ledger.StepBack {
+			parked[id] = true
+		}
 	}
 	// What goes to River undecided (no limit now) is decided in the
 	// middleware, together and in order, if a limit comes meanwhile.

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
 )
 
 // strays are the fetched jobs of the client's kinds that went to River's
@@ -24,9 +26,10 @@ type strays struct {
 type stray struct {
 	job *rivertype.JobRow
 	// decided is closed once a batch that took it is decided (nil: not
-	// taken yet); parked and err are that batch's outcome for it.
+	// taken yet); gone (a decision that took it out of its queue, if any)
+	// and err are that batch's outcome for it.
 	decided chan struct{}
-	parked  bool
+	gone    *ledger.Decision
 	err     error
 }
 
@@ -75,10 +78,10 @@ func (s *strays) claim(job *rivertype.JobRow, take bool) (st *stray, batch []*ri
 	return nil, batch
 }
 
-// done records the outcome of a batch that claim returned (parked: the
-// jobs that parked or stepped back) and lets the strays in it that wait go
-// on.
-func (s *strays) done(batch []*rivertype.JobRow, parked map[int64]bool, err error) {
+// done records the outcome of a batch that claim returned (gone: the
+// decisions that took jobs out of their queues) and lets the strays in it
+// that wait go on.
+func (s *strays) done(batch []*rivertype.JobRow, gone map[int64]ledger.Decision, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var decided chan struct{}
@@ -87,7 +90,10 @@ func (s *strays) done(batch []*rivertype.JobRow, parked map[int64]bool, err erro
 		if st == nil {
 			continue
 		}
-		st.parked, st.err, decided = parked[job.ID], err, st.decided
+		if d, ok := gone[job.ID]; ok {
+			st.gone = &d
+		}
+		st.err, decided = err, st.decided
 		delete(s.byID, job.ID)
 	}
 	if decided != nil {

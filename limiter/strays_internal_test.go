@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
 )
 
 // TestStraysDecideTogetherInOrder: the first stray of a kind to reach the
@@ -29,10 +31,10 @@ func TestStraysDecideTogetherInOrder(t *testing.T) {
 		t.Fatal("job 1's decision is out before the batch's")
 	default:
 	}
-	s.done(batch, map[int64]bool{1: true}, nil)
+	s.done(batch, map[int64]ledger.Decision{1: {Job: 1, Action: ledger.Parked}}, nil)
 	<-older.decided
-	if !older.parked || older.err != nil {
-		t.Fatalf("job 1 after the batch: parked %t, err %v; want parked", older.parked, older.err)
+	if older.gone == nil || older.gone.Action != ledger.Parked || older.err != nil {
+		t.Fatalf("job 1 after the batch: decision %v, err %v; want parked", older.gone, older.err)
 	}
 	if st, batch := s.claim(row(2, "b"), false); st != nil || batch != nil {
 		t.Fatalf("claim of job 2, no limit: stray %v, batch %v", st, ids(batch))

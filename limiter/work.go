@@ -31,12 +31,17 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		// Not decided at its fetch: the driver was not watching, or its
 		// kind had no limit then (it and the older jobs of its kind that
 		// went to River undecided are decided together: strays).
-		parked, err := l.admitStray(ctx, job)
+		gone, err := l.admitStray(ctx, job)
 		if err != nil {
 			return fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)
 		}
-		if parked {
-			return nil
+		if gone != nil {
+			switch gone.Action {
+			case ledger.Parked, ledger.StepBack:
+				return nil // River's completion parks it, or makes it available again
+			default:
+				return fmt.Errorf("concurrency limit of %s (%s): %w", job.Kind, gone.Reason, ErrNoSlot)
+			}
 		}
 		if q = l.queues.get(job.Kind); q != nil {
 			j = q.Get(job.ID)
@@ -50,8 +55,9 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 
 // admitStray decides job, not decided at its fetch, in the middleware
 // (dispatched), with the older strays of its kind, or waits for the
-// decision of a batch that took it; it reports whether job parked.
-func (l *Limiter) admitStray(ctx context.Context, job *rivertype.JobRow) (bool, error) {
+// decision of a batch that took it; it returns the decision that took it
+// out of its queue (it parked, stepped back, or may not start), if any.
+func (l *Limiter) admitStray(ctx context.Context, job *rivertype.JobRow) (*ledger.Decision, error) {
 	lim, err := l.limits.of(ctx, job.Kind)
 	unlimited := err == nil && lim.Regime() == ledger.Unlimited && !everParked(job)
 	st, batch := l.strays.claim(job, !unlimited)
@@ -59,18 +65,21 @@ func (l *Limiter) admitStray(ctx context.Context, job *rivertype.JobRow) (bool, 
 	case st != nil:
 		<-st.decided
 		if st.err == nil {
-			return st.parked, nil
+			return st.gone, nil
 		}
 		// The batch's decision failed: it is decided alone.
 	case unlimited:
-		return false, nil // no limit: it runs
+		return nil, nil // no limit: it runs
 	}
 	if batch == nil {
 		batch = []*rivertype.JobRow{job}
 	}
-	parked, err := l.admit(ctx, batch, true)
-	l.strays.done(batch, parked, err)
-	return parked[job.ID], err
+	gone, err := l.admit(ctx, batch, true)
+	l.strays.done(batch, gone, err)
+	if d, ok := gone[job.ID]; ok {
+		return &d, err
+	}
+	return nil, err
 }
 
 // follow takes job (j in q) from its decision to its end: it waits while
