@@ -216,9 +216,9 @@ type Config struct {
 	// stuck (--rescue-stuck-jobs-after; default 1 hour).
 	RescueStuckJobsAfter time.Duration
 	// ParkAfter is how long a job of a limited kind waits in the worker for
-	// a slot before it parks (--park-after; default 1 second). A job waiting
-	// only for its key waits on while its key admitted a job within that
-	// time or has room (its key's line moves).
+	// a slot before it parks (--park-after; default 1 second). A job resumed
+	// ahead of a free slot waits as long as it takes (its place is the
+	// line's).
 	ParkAfter time.Duration
 	// MaintenanceTimeout bounds a maintenance run (--maintenance-timeout;
 	// default 30 minutes).

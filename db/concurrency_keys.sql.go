@@ -14,11 +14,10 @@ const deleteReservedStarts = `-- name: DeleteReservedStarts :exec
 DELETE FROM concurrency_starts WHERE kind = $1 AND reserved
 `
 
-// Per-key concurrency limits, rate limits and the round across keys
-// (limiter/keys.go, line.go, grant.go). Every statement here runs
-// after LockConcurrencyLimits has locked the kind's limit row, in the same
-// transaction, so they all see and change a kind's keys one transaction at
-// a time across every worker.
+// Per-key concurrency limits and rate limits (limiter/internal/ledger).
+// Every statement here runs in a ledger transaction that holds the kind's
+// lock (LedgerLockKinds), so they all see and change a kind's keys one
+// transaction at a time across every worker.
 // Drops the starts reserved for granted jobs of kind, whose rate is gone.
 func (q *Queries) DeleteReservedStarts(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, deleteReservedStarts, kind)

@@ -85,63 +85,8 @@ func (q *Queries) DeleteWorkerLeases(ctx context.Context, workerID string) ([]*D
 	return items, nil
 }
 
-const leaseState = `-- name: LeaseState :one
-
-SELECT l.max_concurrency, l.admitted, l.has_parked,
-       (l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL)::boolean AS keyed,
-       COALESCE((SELECT cl.slots FROM concurrency_leases cl
-                 WHERE cl.kind = l.kind AND cl.worker_id = $1::text), 0)::integer AS own,
-       EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved) AS has_reserved,
-       (SELECT count(*) FROM concurrency_leases cl
-        WHERE cl.kind = l.kind AND cl.worker_id <> $1::text
-          AND (cl.slots > 0 OR cl.wanted_at > now() - make_interval(secs => $2::bigint / 1000.0)))::integer AS others
-FROM concurrency_limits l
-WHERE l.kind = $3
-`
-
-type LeaseStateParams struct {
-	WorkerID       string `json:"worker_id"`
-	WantedWindowMs int64  `json:"wanted_window_ms"`
-	Kind           string `json:"kind"`
-}
-
-type LeaseStateRow struct {
-	MaxConcurrency int32  `json:"max_concurrency"`
-	Admitted       *int32 `json:"admitted"`
-	HasParked      bool   `json:"has_parked"`
-	Keyed          bool   `json:"keyed"`
-	Own            int32  `json:"own"`
-	HasReserved    bool   `json:"has_reserved"`
-	Others         int32  `json:"others"`
-}
-
-// Slot leases: the fast path of concurrency limits. A worker takes slots of
-// a kind in bulk (GrantLease), runs its jobs of the kind within them, hands
-// a freed slot to its next waiting job in memory, and gives back what it no
-// longer needs (ReturnLease). Every statement that changes a lease locks the
-// kind's limit row first, as admission does, and keeps its admitted count
-// equal to the slot rows plus the leased slots.
-// The state of kind as a lease holder sees it, without locking: the limit,
-// the slots taken, whether jobs are parked or slots reserved, the slots
-// this worker's lease holds, and how many other workers hold slots of the
-// kind or asked for some within the last wanted_window_ms (they share the
-// limit fairly).
-func (q *Queries) LeaseState(ctx context.Context, arg LeaseStateParams) (*LeaseStateRow, error) {
-	row := q.db.QueryRow(ctx, leaseState, arg.WorkerID, arg.WantedWindowMs, arg.Kind)
-	var i LeaseStateRow
-	err := row.Scan(
-		&i.MaxConcurrency,
-		&i.Admitted,
-		&i.HasParked,
-		&i.Keyed,
-		&i.Own,
-		&i.HasReserved,
-		&i.Others,
-	)
-	return &i, err
-}
-
 const renewLease = `-- name: RenewLease :one
+
 WITH renewed AS (
     UPDATE concurrency_leases
     SET renewed_at = now()
@@ -156,6 +101,13 @@ type RenewLeaseParams struct {
 	Kind     string `json:"kind"`
 }
 
+// Slot leases: the fast path of a per-kind limit alone. A worker takes
+// slots of a kind in bulk (LedgerLease), runs its jobs of the kind within
+// them, hands a freed slot to its next waiting job in memory, and gives
+// back what it no longer needs (LedgerReturnLease). Every statement that
+// changes a lease runs in a ledger transaction holding the kind's lock,
+// as admission does, and keeps the admitted count equal to the slot rows
+// plus the leased slots.
 // Marks the lease of worker_id on kind as alive and returns the slots it
 // holds (0 when the row is gone: the lease expired or the limit was
 // removed), which the worker checks against its own count.
@@ -164,64 +116,4 @@ func (q *Queries) RenewLease(ctx context.Context, arg RenewLeaseParams) (int32, 
 	var slots int32
 	err := row.Scan(&slots)
 	return slots, err
-}
-
-const returnLease = `-- name: ReturnLease :one
-WITH lim AS (
-    SELECT l.kind FROM concurrency_limits l
-    WHERE l.kind = $1
-    FOR UPDATE
-),
-old AS (
-    SELECT cl.slots FROM concurrency_leases cl, lim
-    WHERE cl.kind = lim.kind AND cl.worker_id = $2::text
-    FOR UPDATE OF cl
-),
-back AS (
-    UPDATE concurrency_leases cl
-    SET slots = cl.slots - LEAST($3::integer, old.slots), renewed_at = now()
-    FROM old
-    WHERE cl.kind = $1 AND cl.worker_id = $2::text
-    RETURNING LEAST($3::integer, old.slots) AS n
-),
-counted AS (
-    UPDATE concurrency_limits l
-    SET admitted = GREATEST(l.admitted - back.n, 0)
-    FROM back
-    WHERE l.kind = $1
-    RETURNING l.max_concurrency, l.admitted, l.has_parked
-)
-SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned,
-       COALESCE((SELECT c.max_concurrency FROM counted c), 0)::integer AS max_concurrency,
-       COALESCE((SELECT c.admitted FROM counted c), 0)::integer AS admitted,
-       COALESCE((SELECT c.has_parked FROM counted c), false)::boolean AS has_parked
-`
-
-type ReturnLeaseParams struct {
-	Kind     string `json:"kind"`
-	WorkerID string `json:"worker_id"`
-	N        int32  `json:"n"`
-}
-
-type ReturnLeaseRow struct {
-	Returned       int32 `json:"returned"`
-	MaxConcurrency int32 `json:"max_concurrency"`
-	Admitted       int32 `json:"admitted"`
-	HasParked      bool  `json:"has_parked"`
-}
-
-// Gives back up to n slots of kind leased to worker_id (no more than it
-// holds: a lease the reaper already freed gives back nothing) and returns
-// how many went back and the kind's state after, so that the caller can
-// resume parked jobs into them.
-func (q *Queries) ReturnLease(ctx context.Context, arg ReturnLeaseParams) (*ReturnLeaseRow, error) {
-	row := q.db.QueryRow(ctx, returnLease, arg.Kind, arg.WorkerID, arg.N)
-	var i ReturnLeaseRow
-	err := row.Scan(
-		&i.Returned,
-		&i.MaxConcurrency,
-		&i.Admitted,
-		&i.HasParked,
-	)
-	return &i, err
 }

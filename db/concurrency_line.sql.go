@@ -65,12 +65,13 @@ SELECT pg_notify('sluice_grants', p) FROM unnest($1::text[]) AS p
 // job-id order within a key, round-robin across keys (their turns in
 // concurrency_key_lines). Every statement that decides runs in a ledger
 // transaction that holds the kind's lock (LedgerLockKinds).
-// Tells the workers whose jobs got grants that they can claim them: one
-// notification per worker (payloads, built by the grant round: the worker
-// id and its jobs, or "*" for a job resumed ahead, which any worker may
-// have taken meanwhile). Their line pollers, LISTENing on sluice_grants,
-// claim them at once. Postgres delivers them when the grant's transaction
-// commits, and sends each distinct payload once.
+// Tells the workers whose waiting jobs got grants that they run: one
+// notification per worker (payloads, built by the grant round: a
+// ledger.GrantNote in JSON, the worker and its jobs; one naming no job has
+// the worker look for every job of its own that got one). Their listeners,
+// LISTENing on sluice_grants, wake those jobs at once. Postgres delivers
+// them when the grant's transaction commits, and sends each distinct
+// payload once.
 func (q *Queries) NotifyGrants(ctx context.Context, payloads []string) error {
 	_, err := q.db.Exec(ctx, notifyGrants, payloads)
 	return err

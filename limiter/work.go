@@ -93,8 +93,11 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 	for {
 		switch j.State() {
 		case local.Working:
-			if j.Granted() || j.WasHeld() {
+			switch {
+			case j.Granted():
 				l.startedAfterGrant(ctx, q, j)
+			case j.WasHeld():
+				l.restampStart(ctx, q, j)
 			}
 			return l.run(ctx, q, j, job, entered, doInner)
 		case local.Deciding:
@@ -152,9 +155,8 @@ func (l *Limiter) wait(ctx context.Context, q *local.Queue, j *local.Job, deadli
 }
 
 // startedAfterGrant logs the start of j, which waited in the line and
-// starts on a grant (or was held back after its decision), when its kind
-// has a rate: the grant reserved its start (the decision logged it),
-// counted until now whatever its time, and from now in its window.
+// starts on a grant, when its kind has a rate: the grant reserved its
+// start, counted until now whatever its time, and from now in its window.
 // It is written before the job runs: a retry of it decided meanwhile would
 // otherwise take the reservation for its own.
 func (l *Limiter) startedAfterGrant(ctx context.Context, q *local.Queue, j *local.Job) {
@@ -167,6 +169,24 @@ func (l *Limiter) startedAfterGrant(ctx context.Context, q *local.Queue, j *loca
 		// Its start stays reserved: counted until the safety net drops it.
 		l.logger.Warn("concurrency limits: start not logged", "kind", q.Kind(), "job_id", j.ID, "error", err)
 	}
+}
+
+// restampStart logs again, as j begins, the start its decision logged,
+// when its kind has a rate: j was held back after its decision (an older
+// job of its key here was deciding), and its window counts from now. The
+// job does not wait for it: a start moved later only makes its window end
+// later, and jobs held back together begin in their order.
+func (l *Limiter) restampStart(ctx context.Context, q *local.Queue, j *local.Job) {
+	if lim, err := l.limits.of(ctx, q.Kind()); err == nil && lim.RateMax == 0 {
+		return
+	}
+	go func() {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), decideTimeout)
+		defer cancel()
+		if err := l.ledger.ClaimStarts(wctx, []int64{j.ID}); err != nil {
+			l.logger.Warn("concurrency limits: start not logged again", "kind", q.Kind(), "job_id", j.ID, "error", err)
+		}
+	}()
 }
 
 // run runs job, Working, and ends it: its slot goes to the next job.

@@ -1,8 +1,7 @@
--- Per-key concurrency limits, rate limits and the round across keys
--- (limiter/keys.go, line.go, grant.go). Every statement here runs
--- after LockConcurrencyLimits has locked the kind's limit row, in the same
--- transaction, so they all see and change a kind's keys one transaction at
--- a time across every worker.
+-- Per-key concurrency limits and rate limits (limiter/internal/ledger).
+-- Every statement here runs in a ledger transaction that holds the kind's
+-- lock (LedgerLockKinds), so they all see and change a kind's keys one
+-- transaction at a time across every worker.
 
 -- name: DeleteReservedStarts :exec
 -- Drops the starts reserved for granted jobs of kind, whose rate is gone.

@@ -181,7 +181,7 @@ SELECT jsonb_build_object(
 
 -- name: LedgerRelease :exec
 -- Frees slots, in a transaction that holds their kinds' locks (and, under
--- per-key limits alone, their keys' rows: LedgerLockReleasedKeys): those of
+-- per-key limits alone, their keys' rows: LedgerLockKeys): those of
 -- jobs that ended (job_ids, worker_id's own), those of jobs that gave up
 -- waiting (forget_ids: worker_id's, or a grant not started yet; those
 -- leave the waiters too, with any start reserved for them), and moves

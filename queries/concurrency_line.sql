@@ -6,12 +6,13 @@
 -- transaction that holds the kind's lock (LedgerLockKinds).
 
 -- name: NotifyGrants :exec
--- Tells the workers whose jobs got grants that they can claim them: one
--- notification per worker (payloads, built by the grant round: the worker
--- id and its jobs, or "*" for a job resumed ahead, which any worker may
--- have taken meanwhile). Their line pollers, LISTENing on sluice_grants,
--- claim them at once. Postgres delivers them when the grant's transaction
--- commits, and sends each distinct payload once.
+-- Tells the workers whose waiting jobs got grants that they run: one
+-- notification per worker (payloads, built by the grant round: a
+-- ledger.GrantNote in JSON, the worker and its jobs; one naming no job has
+-- the worker look for every job of its own that got one). Their listeners,
+-- LISTENing on sluice_grants, wake those jobs at once. Postgres delivers
+-- them when the grant's transaction commits, and sends each distinct
+-- payload once.
 SELECT pg_notify('sluice_grants', p) FROM unnest(sqlc.arg(payloads)::text[]) AS p;
 
 -- name: ListenGrants :exec

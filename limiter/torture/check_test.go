@@ -43,7 +43,7 @@ const (
 	// leaseTolerance is how long after a parking a worker on leased slots
 	// may still hand a freed slot to a younger job waiting in it: it hears
 	// of the parking at its next look (LeasePoll 5 ms, LeaseIdlePoll
-	// 50 ms), later on a loaded machine.
+	// 25 ms), later on a loaded machine.
 	leaseTolerance = 150 * time.Millisecond
 	// livenessBound is the longest a key with waiting jobs may go without
 	// a start while its limits have room.
