@@ -180,7 +180,9 @@ func (l *Limiter) restampStart(ctx context.Context, q *local.Queue, j *local.Job
 	if lim, err := l.limits.of(ctx, q.Kind()); err == nil && lim.RateMax == 0 {
 		return
 	}
+	l.bg.Add(1)
 	go func() {
+		defer l.bg.Done()
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), decideTimeout)
 		defer cancel()
 		if err := l.ledger.ClaimStarts(wctx, []int64{j.ID}); err != nil {
