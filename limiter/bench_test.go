@@ -9,6 +9,7 @@ import (
 
 	"github.com/riverqueue/river"
 
+	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
@@ -242,5 +243,68 @@ func BenchmarkBreakerRaised(b *testing.B) {
 		b.ReportMetric(0.90, "target")
 		b.ReportMetric(perJob, "parkings/job")
 		b.ReportMetric(float64(maxAvailable), "max-available")
+	}
+}
+
+// BenchmarkParkedDrain (P15): 20,000 parked 0-ms jobs drained on one worker
+// after a circuit breaker over them is lifted to a limit of 8, against the
+// same jobs through a limit of 8 never parked (each timed from the moment
+// the worker may start them to the last job's end; the jobs inserted
+// before). Target: ratio ≥ 0.50.
+func BenchmarkParkedDrain(b *testing.B) {
+	const n, limit = 20000, 8
+	ctx := context.Background()
+	drain := func(kind string, limitFirst int32) time.Duration {
+		url, pool, tracker := probeKind(b, kind, limitFirst)
+		inserter, err := app.NewInsertClient(pool, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		params := make([]river.InsertManyParams, n)
+		for i := range params {
+			params[i] = river.InsertManyParams{Args: probeArgs{Seq: i, K: kind}}
+		}
+		if _, err := inserter.InsertMany(ctx, params); err != nil {
+			b.Fatal(err)
+		}
+		if limitFirst < 0 {
+			startProbeWorker(b, url, kind+"-a", kind, tracker, 0, nil)
+			deadline := time.Now().Add(5 * time.Minute)
+			for count(b, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'pending'`, "test.probe."+kind) < n {
+				if time.Now().After(deadline) {
+					b.Fatal("the jobs did not all park")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		start := time.Now()
+		if limitFirst < 0 {
+			lim, err := limiter.New(limiter.Config{Pool: pool})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lim.SetConcurrency(ctx, "test.probe."+kind, limit); err != nil {
+				b.Fatal(err)
+			}
+		} else {
+			startProbeWorker(b, url, kind+"-a", kind, tracker, 0, nil)
+		}
+		for tracker.doneCount() < n {
+			if time.Since(start) > 10*time.Minute {
+				b.Fatal("the drain did not end")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	for range b.N {
+		parked := drain("p15", -1)
+		never := drain("p15n", limit)
+		b.Logf("%d jobs of 0 ms through a limit of %d: drained after the breaker lifted in %s, never parked in %s",
+			n, limit, parked.Round(time.Millisecond), never.Round(time.Millisecond))
+		b.ReportMetric(float64(n)/parked.Seconds(), "drain-jobs/s")
+		b.ReportMetric(float64(n)/never.Seconds(), "baseline-jobs/s")
+		b.ReportMetric(never.Seconds()/parked.Seconds(), "ratio")
+		b.ReportMetric(0.50, "target")
 	}
 }
