@@ -76,8 +76,8 @@ func TestPerKeyLimit(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind) == 0 &&
 			count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases") == 0 &&
-			count(t, pool, "SELECT count(*) FROM concurrency_key_turns") == 0
-	}, 10*time.Second, 10*time.Millisecond, "idle leases given back, the count follows, the keys' turns forgotten")
+			count(t, pool, "SELECT count(*) FROM concurrency_key_lines") == 0
+	}, 10*time.Second, 10*time.Millisecond, "idle leases given back, the count follows, the keys' lines forgotten")
 	require.Zero(t, count(t, pool, "SELECT count(*) FROM sluice_concurrency_keys"), "keys without activity leave no rows")
 }
 

@@ -70,7 +70,7 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 	// Every round starts from vacuumed tables: River's, and sluice's slot,
 	// parking, waiting and limit rows (churned by limited rounds).
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE river_job, concurrency_limits, concurrency_executions,
-		concurrency_parked_jobs, concurrency_waiters, concurrency_leases, concurrency_starts, concurrency_key_turns`); err != nil {
+		concurrency_parked_jobs, concurrency_waiters, concurrency_leases, concurrency_starts, concurrency_key_lines`); err != nil {
 		tb.Fatal(err)
 	}
 	type started struct {
