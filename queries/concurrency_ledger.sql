@@ -234,7 +234,13 @@ keys AS (
     UPDATE concurrency_key_lines kl
     SET slots = GREATEST(kl.slots - pk.n, 0)
     FROM per_key pk
-    WHERE kl.kind = pk.kind AND kl.key = pk.key
+    WHERE kl.kind = pk.kind AND kl.key = pk.key AND (kl.slots > pk.n OR kl.waiting)
+),
+idle_keys AS (
+    -- A key left with no slot and nothing waiting has no row.
+    DELETE FROM concurrency_key_lines kl
+    USING per_key pk
+    WHERE kl.kind = pk.kind AND kl.key = pk.key AND kl.slots <= pk.n AND NOT kl.waiting
 )
 UPDATE concurrency_limits l
 SET admitted = GREATEST(l.admitted - pk.n, 0)

@@ -37,6 +37,9 @@ type keyDelta struct {
 	slots   int32
 	waiting flag
 	served  bool
+	// touched: the transaction locked the key's row (made it if missing):
+	// saved, so that a row left idle (no slot, nothing waiting) goes.
+	touched bool
 }
 
 func (c *counts) kind(kind string) *kindDelta {
@@ -81,6 +84,9 @@ func (c *counts) setWaiting(kind, key string, waiting bool) {
 	c.key(kind, key).waiting = flagOf(waiting)
 }
 
+// touch records that the transaction locked kind's key's row.
+func (c *counts) touch(kind, key string) { c.key(kind, key).touched = true }
+
 // served moves kind's key to the end of the round (it was granted now).
 func (c *counts) served(kind, key string) {
 	if key != "" {
@@ -110,7 +116,7 @@ func (c *counts) save(ctx context.Context, q *db.Queries) error {
 	}
 	refs := make([]keyRef, 0, len(c.keys))
 	for r, d := range c.keys {
-		if d.slots != 0 || d.waiting != unchanged || d.served {
+		if d.slots != 0 || d.waiting != unchanged || d.served || d.touched {
 			refs = append(refs, r)
 		}
 	}

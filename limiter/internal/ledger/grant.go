@@ -408,7 +408,10 @@ func (r *round) after(out *Granted) {
 		}
 	}
 	complete := !c.Keyed() || len(r.st.Keys) < maxTurnKeys
-	if c.HasParked && complete && !r.st.KindWaiting && !left {
+	// Without a partition the kind's one line, read whole, is all that
+	// waits for it (the jobs picked now wait no more); with one, a key not
+	// read may hold a job waiting for the kind.
+	if c.HasParked && complete && (!c.Keyed() || !r.st.KindWaiting) && !left {
 		tx.counts.setHasParked(kind, false)
 	}
 	if c.RateMax == 0 || !left {

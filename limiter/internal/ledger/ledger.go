@@ -188,6 +188,7 @@ func (tx *Tx) lock(locks []lock) error {
 		slices.Sort(sorted)
 		for _, key := range slices.Compact(sorted) {
 			keyKinds, keys = append(keyKinds, k.kind), append(keys, key)
+			tx.counts.touch(k.kind, key)
 		}
 	}
 	if err := tx.q.LedgerLockKinds(tx.ctx, db.LedgerLockKindsParams{Kinds: kinds, Shared: shared}); err != nil {
