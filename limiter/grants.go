@@ -82,15 +82,15 @@ func (g *grantWatch) heard(payload string) {
 		g.lookNow()
 		return
 	}
+	gs := make([]jobGrant, 0, len(note.Jobs)+len(note.Starts))
 	for _, id := range note.Jobs {
-		if g.l.queues.grant(id, local.LineSlot) {
-			g.l.TestSignals.GrantHeard.Signal(id)
-		}
+		gs = append(gs, jobGrant{id: id, slot: local.LineSlot})
 	}
 	for _, id := range note.Starts {
-		if g.l.queues.grant(id, local.NoSlot) {
-			g.l.TestSignals.GrantHeard.Signal(id)
-		}
+		gs = append(gs, jobGrant{id: id, slot: local.NoSlot})
+	}
+	for _, id := range g.l.grantJobs(gs) {
+		g.l.TestSignals.GrantHeard.Signal(id)
 	}
 }
 
@@ -170,15 +170,17 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var gs []jobGrant
 	for _, gr := range grants {
 		switch {
 		case gr.Slot:
-			g.l.queues.grant(gr.Job, local.LineSlot)
+			gs = append(gs, jobGrant{id: gr.Job, slot: local.LineSlot})
 		case gr.Start:
-			g.l.queues.grant(gr.Job, local.NoSlot)
+			gs = append(gs, jobGrant{id: gr.Job, slot: local.NoSlot})
 		case gr.OutOfLine, gr.Behind:
 			g.l.queues.redecide(gr.Job)
 		}
 	}
+	g.l.grantJobs(gs)
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -304,16 +305,68 @@ func (qs *queues) waiting() int {
 }
 
 // grant ends the wait of job id, Lined in this worker, with a grant
-// (slot: what it holds); false when no queue has it Lined (one deciding
-// takes it at its decision).
-func (qs *queues) grant(id int64, slot local.Slot) bool {
+// (slot: what it holds; startClaimed: a start reserved with it is logged
+// already); false when no queue has it Lined (one deciding takes it at its
+// decision).
+func (qs *queues) grant(id int64, slot local.Slot, startClaimed bool) bool {
 	granted := false
 	qs.each(func(q *local.Queue) {
-		if q.Get(id) != nil && q.Grant(id, slot) {
+		if q.Get(id) != nil && q.Grant(id, slot, startClaimed) {
 			granted = true
 		}
 	})
 	return granted
+}
+
+// kindOf is the kind of job id, if a queue holds it ("": none).
+func (qs *queues) kindOf(id int64) string {
+	kind := ""
+	qs.each(func(q *local.Queue) {
+		if q.Get(id) != nil {
+			kind = q.Kind()
+		}
+	})
+	return kind
+}
+
+// jobGrant is a grant to a job waiting in this worker: what it holds.
+type jobGrant struct {
+	id   int64
+	slot local.Slot
+}
+
+// grantJobs ends the waits of jobs Lined in this worker with their grants,
+// and returns those it woke. The starts reserved with grants of kinds
+// under a rate are logged first, in one statement for them all, so that
+// the jobs granted together start together (each claiming its own before
+// it began would queue them on the pool); a job decided meanwhile finds
+// its start logged by its attempt.
+func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+	defer cancel()
+	var rated []int64
+	for _, g := range gs {
+		if kind := l.queues.kindOf(g.id); kind != "" {
+			if lim, err := l.limits.of(ctx, kind); err == nil && lim.RateMax > 0 {
+				rated = append(rated, g.id)
+			}
+		}
+	}
+	claimed := false
+	if len(rated) > 0 {
+		if err := l.ledger.ClaimStarts(ctx, rated); err != nil {
+			l.logger.Warn("concurrency limits: starts of granted jobs not logged; each logs its own", "error", err)
+		} else {
+			claimed = true
+		}
+	}
+	var out []int64
+	for _, g := range gs {
+		if l.queues.grant(g.id, g.slot, claimed && slices.Contains(rated, g.id)) {
+			out = append(out, g.id)
+		}
+	}
+	return out
 }
 
 // redecide sends job id, waiting in this worker, to be decided again.

@@ -124,13 +124,16 @@ func (l *Limiter) granted(g *ledger.Granted) {
 	if g == nil {
 		return
 	}
+	gs := make([]jobGrant, 0, len(g.Local))
 	for id, action := range g.Local {
 		slot := local.NoSlot
 		if action == ledger.Slot {
 			slot = local.LineSlot
 		}
-		l.queues.grant(id, slot)
+		gs = append(gs, jobGrant{id: id, slot: slot})
 	}
+	slices.SortFunc(gs, func(a, b jobGrant) int { return int(a.id - b.id) })
+	l.grantJobs(gs)
 	for kind, n := range g.Resumed {
 		if n > 0 {
 			l.metrics.Resumed.WithLabelValues(kind).Add(float64(n))

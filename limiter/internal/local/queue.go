@@ -431,8 +431,9 @@ func (q *Queue) Leave(id int64) bool {
 // decides. It returns false when the job is not Lined: one Deciding (its
 // wait ended meanwhile, or its decision to wait is not applied yet) is
 // decided again instead of waiting (Line refuses it), and its decision
-// finds the grant.
-func (q *Queue) Grant(id int64, slot Slot) bool {
+// finds the grant. startClaimed: a start reserved with the grant was
+// logged already (Granted is false: nothing is left to claim).
+func (q *Queue) Grant(id int64, slot Slot, startClaimed bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
@@ -442,7 +443,7 @@ func (q *Queue) Grant(id int64, slot Slot) bool {
 	if j == nil || j.state != Lined {
 		return false
 	}
-	j.granted = true
+	j.granted = !startClaimed
 	if q.startLocked(j, slot) {
 		j.wake <- Granted
 	}

@@ -86,7 +86,7 @@ func events() []event {
 				if j := m.q.Get(id); j != nil && j.state == Deciding {
 					m.early[id] = true
 				}
-				if m.q.Grant(id, LineSlot) {
+				if m.q.Grant(id, LineSlot, false) {
 					return m.checkUnblocked(id)
 				}
 				return ""
