@@ -62,7 +62,7 @@ func (s *strays) claim(job *rivertype.JobRow, take bool) (st *stray, batch []*ri
 	case st == nil:
 		return nil, nil
 	case st.decided != nil:
-		return st, nil
+		return st, nil // its batch's outcome is on st once decided
 	case !take:
 		delete(s.byID, job.ID)
 		return nil, nil
@@ -76,6 +76,22 @@ func (s *strays) claim(job *rivertype.JobRow, take bool) (st *stray, batch []*ri
 	}
 	slices.SortFunc(batch, func(a, b *rivertype.JobRow) int { return int(a.ID - b.ID) })
 	return nil, batch
+}
+
+// waitTaken waits, when job id is a stray that another's batch took, for
+// that batch's decision, and returns its outcome (taken false: not a stray
+// taken; its queue, not its stray, says where it stands). Its middleware
+// asks first: the batch puts it in its kind's queue, Deciding, before it
+// is decided.
+func (s *strays) waitTaken(id int64) (taken bool, gone *ledger.Decision, err error) {
+	s.mu.Lock()
+	st := s.byID[id]
+	s.mu.Unlock()
+	if st == nil || st.decided == nil {
+		return false, nil, nil
+	}
+	<-st.decided
+	return true, st.gone, st.err
 }
 
 // done records the outcome of a batch that claim returned (gone: the

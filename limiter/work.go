@@ -22,6 +22,9 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 	if job.Kind == ResumeKind || l.ignoreLimits {
 		return doInner(ctx) // never limited itself; or limits ignored
 	}
+	if taken, gone, err := l.strays.waitTaken(job.ID); taken && err == nil && gone != nil {
+		return l.gone(job, gone)
+	}
 	q := l.queues.get(job.Kind)
 	var j *local.Job
 	if q != nil {
@@ -36,12 +39,7 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 			return fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)
 		}
 		if gone != nil {
-			switch gone.Action {
-			case ledger.Parked, ledger.StepBack:
-				return nil // River's completion parks it, or makes it available again
-			default:
-				return fmt.Errorf("concurrency limit of %s (%s): %w", job.Kind, gone.Reason, ErrNoSlot)
-			}
+			return l.gone(job, gone)
 		}
 		if q = l.queues.get(job.Kind); q != nil {
 			j = q.Get(job.ID)
@@ -51,6 +49,17 @@ func (l *Limiter) Work(ctx context.Context, job *rivertype.JobRow, doInner func(
 		}
 	}
 	return l.follow(ctx, q, j, job, doInner)
+}
+
+// gone is what job's middleware returns when its decision took it out of
+// its queue: nil when it parked or stepped back (River's completion parks
+// it, or makes it available again), ErrNoSlot when it may not start.
+func (l *Limiter) gone(job *rivertype.JobRow, d *ledger.Decision) error {
+	switch d.Action {
+	case ledger.Parked, ledger.StepBack:
+		return nil
+	}
+	return fmt.Errorf("concurrency limit of %s (%s): %w", job.Kind, d.Reason, ErrNoSlot)
 }
 
 // admitStray decides job, not decided at its fetch, in the middleware

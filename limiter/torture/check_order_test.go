@@ -54,6 +54,11 @@ func checkOrder(r *record, vs *violations, cov coverage) {
 			var followed []limits
 			decided := r.decisionsOf(xj.job, fj.at, xj.start)
 			switch {
+			case r.letGo(xj.job, fj.at, xj.start):
+				// Its limits were cleared while it waited, and the limiter let
+				// it go: it ran with no limit.
+				cov.exempt("order", "let go by a clearing of its limits")
+				continue
 			case len(decided) > 0:
 				// The limiter decided it (its own rows say so: this only turns
 				// an exemption into a judgment): under the limits in force
@@ -220,6 +225,18 @@ func (r *record) scheduledAt(id int64, t time.Time) time.Time {
 		}
 	}
 	return out
+}
+
+// letGo reports whether the limiter let job id go (its kind's limits were
+// cleared while it waited: LedgerLetGo took its place in the line) in
+// [from, to].
+func (r *record) letGo(id int64, from, to time.Time) bool {
+	for _, e := range r.line[id] {
+		if strings.Contains(e.query, "name: LedgerLetGo ") && !e.at.Before(from) && !e.at.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // decisionsOf is when the limiter wrote a row for job id (a slot, a start,

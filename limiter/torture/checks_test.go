@@ -350,6 +350,42 @@ func TestCheckOrderJudgesADecisionByItsLimits(t *testing.T) {
 	}
 }
 
+// TestCheckOrderLetGo: job 2 waits in the line (a waiter row at 60 ms)
+// under a rate while job 1, older, is parked; the rate is cleared and the
+// limiter lets job 2 go (LedgerLetGo at 100 ms); a rate is set again at
+// 120 ms and job 2 starts at 300 ms. Let go, it ran with no limit; without
+// the let-go, it broke the order.
+func TestCheckOrderLetGo(t *testing.T) {
+	for _, letGo := range []bool{true, false} {
+		f := newFakeRecord(limits{rateMax: 5, ratePeriod: time.Second})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+			limitChange{at: f.at(90), limits: limits{}},
+			limitChange{at: f.at(120), limits: limits{present: true, rateMax: 5, ratePeriod: time.Second}})
+		f.r.line = map[int64][]lineEvent{}
+		f.job(1, "")
+		f.job(2, "")
+		f.state(1, "available", "running", 5)
+		f.state(1, "running", "pending", 40)
+		f.fetched(2, "w1", 50)
+		f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_waiters INSERT", at: f.at(60), tx: 7})
+		if letGo {
+			f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_waiters DELETE", at: f.at(100), tx: 8,
+				query: "-- name: LedgerLetGo :one\nWITH ..."})
+		}
+		f.started(2, "w1", 300, 10)
+		f.state(1, "pending", "available", 500)
+		f.fetched(1, "w1", 510)
+		f.started(1, "w1", 520, 10)
+		want := 1
+		if letGo {
+			want = 0
+		}
+		if got := f.found("order"); len(got) != want {
+			t.Fatalf("let go %t: order violations %q, want %d", letGo, got, want)
+		}
+	}
+}
+
 // TestCheckOrderTrustsNoLimiterRow: a parked job granted a start before
 // a younger one waiting in the worker, which starts first while the older
 // one is resumed and fetched, breaks the order: the limiter's own rows
