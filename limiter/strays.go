@@ -84,14 +84,22 @@ func (s *strays) claim(job *rivertype.JobRow, take bool) (st *stray, batch []*ri
 // asks first: the batch puts it in its kind's queue, Deciding, before it
 // is decided.
 func (s *strays) waitTaken(id int64) (taken bool, gone *ledger.Decision, err error) {
-	s.mu.Lock()
-	st := s.byID[id]
-	s.mu.Unlock()
-	if st == nil || st.decided == nil {
+	st := s.taken(id)
+	if st == nil {
 		return false, nil, nil
 	}
 	<-st.decided
 	return true, st.gone, st.err
+}
+
+// taken is job id's stray if a batch took it (nil otherwise).
+func (s *strays) taken(id int64) *stray {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.byID[id]; st != nil && st.decided != nil {
+		return st
+	}
+	return nil
 }
 
 // done records the outcome of a batch that claim returned (gone: the

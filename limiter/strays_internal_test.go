@@ -31,20 +31,17 @@ func TestStraysDecideTogetherInOrder(t *testing.T) {
 		t.Fatal("job 1's decision is out before the batch's")
 	default:
 	}
-	waited := make(chan *ledger.Decision)
-	go func() {
-		taken, gone, err := s.waitTaken(3)
-		if !taken || err != nil {
-			t.Errorf("job 3, in job 4's batch: taken %t, err %v", taken, err)
-		}
-		waited <- gone
-	}()
-	if taken, _, _ := s.waitTaken(5); taken {
+	three := s.taken(3)
+	if three == nil {
+		t.Fatal("job 3, in job 4's batch, is not taken")
+	}
+	if s.taken(5) != nil {
 		t.Fatal("job 5, in no batch, is taken")
 	}
 	s.done(batch, map[int64]ledger.Decision{1: {Job: 1, Action: ledger.Parked}}, nil)
-	if gone := <-waited; gone != nil {
-		t.Fatalf("job 3 after the batch: decision %v; want none (in its queue)", gone)
+	<-three.decided
+	if three.gone != nil || three.err != nil {
+		t.Fatalf("job 3 after the batch: decision %v, err %v; want none (in its queue)", three.gone, three.err)
 	}
 	<-older.decided
 	if older.gone == nil || older.gone.Action != ledger.Parked || older.err != nil {
