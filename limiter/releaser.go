@@ -125,14 +125,13 @@ func (l *Limiter) granted(g *ledger.Granted) {
 		return
 	}
 	gs := make([]jobGrant, 0, len(g.Local))
-	for id, action := range g.Local {
+	for _, id := range g.LocalOrder {
 		slot := local.NoSlot
-		if action == ledger.Slot {
+		if g.Local[id] == ledger.Slot {
 			slot = local.LineSlot
 		}
 		gs = append(gs, jobGrant{id: id, slot: slot})
 	}
-	slices.SortFunc(gs, func(a, b jobGrant) int { return int(a.id - b.id) })
 	l.grantJobs(gs)
 	for kind, n := range g.Resumed {
 		if n > 0 {

@@ -55,8 +55,11 @@ const maxNotePayload = 7900
 // Granted is what the grant rounds of a transaction did.
 type Granted struct {
 	// Local are the grants to jobs waiting in this worker: each runs, with
-	// a slot (Slot) or without (Run, under a rate alone).
-	Local map[int64]Action
+	// a slot (Slot) or without (Run, under a rate alone); LocalOrder is
+	// their jobs in the order the rounds picked them (the order they are
+	// woken in: a key's turn before the room's rest).
+	Local      map[int64]Action
+	LocalOrder []int64
 	// Resumed counts the parked jobs made available, per kind.
 	Resumed map[string]int
 	// Wakes are the kinds whose rate window frees a start for a job still
@@ -318,6 +321,9 @@ func (r *round) write(out *Granted) error {
 				reservedStarts.JobIds, reservedStarts.Keys = append(reservedStarts.JobIds, p.JobID), append(reservedStarts.Keys, p.key)
 			}
 			if worker == tx.l.worker {
+				if _, ok := out.Local[p.JobID]; !ok {
+					out.LocalOrder = append(out.LocalOrder, p.JobID)
+				}
 				out.Local[p.JobID] = Run
 				if c.Slotted() {
 					out.Local[p.JobID] = Slot
