@@ -1131,8 +1131,11 @@ unwaited AS (
     WHERE w.job_id = ANY($5::bigint[]) OR w.job_id IN (SELECT p.to_id FROM pairs p)
 ),
 unstarted AS (
+    -- A job forgotten never began: its starts of this attempt go (reserved,
+    -- or logged at its decision or grant).
     DELETE FROM concurrency_starts s
-    WHERE s.job_id = ANY($5::bigint[]) AND s.reserved
+    WHERE s.job_id = ANY($5::bigint[])
+      AND (s.reserved OR s.started_at >= (SELECT j.attempted_at FROM river_job j WHERE j.id = s.job_id))
 ),
 per_key AS (
     SELECT f.kind, f.key, count(*)::integer AS n FROM freed f WHERE f.key IS NOT NULL GROUP BY f.kind, f.key
@@ -1167,7 +1170,7 @@ type LedgerReleaseParams struct {
 // per-key limits alone, their keys' rows: LedgerLockKeys): those of
 // jobs that ended (job_ids, worker_id's own), those of jobs that gave up
 // waiting (forget_ids: worker_id's, or a grant not started yet; those
-// leave the waiters too, with any start reserved for them), and moves
+// leave the waiters too, with their starts of this attempt), and moves
 // the slots handed over in memory (from_ids[i] to to_ids[i]: the slot row
 // of an ended job becomes the job's it was handed to, which leaves the
 // waiters; one that a grant reserved a slot for meanwhile keeps that one,

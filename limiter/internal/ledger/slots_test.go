@@ -151,3 +151,24 @@ func TestHeldBehindWaitsRatherThanPark(t *testing.T) {
 		require.Equal(t, c.want, decideOne(t, l, older, nil).Action, "held behind %t, cancelled %t", c.heldBehind, c.cancelled)
 	}
 }
+
+// TestForgottenGivesBackItsStart: a job decided to run under a rate (its
+// start logged) and forgotten before it began (decided again, say) gives
+// back its start with its slot: the window no longer counts it, and its
+// decision afresh takes the one start the rate has.
+func TestForgottenGivesBackItsStart(t *testing.T) {
+	t.Parallel()
+	const kind = "test.forgotten"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 5, rate_max = 1, rate_period = interval '1 minute'")
+	job := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, l, job, nil).Action)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, job.ID))
+	_, err := l.Release(context.Background(), ledger.Release{Forgotten: []ledger.Held{{ID: job.ID, Kind: kind}}}, nil)
+	require.NoError(t, err)
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, job.ID), "its start went")
+	n, rows := admitted(t, pool, kind)
+	require.Zero(t, rows, "its slot went")
+	require.Zero(t, n)
+	require.Equal(t, ledger.Slot, decideOne(t, l, job, nil).Action, "decided afresh, it takes the rate's one start")
+}
