@@ -181,10 +181,7 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 	if len(toLedger) == 0 {
 		return nil, nil
 	}
-	heard := map[string]uint64{}
-	for _, j := range toLedger {
-		heard[j.Kind] = l.limits.changes(j.Kind)
-	}
+	heard := l.limits.changes()
 	decisions, err := l.decide(toLedger)
 	if err != nil {
 		return nil, err
@@ -197,7 +194,7 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 			gone[j.ID] = d
 		default:
 			if qj := queues[j.ID].Get(j.ID); qj != nil {
-				qj.SetStamp(heard[j.Kind])
+				qj.SetStamp(heard)
 			}
 		}
 	}
@@ -268,7 +265,7 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, cancelled bool) (ledger.Decision, error) {
 	j := ledgerJob(job, true, l.neverPark)
 	j.TimedOut, j.Cancelled, j.HeldBehind = timedOut, cancelled, q.HeldBehind(job.ID)
-	heard := l.limits.changes(job.Kind)
+	heard := l.limits.changes()
 	decisions, err := l.decide([]ledger.Job{j})
 	if err != nil {
 		return ledger.Decision{}, fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)

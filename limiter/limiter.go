@@ -351,6 +351,7 @@ type jobGrant struct {
 // it began would queue them on the pool); a job decided meanwhile finds
 // its start logged by its attempt.
 func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
+	heard := l.limits.changes()
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
 	var rated []int64
@@ -371,9 +372,7 @@ func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 	}
 	var out []int64
 	for _, g := range gs {
-		if kind := l.queues.kindOf(g.id); kind != "" {
-			l.queues.stamp(g.id, l.limits.changes(kind))
-		}
+		l.queues.stamp(g.id, heard)
 		if l.queues.grant(g.id, g.slot, claimed && slices.Contains(rated, g.id)) {
 			out = append(out, g.id)
 		}

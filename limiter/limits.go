@@ -37,10 +37,6 @@ type limitsCopy struct {
 	// stored expired.
 	gen       atomic.Uint64
 	listening atomic.Bool
-	// The changes heard, per kind and of any kind (changes).
-	kindMu sync.Mutex
-	byKind map[string]uint64
-	all    uint64
 }
 
 // limitsSnapshot is a copy of the limits, never changed once stored.
@@ -126,29 +122,10 @@ func (c *limitsCopy) refresh(ctx context.Context, ttl time.Duration) (*limitsSna
 	return s, nil
 }
 
-// changes is how many changes of kind's limits the worker has heard, plus
-// the reconnections of its listener (which may have missed some) and the
-// changes heard without a kind: a job decided or granted before one is
-// decided again before it begins.
-func (c *limitsCopy) changes(kind string) uint64 {
-	c.kindMu.Lock()
-	defer c.kindMu.Unlock()
-	return c.all + c.byKind[kind] + 1
-}
-
-// heard counts a change of kind's limits ("": of any kind).
-func (c *limitsCopy) heard(kind string) {
-	c.kindMu.Lock()
-	defer c.kindMu.Unlock()
-	if kind == "" {
-		c.all++
-		return
-	}
-	if c.byKind == nil {
-		c.byKind = map[string]uint64{}
-	}
-	c.byKind[kind]++
-}
+// changes is how many changes of limits the worker has heard (and
+// reconnections of its listener, which may have missed some): a job
+// decided or granted before one is decided again before it begins.
+func (c *limitsCopy) changes() uint64 { return c.gen.Load() + 1 }
 
 // expire marks the copy stale: the next job re-reads it (a read under way
 // when the change came is stale too).
@@ -163,7 +140,6 @@ func (c *limitsCopy) expire() {
 // may have been missed meanwhile.
 func (c *limitsCopy) connected() {
 	c.expire()
-	c.heard("")
 	c.listening.Store(true)
 }
 

@@ -54,7 +54,6 @@ func (l *Limiter) listen(ctx context.Context) {
 			switch n.Channel {
 			case LimitChannel:
 				l.limits.expire()
-				l.limits.heard(n.Payload)
 				if n.Payload != "" && !l.isStopped() {
 					// A change made by any SQL (a migration, psql) gives its room
 					// to the line at once, as the CLI's does in its own

@@ -102,7 +102,7 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 	for {
 		switch j.State() {
 		case local.Working:
-			if s := j.Stamp(); s != 0 && s != l.limits.changes(q.Kind()) {
+			if s := j.Stamp(); s != 0 && s != l.limits.changes() {
 				// Its kind's limits may have changed since its decision or
 				// grant: what it holds goes back, and it is decided afresh.
 				return l.redecideBeforeStart(ctx, q, j, job, doInner)
