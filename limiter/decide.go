@@ -181,7 +181,6 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 	if len(toLedger) == 0 {
 		return nil, nil
 	}
-	heard := l.limits.changes()
 	decisions, err := l.decide(toLedger)
 	if err != nil {
 		return nil, err
@@ -192,10 +191,6 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 		switch l.apply(queues[j.ID], d) {
 		case ledger.Parked, ledger.StepBack, ledger.Fail:
 			gone[j.ID] = d
-		default:
-			if qj := queues[j.ID].Get(j.ID); qj != nil {
-				qj.SetStamp(heard)
-			}
 		}
 	}
 	return gone, nil
@@ -265,7 +260,6 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, cancelled bool) (ledger.Decision, error) {
 	j := ledgerJob(job, true, l.neverPark)
 	j.TimedOut, j.Cancelled, j.HeldBehind = timedOut, cancelled, q.HeldBehind(job.ID)
-	heard := l.limits.changes()
 	decisions, err := l.decide([]ledger.Job{j})
 	if err != nil {
 		return ledger.Decision{}, fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)
@@ -273,9 +267,6 @@ func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, c
 	d := decisions[job.ID]
 	if l.apply(q, d) == ledger.Parked {
 		l.rechecks.parked(job.Kind) // River's completer completes the parking
-	}
-	if qj := q.Get(job.ID); qj != nil {
-		qj.SetStamp(heard)
 	}
 	return d, nil
 }

@@ -318,15 +318,6 @@ func (qs *queues) grant(id int64, slot local.Slot, startClaimed bool) bool {
 	return granted
 }
 
-// stamp marks job id, if a queue holds it, with stamp (local.Job.SetStamp).
-func (qs *queues) stamp(id int64, stamp uint64) {
-	qs.each(func(q *local.Queue) {
-		if j := q.Get(id); j != nil {
-			j.SetStamp(stamp)
-		}
-	})
-}
-
 // kindOf is the kind of job id, if a queue holds it ("": none).
 func (qs *queues) kindOf(id int64) string {
 	kind := ""
@@ -351,7 +342,6 @@ type jobGrant struct {
 // it began would queue them on the pool); a job decided meanwhile finds
 // its start logged by its attempt.
 func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
-	heard := l.limits.changes()
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
 	var rated []int64
@@ -372,7 +362,6 @@ func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 	}
 	var out []int64
 	for _, g := range gs {
-		l.queues.stamp(g.id, heard)
 		if l.queues.grant(g.id, g.slot, claimed && slices.Contains(rated, g.id)) {
 			out = append(out, g.id)
 		}

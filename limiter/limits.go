@@ -122,11 +122,6 @@ func (c *limitsCopy) refresh(ctx context.Context, ttl time.Duration) (*limitsSna
 	return s, nil
 }
 
-// changes is how many changes of limits the worker has heard (and
-// reconnections of its listener, which may have missed some): a job
-// decided or granted before one is decided again before it begins.
-func (c *limitsCopy) changes() uint64 { return c.gen.Load() + 1 }
-
 // expire marks the copy stale: the next job re-reads it (a read under way
 // when the change came is stale too).
 func (c *limitsCopy) expire() {

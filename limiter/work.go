@@ -102,11 +102,6 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 	for {
 		switch j.State() {
 		case local.Working:
-			if s := j.Stamp(); s != 0 && s != l.limits.changes() {
-				// Its kind's limits may have changed since its decision or
-				// grant: what it holds goes back, and it is decided afresh.
-				return l.redecideBeforeStart(ctx, q, j, job, doInner)
-			}
 			switch {
 			case j.Granted():
 				l.startedAfterGrant(ctx, q, j)
@@ -183,36 +178,6 @@ func (l *Limiter) startedAfterGrant(ctx context.Context, q *local.Queue, j *loca
 		// Its start stays reserved: counted until the safety net drops it.
 		l.logger.Warn("concurrency limits: start not logged", "kind", q.Kind(), "job_id", j.ID, "error", err)
 	}
-}
-
-// redecideBeforeStart gives back what j (Working, not begun) holds and
-// decides job afresh, then follows it: a change of limits heard since its
-// decision or grant is followed by it, as by any job decided after it.
-func (l *Limiter) redecideBeforeStart(ctx context.Context, q *local.Queue, j *local.Job, job *rivertype.JobRow,
-	doInner func(context.Context) error) error {
-	kind := q.Kind()
-	q.Forget(j.ID)
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), decideTimeout)
-	g, err := l.ledger.Release(wctx, ledger.Release{Forgotten: []ledger.Held{{ID: j.ID, Kind: kind, Key: j.Key}}},
-		l.limits.guess(wctx, []string{kind}))
-	cancel()
-	if err != nil {
-		return fmt.Errorf("concurrency limit of %s: give back before deciding again: %w", kind, err)
-	}
-	l.granted(g)
-	gone, err := l.admit(ctx, []*rivertype.JobRow{job}, true)
-	if err != nil {
-		return fmt.Errorf("concurrency limit of %s: %w", kind, err)
-	}
-	if d, ok := gone[job.ID]; ok {
-		return l.gone(job, &d)
-	}
-	if q = l.queues.get(kind); q != nil {
-		if nj := q.Get(job.ID); nj != nil {
-			return l.follow(ctx, q, nj, job, doInner)
-		}
-	}
-	return doInner(ctx) // no limit now
 }
 
 // restampStart logs again, as j begins, the start its decision logged,

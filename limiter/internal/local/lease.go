@@ -245,7 +245,6 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 		}
 	}
 	q.workLocked(j, LineSlot)
-	j.stamp = 0 // its slot's move is written later: it is not decided again (the view is fresh)
 	j.wake <- Granted
 	return j
 }

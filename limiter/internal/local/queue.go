@@ -94,9 +94,6 @@ type Job struct {
 	// held: it was Held before it worked.
 	granted bool
 	held    bool
-	// stamp is the caller's mark of when it learned what the job holds
-	// (Stamp): the count of limit changes it had heard by then.
-	stamp uint64
 	wake    chan Outcome
 }
 
@@ -121,21 +118,6 @@ func (j *Job) Granted() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.granted
-}
-
-// SetStamp marks the job with stamp (the limiter: the changes of limits
-// heard before its decision or grant).
-func (j *Job) SetStamp(stamp uint64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.stamp = stamp
-}
-
-// Stamp is the job's mark (0: none).
-func (j *Job) Stamp() uint64 {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.stamp
 }
 
 // WasHeld reports whether the job was Held (given what it needs, and held
