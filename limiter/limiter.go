@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -344,17 +343,32 @@ type jobGrant struct {
 func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
-	var rated []int64
+	rated := map[int64]bool{}
+	kindRated := map[string]bool{} // each kind's limits looked up once
 	for _, g := range gs {
-		if kind := l.queues.kindOf(g.id); kind != "" {
-			if lim, err := l.limits.of(ctx, kind); err == nil && lim.RateMax > 0 {
-				rated = append(rated, g.id)
-			}
+		kind := l.queues.kindOf(g.id)
+		if kind == "" {
+			continue
+		}
+		r, ok := kindRated[kind]
+		if !ok {
+			lim, err := l.limits.of(ctx, kind)
+			r = err == nil && lim.RateMax > 0
+			kindRated[kind] = r
+		}
+		if r {
+			rated[g.id] = true
 		}
 	}
 	claimed := false
 	if len(rated) > 0 {
-		if err := l.ledger.ClaimStarts(ctx, rated); err != nil {
+		ids := make([]int64, 0, len(rated))
+		for _, g := range gs {
+			if rated[g.id] {
+				ids = append(ids, g.id)
+			}
+		}
+		if err := l.ledger.ClaimStarts(ctx, ids); err != nil {
 			l.logger.Warn("concurrency limits: starts of granted jobs not logged; each logs its own", "error", err)
 		} else {
 			claimed = true
@@ -362,7 +376,7 @@ func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 	}
 	var out []int64
 	for _, g := range gs {
-		if l.queues.grant(g.id, g.slot, claimed && slices.Contains(rated, g.id)) {
+		if l.queues.grant(g.id, g.slot, claimed && rated[g.id]) {
 			out = append(out, g.id)
 		}
 	}
