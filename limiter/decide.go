@@ -159,7 +159,10 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 			continue
 		}
 		q := l.queues.of(kind)
-		q.Fetch(fetched)
+		heard := l.limits.gen.Load()
+		for _, j := range q.Fetch(fetched) {
+			j.Stamp(heard)
+		}
 		for _, job := range kept {
 			queues[job.ID] = q
 			// A first attempt that never parked never waited in the line (a
@@ -255,11 +258,14 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 }
 
 // decideAgain decides job (in the middleware, in q Deciding) again: its
-// wait ended (timedOut), JobCancel came (cancelled), or its place or path
-// went.
-func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, cancelled bool) (ledger.Decision, error) {
+// wait ended (timedOut), JobCancel came (cancelled), its place or path
+// went, or its kind's limits changed before it began (recheck).
+func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, cancelled, recheck bool) (ledger.Decision, error) {
+	if qj := q.Get(job.ID); qj != nil {
+		qj.Stamp(l.limits.gen.Load())
+	}
 	j := ledgerJob(job, true, l.neverPark)
-	j.TimedOut, j.Cancelled, j.HeldBehind = timedOut, cancelled, q.HeldBehind(job.ID)
+	j.TimedOut, j.Cancelled, j.Recheck, j.HeldBehind = timedOut, cancelled, recheck, q.HeldBehind(job.ID)
 	decisions, err := l.decide([]ledger.Job{j})
 	if err != nil {
 		return ledger.Decision{}, fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)

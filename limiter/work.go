@@ -98,10 +98,14 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 	doInner func(context.Context) error) error {
 	entered := time.Now()
 	deadline := entered.Add(l.parkAfter)
-	timedOut, cancelled := false, false
+	timedOut, cancelled, recheck := false, false, false
 	for {
 		switch j.State() {
 		case local.Working:
+			if l.limitCameAfter(ctx, q, j) {
+				recheck = true
+				continue // Deciding again
+			}
 			switch {
 			case j.Granted():
 				l.startedAfterGrant(ctx, q, j)
@@ -110,7 +114,7 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 			}
 			return l.run(ctx, q, j, job, entered, doInner)
 		case local.Deciding:
-			d, err := l.decideAgain(q, job, timedOut, cancelled)
+			d, err := l.decideAgain(q, job, timedOut, cancelled, recheck)
 			if err != nil {
 				// It does not run: it leaves the queue (a wait of the line or
 				// a grant it got is the safety net's to clean up).
@@ -125,11 +129,35 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 			}
 			// Still Deciding after a decision to wait: a grant crossed it
 			// (local.Queue.Line), and the next decision finds it.
-			timedOut, cancelled = false, false
+			timedOut, cancelled, recheck = false, false, false
 		case local.Queued, local.Lined, local.Held:
 			timedOut, cancelled = l.wait(ctx, q, j, deadline)
 		}
 	}
+}
+
+// limitCameAfter reports whether j, Working and not begun, was made
+// Deciding again because the worker heard a change of limits since j's
+// decision was asked, and its kind now has a limit that j's decision may
+// not have counted: decided to run free (no limit then, or its reserved
+// start taken back by a clearing), it would start uncounted; holding a
+// slot of the line, it would start under a circuit breaker (its decision
+// again parks it, what it holds given back in the same transaction). A
+// change heard after it begins leaves it be: it began within the change's
+// window.
+func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.Job) bool {
+	slot := j.Slot()
+	if slot == local.LeasedSlot || l.limits.gen.Load() == j.Stamped() {
+		return false
+	}
+	lim, err := l.limits.of(ctx, q.Kind())
+	switch {
+	case err != nil || lim.Regime() == ledger.Unlimited:
+		return false
+	case slot == local.LineSlot && lim.Max >= 0:
+		return false // counted by the ledger under any limit but a breaker
+	}
+	return q.Undecide(j.ID)
 }
 
 // wait waits until the wait of j ends: a grant or a hand-over (it is

@@ -49,6 +49,11 @@ type Job struct {
 	// NoWait: it may neither wait nor park (sluice run's worker, whose job
 	// reserved its slot before it started): it fails instead.
 	NoWait bool
+	// Recheck: it was decided before a change of its kind's limits that
+	// its worker heard, and has not begun: if its kind is a circuit
+	// breaker now, what it holds goes back and it parks (or, not to wait,
+	// fails) rather than start.
+	Recheck bool
 	// HeldBehind: a younger job of its key in this worker holds a slot of
 	// the line and has not started (held back for it): rather than park
 	// (timed out, or its line long), it waits, and its worker gives it
@@ -319,6 +324,13 @@ func (k *kindDecision) decide(ds []*decided) {
 			// Cancelled while it waited: it parks whatever it holds (its
 			// parking cancels it; what it holds is given back).
 			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
+		case (h.SlotHeld || h.StartHeld || h.SlotReserved || h.StartReserved) && d.Recheck && k.c.Max < 0:
+			// Decided before a breaker it has not begun under: it starts
+			// nothing; what it holds goes back.
+			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonBreaker, true
+			if d.Reserve || d.NoWait {
+				d.d.Action = Fail
+			}
 		case h.SlotHeld || h.StartHeld:
 			d.d.Action = Run
 			if h.SlotHeld {

@@ -104,6 +104,39 @@ func TestDecideLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestRecheckUnderABreakerParks: a job that took a slot and has not begun
+// when its kind becomes a circuit breaker is decided again (Recheck): it
+// parks, and its slot goes back in the same transaction. Decided again
+// without Recheck (its wait ended as a grant came) it keeps its slot: the
+// ledger counts it under any limit.
+func TestRecheckUnderABreakerParks(t *testing.T) {
+	t.Parallel()
+	for _, recheck := range []bool{true, false} {
+		kind := "test.breaker." + map[bool]string{true: "recheck", false: "plain"}[recheck]
+		pool, l := newLedger(t, "w1")
+		setLimits(t, l, kind, "max_concurrency = 2")
+		job := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Second))
+		require.Equal(t, ledger.Slot, decideOne(t, l, job, nil).Action, "room: it takes a slot")
+		setLimits(t, l, kind, "max_concurrency = -1")
+		n, rows := admitted(t, pool, kind)
+		require.Equal(t, 1, rows, "a breaker leaves the slot of a decided job")
+		require.Equal(t, 1, n)
+
+		job.Recheck = recheck
+		d := decideOne(t, l, job, nil)
+		if !recheck {
+			require.Equal(t, ledger.Slot, d.Action, "not rechecked: it keeps its slot")
+			continue
+		}
+		require.Equal(t, ledger.Parked, d.Action, "rechecked under a breaker: it parks")
+		require.Equal(t, ledger.ReasonBreaker, d.Reason)
+		n, rows = admitted(t, pool, kind)
+		require.Zero(t, rows, "its slot went back")
+		require.Zero(t, n)
+		require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1`, job.ID))
+	}
+}
+
 // TestDecideARetryAfresh: a job retried at once is fetched again before
 // the release of its first attempt is written: the first attempt's slot
 // row and start are still there. The new attempt is decided afresh and

@@ -94,7 +94,27 @@ type Job struct {
 	// held: it was Held before it worked.
 	granted bool
 	held    bool
-	wake    chan Outcome
+	// heard is the count of limit changes the limiter had heard when the
+	// job's latest decision was asked (Stamp).
+	heard uint64
+	wake  chan Outcome
+}
+
+// Stamp records n, the count of limit changes the limiter had heard when
+// it asked for the job's decision: a job decided to run without a slot
+// that has not begun when a later change comes is decided again
+// (Undecide).
+func (j *Job) Stamp(n uint64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.heard = n
+}
+
+// Stamped is the count Stamp recorded.
+func (j *Job) Stamped() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.heard
 }
 
 // State is the job's state.
@@ -294,6 +314,23 @@ func (q *Queue) workLocked(j *Job, slot Slot) {
 	if slot == LeasedSlot {
 		q.lease.InUse++
 	}
+}
+
+// Undecide makes a Working job that has not begun, and holds no slot or a
+// slot of the line, Deciding again, in its place in the line order: its
+// kind's limits changed before it began (it was decided to run free and a
+// limit came, or the kind became a circuit breaker). It returns false when
+// the job is not Working or holds a leased slot.
+func (q *Queue) Undecide(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Working || j.slot == LeasedSlot {
+		return false
+	}
+	j.state = Deciding
+	q.insertLocked(j)
+	return true
 }
 
 // Line makes a Deciding job Lined (its decision: it waits in the line, held

@@ -65,6 +65,24 @@ func events() []event {
 				}
 				return ""
 			}},
+			event{fmt.Sprintf("run free %d", id), func(m *model) string {
+				if m.q.Work(id, NoSlot) {
+					delete(m.early, id)
+					return m.checkUnblocked(id)
+				}
+				return ""
+			}},
+			event{fmt.Sprintf("undecide %d", id), func(m *model) string {
+				j := m.q.Get(id)
+				free := j != nil && j.State() == Working && j.Slot() != LeasedSlot
+				if m.q.Undecide(id) != free {
+					return fmt.Sprintf("job %d: Undecide answered %v for a job working without a leased slot: %v", id, !free, free)
+				}
+				if free && j.State() != Deciding {
+					return fmt.Sprintf("job %d undecided is %s", id, j.State())
+				}
+				return ""
+			}},
 			event{fmt.Sprintf("line %d", id), func(m *model) string {
 				if m.q.Line(id, false, "limit") && m.early[id] {
 					return fmt.Sprintf("job %d, granted while deciding, waits in the line", id)
