@@ -246,7 +246,10 @@ func (r *record) waitingAt(id int64, t time.Time) (wait, bool) {
 		}
 		return w, true
 	case "available":
-		if c.from == "pending" && !r.retriedAt(id, c.at) {
+		// A job the limiter let go (its kind's limits cleared: its place in
+		// the line went with them) is available as any other: River's to
+		// hand out, in its order.
+		if c.from == "pending" && !r.retriedAt(id, c.at) && !strings.Contains(c.query, "name: LedgerLetGo ") {
 			return wait{how: "resumed", since: c.at}, true
 		}
 	case "running":

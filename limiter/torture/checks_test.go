@@ -386,6 +386,45 @@ func TestCheckOrderLetGo(t *testing.T) {
 	}
 }
 
+// TestCheckOrderResumedByALetGo: job 1, parked, is made available at
+// 100 ms; job 2, younger, fetched at 50 ms, starts at 300 ms under a
+// per-kind limit set at 200 ms (its slot taken at 280 ms), and job 1 is
+// fetched at 500 ms. Resumed by
+// a grant, job 1 was in the line ahead of job 2: a violation. Let go by a
+// clearing of the limits (at 90 ms), it lost its place and is River's to
+// hand out: job 2, fetched before it was available, goes first.
+func TestCheckOrderResumedByALetGo(t *testing.T) {
+	for _, letGo := range []bool{true, false} {
+		f := newFakeRecord(limits{max: 4})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+			limitChange{at: f.at(90), limits: limits{}},
+			limitChange{at: f.at(200), limits: limits{present: true, max: 4}})
+		f.job(1, "")
+		f.job(2, "")
+		f.state(1, "available", "running", 5)
+		f.state(1, "running", "pending", 40)
+		f.fetched(2, "w1", 50)
+		resume := change{job: 1, from: "pending", to: "available", client: "w1", at: f.at(100),
+			query: "-- name: LedgerGrantParked :exec WITH ..."}
+		if letGo {
+			resume.query = "-- name: LedgerLetGo :one WITH resumed AS ("
+		}
+		f.r.changes[1] = append(f.r.changes[1], resume)
+		// The limiter decided job 2 under the new limit: a slot at 280 ms.
+		f.r.line = map[int64][]lineEvent{2: {{what: "concurrency_executions INSERT", at: f.at(280), tx: 9}}}
+		f.started(2, "w1", 300, 10)
+		f.fetched(1, "w1", 500)
+		f.started(1, "w1", 510, 10)
+		want := 1
+		if letGo {
+			want = 0
+		}
+		if got := f.found("order"); len(got) != want {
+			t.Fatalf("let go %t: order violations %q, want %d", letGo, got, want)
+		}
+	}
+}
+
 // TestCheckOrderTrustsNoLimiterRow: a parked job granted a start before
 // a younger one waiting in the worker, which starts first while the older
 // one is resumed and fetched, breaks the order: the limiter's own rows
