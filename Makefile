@@ -26,8 +26,8 @@ run: build ## migrate the database and start a worker (DATABASE_URL, its databas
 		echo "make run: the other commands need it too: export DATABASE_URL=\"\$$(scripts/pg.sh database-url sluice)\""; \
 		./$(BIN) migrate up && exec ./$(BIN) worker'
 
-test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/)
-	@$(PG) with-server $(GO) test -count=1 $(TESTFLAGS) ./...
+test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/); the limiter's torture test last, alone
+	@$(PG) with-server env GO=$(GO) scripts/test.sh $(TESTFLAGS)
 
 # TORTURE_DURATION (a Go duration) sets the budget; TORTURE_SEED=N replays one
 # seed; TORTURE_WORKER_LOGS=DIR keeps each worker process's log there.
