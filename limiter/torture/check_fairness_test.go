@@ -13,7 +13,8 @@ import (
 // wait, one at least parked or in a worker). Its job is fetched within
 // fairnessFetch of its insert, and from its fetch to its start at most a
 // turn of the round goes to other keys: one start per other key, plus the
-// kind's limit (the starts let go before it was decided). Every arrival is judged; one whose partition or kind-wide
+// kind's limit and the jobs of other keys resumed ahead and on their way
+// at its fetch (the starts let go before it was decided). Every arrival is judged; one whose partition or kind-wide
 // limit changed meanwhile, whose job the test cancelled, or whose job's
 // worker was killed before it started, is exempt.
 func checkFairness(r *record, vs *violations, cov coverage) {
@@ -108,13 +109,44 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 					started[x.key] = true
 				}
 			}
-			if bound := len(started) + kindCap; others > bound {
-				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, and the kind's limit: %d; limits %s); %s",
+			ahead := r.resumedAhead(ids, jb.args.Key, fb.at)
+			if bound := len(started) + kindCap + ahead; others > bound {
+				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, the kind's limit, and %d resumed ahead: %d; limits %s); %s",
 					kind, jb.args.Key, b, fb.at.Format(time.StampMicro), backlog, len(waitingKeys), xb.start.Format(time.StampMicro),
-					others, len(started), bound, l, r.history(b))
+					others, len(started), ahead, bound, l, r.history(b))
 			}
 		}
 	}
+}
+
+// resumedAhead counts the jobs of ids of keys other than key that the
+// line had resumed (not let go) and that were on their way at t:
+// available, or fetched since and not started. Each holds its place, and
+// goes ahead of a job decided at t (the README's resume row: the
+// lookahead resumes them ahead of free slots).
+func (r *record) resumedAhead(ids []int64, key string, t time.Time) int {
+	n := 0
+	for _, i := range ids {
+		if r.jobs[i].args.Key == key {
+			continue
+		}
+		c, ok := r.stateAt(i, t)
+		if !ok {
+			continue
+		}
+		if c.to == "running" {
+			if r.startedSince(i, c.at, t) {
+				continue
+			}
+			if c, ok = r.stateAt(i, c.at.Add(-time.Nanosecond)); !ok {
+				continue
+			}
+		}
+		if w, waiting := r.waitingAt(i, c.at); waiting && w.how == "resumed" {
+			n++
+		}
+	}
+	return n
 }
 
 // fairRegime reports whether the fairness promise holds under l: the kind

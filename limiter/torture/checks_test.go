@@ -715,6 +715,41 @@ func TestCheckAccountingPerKey(t *testing.T) {
 // per-key limit, key B's job arrives while 6 jobs of key A wait; it is
 // fetched at once but starts only after 4 more of A's jobs: more than a
 // turn (1 other key) and the kind's limit (2).
+// TestCheckFairnessCountsJobsResumedAhead: A's jobs 3 to 6, parked, were
+// resumed by a grant (not let go) at 105 ms and fetched at 106 ms, before
+// B's job was fetched at 110 ms: they hold their places, and their four
+// starts before B's are a turn B waits behind. The same four starts by
+// jobs never parked break fairness (TestCheckFairnessFindsAKeyHeldBack).
+func TestCheckFairnessCountsJobsResumedAhead(t *testing.T) {
+	f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+	for id := int64(1); id <= 8; id++ {
+		f.job(id, "A")
+		f.r.jobs[id].inserted = f.at(0)
+	}
+	f.job(20, "B")
+	f.r.jobs[20].inserted = f.at(100)
+	f.r.changes[20][0].at = f.at(100)
+	for id := int64(1); id <= 8; id++ {
+		f.state(id, "available", "running", 1)
+	}
+	for id := int64(3); id <= 6; id++ {
+		f.state(id, "running", "pending", 2)
+		f.r.changes[id] = append(f.r.changes[id], change{job: id, from: "pending", to: "available", client: "w1", at: f.at(105),
+			query: "-- name: LedgerGrantParked :exec WITH ..."})
+		f.fetched(id, "w1", 106)
+	}
+	f.started(1, "w1", 1, 99)
+	f.started(2, "w1", 1, 99)
+	for id := int64(3); id <= 6; id++ {
+		f.started(id, "w1", 200+int(id-3)/2*200, 99)
+	}
+	f.fetched(20, "w1", 110)
+	f.started(20, "w1", 650, 10)
+	if got := f.found("fairness"); len(got) > 0 {
+		t.Fatalf("B waited behind jobs resumed ahead of it: %q", got)
+	}
+}
+
 func TestCheckFairnessFindsAKeyHeldBack(t *testing.T) {
 	for _, late := range []bool{false, true} {
 		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
