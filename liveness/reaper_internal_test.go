@@ -116,7 +116,9 @@ func TestReaperReapsDeadWorker(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
-	me := newMember(t, url, "me", 100*time.Millisecond, time.Second)
+	// The reaper's own beat, set by seasoned, counts for two intervals: 800
+	// ms between seasoned and the pass's look, on a loaded machine too.
+	me := newMember(t, url, "me", 400*time.Millisecond, time.Second)
 	dead := newMember(t, url, "dead", 100*time.Millisecond, time.Second)
 	job := insertJob(t, admin, "running", "dead")
 	other := insertJob(t, admin, "running", "me")
@@ -209,7 +211,7 @@ func TestReaperNeverReapsItself(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 
-	me := newMember(t, url, "me", 100*time.Millisecond, time.Second)
+	me := newMember(t, url, "me", 400*time.Millisecond, time.Second)
 	newMember(t, url, "other", 100*time.Millisecond, time.Second)
 	mustExec(t, admin, `UPDATE sluice_workers SET heartbeat_at = now() - interval '1 hour'`)
 	me.seasoned(time.Hour)
