@@ -47,6 +47,14 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 			kinds = append(kinds, j.Kind)
 		}
 	}
+	// Whether a younger job of its key here holds a slot it has not begun
+	// on is looked at again now: a decision of the batch before (one batch
+	// per kind at a time) may have given one since the job was sent.
+	for i := range jobs {
+		if q := l.queues.get(jobs[i].Kind); q != nil && !jobs[i].HeldBehind {
+			jobs[i].HeldBehind = q.HeldBehind(jobs[i].ID)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
 	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)

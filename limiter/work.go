@@ -138,24 +138,20 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 
 // limitCameAfter reports whether j, Working and not begun, was made
 // Deciding again because the worker heard a change of limits since j's
-// decision was asked, and its kind now has a limit that j's decision may
-// not have counted: decided to run free (no limit then, or its reserved
-// start taken back by a clearing), it would start uncounted; holding a
-// slot of the line, it would start under a circuit breaker (its decision
-// again parks it, what it holds given back in the same transaction). A
-// change heard after it begins leaves it be: it began within the change's
-// window.
+// decision was asked and its kind has a limit now: its decision again
+// checks that it holds what the limits now ask (a slot under a
+// concurrency limit, a start under a rate; nothing will do under a circuit
+// breaker), or gives back what it holds and decides it afresh, in one
+// ledger transaction. Decided to run free, or before a rate or a breaker,
+// it would otherwise start uncounted. A job on a leased slot is the lease
+// keeper's (the kind's leases follow its limits). A change heard after it
+// begins leaves it be: it began within the change's window.
 func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.Job) bool {
-	slot := j.Slot()
-	if slot == local.LeasedSlot || l.limits.gen.Load() == j.Stamped() {
+	if j.Slot() == local.LeasedSlot || l.limits.gen.Load() == j.Stamped() {
 		return false
 	}
-	lim, err := l.limits.of(ctx, q.Kind())
-	switch {
-	case err != nil || lim.Regime() == ledger.Unlimited:
+	if lim, err := l.limits.of(ctx, q.Kind()); err != nil || lim.Regime() == ledger.Unlimited {
 		return false
-	case slot == local.LineSlot && lim.Max >= 0:
-		return false // counted by the ledger under any limit but a breaker
 	}
 	return q.Undecide(j.ID)
 }

@@ -50,9 +50,10 @@ type Job struct {
 	// reserved its slot before it started): it fails instead.
 	NoWait bool
 	// Recheck: it was decided before a change of its kind's limits that
-	// its worker heard, and has not begun: if its kind is a circuit
-	// breaker now, what it holds goes back and it parks (or, not to wait,
-	// fails) rather than start.
+	// its worker heard, and has not begun: unless it holds what the limits
+	// now ask (a slot under a concurrency limit, a start under a rate;
+	// nothing will do under a circuit breaker), what it holds goes back and
+	// it is decided afresh in the same transaction.
 	Recheck bool
 	// HeldBehind: a younger job of its key in this worker holds a slot of
 	// the line and has not started (held back for it): rather than park
@@ -324,13 +325,13 @@ func (k *kindDecision) decide(ds []*decided) {
 			// Cancelled while it waited: it parks whatever it holds (its
 			// parking cancels it; what it holds is given back).
 			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
-		case (h.SlotHeld || h.StartHeld || h.SlotReserved || h.StartReserved) && d.Recheck && k.c.Max < 0:
-			// Decided before a breaker it has not begun under: it starts
-			// nothing; what it holds goes back.
-			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonBreaker, true
-			if d.Reserve || d.NoWait {
-				d.d.Action = Fail
-			}
+		case d.Recheck && !k.holdsAll(h):
+			// Decided before the limits now in force, not begun, and not
+			// holding what they ask: what it holds goes back and it is decided
+			// afresh, in this transaction (no younger job takes its slot
+			// between). Under a breaker, that parks it.
+			k.giveBack(d, ks)
+			k.decideNew(d, ks)
 		case h.SlotHeld || h.StartHeld:
 			d.d.Action = Run
 			if h.SlotHeld {
@@ -367,6 +368,39 @@ func (k *kindDecision) decide(ds []*decided) {
 			k.decideNew(d, ks)
 		}
 	}
+}
+
+// holdsAll reports whether a job holding h holds all the kind's limits ask
+// of a job that starts: a slot under a concurrency limit, a start under a
+// rate; never under a circuit breaker.
+func (k *kindDecision) holdsAll(h jobHolding) bool {
+	c := k.c
+	return c.Max >= 0 && (!c.Slotted() || h.SlotHeld || h.SlotReserved) && (c.RateMax == 0 || h.StartHeld || h.StartReserved)
+}
+
+// giveBack gives back, in the decision's counts, what d holds (its slot,
+// its start; written by the decision's release of it), so that it is
+// decided afresh.
+func (k *kindDecision) giveBack(d *decided, ks *keyLine) {
+	h := &d.h
+	d.giveBack = true
+	if (h.SlotHeld && !h.SlotStale) || h.SlotReserved {
+		if k.c.Admitted > 0 {
+			k.c.Admitted--
+		}
+		if ks.Slots > 0 {
+			ks.Slots--
+		}
+	}
+	if h.StartHeld || h.StartReserved {
+		if k.c.KindRate() && k.line.Starts > 0 {
+			k.line.Starts--
+		}
+		if k.c.KeyRate() && ks.Starts > 0 {
+			ks.Starts--
+		}
+	}
+	h.SlotHeld, h.SlotReserved, h.StartHeld, h.StartReserved, h.SlotStale = false, false, false, false, false
 }
 
 // decideNew decides a job that holds nothing of the line but, maybe, its

@@ -137,6 +137,41 @@ func TestRecheckUnderABreakerParks(t *testing.T) {
 	}
 }
 
+// TestRecheckUnderANewRate: a job that took a slot and has not begun when
+// a rate is set on its kind holds no start of it. Decided again (Recheck)
+// with room in the window, it keeps a slot and logs a start; with the
+// window full, its slot goes back (the count with it) and it waits for the
+// window like any new job.
+func TestRecheckUnderANewRate(t *testing.T) {
+	t.Parallel()
+	for _, full := range []bool{false, true} {
+		kind := "test.rate." + map[bool]string{true: "full", false: "room"}[full]
+		pool, l := newLedger(t, "w1")
+		setLimits(t, l, kind, "max_concurrency = 2")
+		job := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Second))
+		require.Equal(t, ledger.Slot, decideOne(t, l, job, nil).Action, "room: it takes a slot")
+		setLimits(t, l, kind, "rate_max = 1, rate_period = interval '1 minute'")
+		if full {
+			other := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+			exec(t, pool, `INSERT INTO concurrency_starts (kind, job_id, started_at) VALUES ($1, $2, now())`, kind, other.ID)
+		}
+		job.Recheck = true
+		d := decideOne(t, l, job, nil)
+		n, rows := admitted(t, pool, kind)
+		if !full {
+			require.Equal(t, ledger.Slot, d.Action, "room in the window: it starts")
+			require.Equal(t, 1, rows)
+			require.Equal(t, 1, n)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, job.ID), "its start logged")
+			continue
+		}
+		require.Contains(t, []ledger.Action{ledger.Wait, ledger.Parked}, d.Action, "the window is full: it does not start")
+		require.Equal(t, ledger.ReasonRate, d.Reason)
+		require.Zero(t, rows, "its slot went back")
+		require.Zero(t, n)
+	}
+}
+
 // TestDecideARetryAfresh: a job retried at once is fetched again before
 // the release of its first attempt is written: the first attempt's slot
 // row and start are still there. The new attempt is decided afresh and

@@ -84,6 +84,14 @@ func (l *Lease) overShare() bool {
 	return l.Leased > l.share()
 }
 
+// first reports whether a job of this worker fetched at fetched was
+// fetched before every job waiting in another worker for a leased slot:
+// the kind's slots go to it first, beyond the worker's share (the share
+// only splits the limit between workers whose waiting jobs are as old).
+func (l *Lease) first(fetched time.Time) bool {
+	return l.view.OldestOther.IsZero() || fetched.Before(l.view.OldestOther)
+}
+
 // noticeSpare records the spare leased slots now (for the linger).
 func (l *Lease) noticeSpare() { l.minSpare = min(l.minSpare, l.Leased-l.InUse) }
 
@@ -201,12 +209,17 @@ func (q *Queue) GiveLeased() *Job {
 	switch {
 	case l.InUse >= l.Leased:
 		return nil // the slot was lost (the lease expired, or the limit went)
-	case l.view.OffPath || l.view.overLimit() || l.overShare():
+	case l.view.OffPath || l.view.overLimit():
 		l.Leased--
 		l.ToReturn++
 		return nil
 	}
 	j := q.frontLocked(Queued)
+	if l.overShare() && (j == nil || !l.first(j.Fetched)) {
+		l.Leased--
+		l.ToReturn++
+		return nil
+	}
 	if j == nil || l.InUse >= l.usable() {
 		return nil
 	}
@@ -250,23 +263,28 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 }
 
 // Want is how many more leased slots the worker asks for: those its Queued
-// jobs lack, within its share and the limit; one when it holds none and
-// wants some (so that the others see it wants).
+// jobs lack, within the limit, and within its share unless its front job
+// was fetched before every job waiting in another worker; one when it
+// holds none and wants some (so that the others see it wants).
 func (q *Queue) Want() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lease
 	queued := 0
+	var front *Job
 	for _, j := range q.order {
 		if j.state == Queued {
 			queued++
+			if front == nil {
+				front = j
+			}
 		}
 	}
 	if l.view.OffPath || queued == 0 {
 		return 0
 	}
 	want := queued - (l.Leased - l.InUse)
-	if l.view.Others > 0 {
+	if l.view.Others > 0 && !l.first(front.Fetched) {
 		want = min(want, max(l.share()-l.Leased, 0))
 	}
 	want = min(want, int(l.view.Limit))
