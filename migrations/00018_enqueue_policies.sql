@@ -157,6 +157,7 @@ DECLARE
     due      timestamptz;
     newstate river_job_state;
     lim      record;
+    attempt  integer;
 BEGIN
     SELECT * INTO p FROM enqueue_policies e WHERE e.kind = NEW.kind AND e.enabled;
     IF NOT FOUND
@@ -180,54 +181,74 @@ BEGIN
         END IF;
     END IF;
 
-    IF n < p.max_waiting THEN
-        NEW.unique_key := prefix || int8send(NEW.id);
-        NEW.unique_states := B'10110001';  -- available, pending, retryable, scheduled
-        NEW.metadata := NEW.metadata || jsonb_build_object('sluice_policy',
-            jsonb_build_object('key', k, 'first_waiting_at', now()));
-        IF p.on_conflict = 'debounce' AND NEW.state IN ('available', 'scheduled') THEN
-            -- Due after the quiet period. It stays available: River fetches
-            -- an available job only once scheduled_at has passed, at its next
-            -- fetch poll, without waiting for the scheduler's promotion.
-            NEW.scheduled_at := LEAST(GREATEST(NEW.scheduled_at, now() + p.debounce), now() + p.max_delay);
-            NEW.state := 'available';
+    -- Decide; again if the waiting job picked was fetched while this
+    -- insert waited for its lock (it runs: it no longer waits).
+    FOR attempt IN 1..100 LOOP
+        IF attempt > 1 THEN
+            n := sluice_enqueue_policy_waiting(NEW.kind, k);
         END IF;
-        IF river AND cid IS NULL THEN
-            PERFORM set_config('sluice.policy_stmt', stmt || '|' || NEW.id::text, true);
+        IF n < p.max_waiting THEN
+            NEW.unique_key := prefix || int8send(NEW.id);
+            NEW.unique_states := B'10110001';  -- available, pending, retryable, scheduled
+            NEW.metadata := NEW.metadata || jsonb_build_object('sluice_policy',
+                jsonb_build_object('key', k, 'first_waiting_at', now()));
+            IF p.on_conflict = 'debounce' AND NEW.state IN ('available', 'scheduled') THEN
+                -- Due after the quiet period. It stays available: River
+                -- fetches an available job only once scheduled_at has
+                -- passed, at its next fetch poll, without waiting for the
+                -- scheduler's promotion.
+                NEW.scheduled_at := LEAST(GREATEST(NEW.scheduled_at, now() + p.debounce), now() + p.max_delay);
+                NEW.state := 'available';
+            END IF;
+            IF river AND cid IS NULL THEN
+                PERFORM set_config('sluice.policy_stmt', stmt || '|' || NEW.id::text, true);
+            END IF;
+            PERFORM sluice_enqueue_policy_count(NEW.kind, k, 'inserted');
+            RETURN NEW;
         END IF;
-        PERFORM sluice_enqueue_policy_count(NEW.kind, k, 'inserted');
-        RETURN NEW;
-    END IF;
 
-    IF p.on_conflict = 'reject' THEN
-        RAISE EXCEPTION USING ERRCODE = 'SLR01',
-            MESSAGE = format('enqueue policy of %s: key %s already has %s waiting jobs (max_waiting %s): insert rejected',
-                             NEW.kind, CASE WHEN p.by_args IS NULL THEN '(the kind)' ELSE k END, n, p.max_waiting),
-            HINT = 'sluice policy keys ' || NEW.kind || ' lists the keys; the error aborts the statement (and the transaction, unless a savepoint catches it)';
-    END IF;
+        IF p.on_conflict = 'reject' THEN
+            RAISE EXCEPTION USING ERRCODE = 'SLR01',
+                MESSAGE = format('enqueue policy of %s: key %s already has %s waiting jobs (max_waiting %s): insert rejected',
+                                 NEW.kind, CASE WHEN p.by_args IS NULL THEN '(the kind)' ELSE k END, n, p.max_waiting),
+                HINT = 'sluice policy keys ' || NEW.kind || ' lists the keys; the error aborts the statement (and the transaction, unless a savepoint catches it)';
+        END IF;
 
+        -- The waiting job that answers: the newest one, locked so that no
+        -- worker fetches it until commit; for River's insert, one this
+        -- statement has not inserted or answered with (ON CONFLICT DO
+        -- UPDATE touches a row once per statement).
+        SELECT j.id, j.args, j.state, j.scheduled_at, j.unique_key, j.unique_states, j.metadata INTO w
+        FROM river_job j
+        WHERE j.unique_key BETWEEN prefix || '\x0000000000000000'::bytea AND prefix || '\xffffffffffffffff'::bytea
+          AND j.unique_states IS NOT NULL
+          AND river_job_state_in_bitmask(j.unique_states, j.state)
+          AND j.kind = NEW.kind
+          AND NOT (cid IS NOT NULL AND j.xmin = pg_current_xact_id()::xid AND j.cmin::text::bigint >= cid)
+        ORDER BY j.unique_key DESC
+        LIMIT 1
+        FOR UPDATE;
+        IF FOUND THEN
+            EXIT;
+        END IF;
+        IF cid IS NOT NULL AND EXISTS (
+            SELECT 1 FROM river_job j
+            WHERE j.unique_key BETWEEN prefix || '\x0000000000000000'::bytea AND prefix || '\xffffffffffffffff'::bytea
+              AND j.unique_states IS NOT NULL
+              AND river_job_state_in_bitmask(j.unique_states, j.state)
+              AND j.kind = NEW.kind
+              AND j.xmin = pg_current_xact_id()::xid AND j.cmin::text::bigint >= cid) THEN
+            RAISE EXCEPTION USING ERRCODE = 'SLR02',
+                MESSAGE = format('enqueue policy of %s: key %s: one InsertMany carries more jobs of the key than there are waiting jobs to %s (max_waiting %s); River''s ON CONFLICT answer can name a row once per statement',
+                                 NEW.kind, k, p.on_conflict, p.max_waiting),
+                HINT = 'insert one job per key per InsertMany (River itself fails on two jobs of one unique key in one InsertMany)';
+        END IF;
+    END LOOP;
+    IF w.id IS NULL THEN
+        RAISE EXCEPTION 'enqueue policy of %: key %: the waiting jobs kept changing state; insert again', NEW.kind, k;
+    END IF;
     outcome := CASE p.on_conflict WHEN 'discard' THEN 'discarded' WHEN 'replace' THEN 'replaced' ELSE 'debounced' END;
 
-    -- The waiting job that answers: the newest one, locked so that no
-    -- worker fetches it until commit; for River's insert, one this
-    -- statement has not answered with yet (ON CONFLICT DO UPDATE touches a
-    -- row once per statement).
-    SELECT j.id, j.args, j.state, j.scheduled_at, j.unique_key, j.unique_states, j.metadata INTO w
-    FROM river_job j
-    WHERE j.unique_key BETWEEN prefix || '\x0000000000000000'::bytea AND prefix || '\xffffffffffffffff'::bytea
-      AND j.unique_states IS NOT NULL
-      AND river_job_state_in_bitmask(j.unique_states, j.state)
-      AND j.kind = NEW.kind
-      AND NOT (cid IS NOT NULL AND j.xmin = pg_current_xact_id()::xid AND j.cmin::text::bigint >= cid)
-    ORDER BY j.unique_key DESC
-    LIMIT 1
-    FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'SLR02',
-            MESSAGE = format('enqueue policy of %s: key %s: one InsertMany carries more jobs of the key than there are waiting jobs to %s (max_waiting %s); River''s ON CONFLICT answer can name a row once per statement',
-                             NEW.kind, k, p.on_conflict, p.max_waiting),
-            HINT = 'insert one job per key per InsertMany (River itself fails on two jobs of one unique key in one InsertMany)';
-    END IF;
     IF river AND cid IS NULL THEN
         PERFORM set_config('sluice.policy_stmt', stmt || '|' || w.id::text, true);
     END IF;
