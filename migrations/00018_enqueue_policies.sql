@@ -59,7 +59,8 @@ CREATE TABLE enqueue_policy_declarations (
 
 -- The outcomes of the inserts committed, per kind and key. Rejected
 -- inserts are not counted here: their error rolls the count back with
--- the insert.
+-- the insert. Each insert of a key holds the key's row locked until it
+-- commits: the inserts of one key go one at a time.
 CREATE TABLE enqueue_policy_counts (
     kind       text NOT NULL,
     key        text NOT NULL,
@@ -102,31 +103,18 @@ SELECT '\x736c70'::bytea || decode(md5(kind || chr(10) || key), 'hex')
 $$;
 -- +goose StatementEnd
 
--- How many jobs of kind's key wait (River's unique index, by prefix).
+-- How many jobs of kind's key wait (River's unique index, by prefix: the
+-- prefix names the kind; a filter on river_job.kind would make the planner
+-- pick River's index on kind, a scan of every job of the kind).
 -- +goose StatementBegin
 CREATE FUNCTION sluice_enqueue_policy_waiting(kind text, key text) RETURNS integer
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path FROM CURRENT AS $$
 SELECT count(*)::integer FROM river_job j
-WHERE j.unique_key BETWEEN sluice_enqueue_policy_prefix(kind, key) || '\x0000000000000000'::bytea
-                       AND sluice_enqueue_policy_prefix(kind, key) || '\xffffffffffffffff'::bytea
+WHERE j.unique_key BETWEEN sluice_enqueue_policy_prefix($1, $2) || '\x0000000000000000'::bytea
+                       AND sluice_enqueue_policy_prefix($1, $2) || '\xffffffffffffffff'::bytea
   AND j.unique_states IS NOT NULL
   AND river_job_state_in_bitmask(j.unique_states, j.state)
-  AND j.kind = sluice_enqueue_policy_waiting.kind
-$$;
--- +goose StatementEnd
-
--- Adds one to an outcome of kind's key.
--- +goose StatementBegin
-CREATE FUNCTION sluice_enqueue_policy_count(kind text, key text, outcome text) RETURNS void
-LANGUAGE sql SET search_path FROM CURRENT AS $$
-INSERT INTO enqueue_policy_counts AS c (kind, key, inserted, discarded, replaced, debounced)
-VALUES (kind, key, (outcome = 'inserted')::int, (outcome = 'discarded')::int,
-        (outcome = 'replaced')::int, (outcome = 'debounced')::int)
-ON CONFLICT ON CONSTRAINT enqueue_policy_counts_pkey DO UPDATE
-SET inserted = c.inserted + EXCLUDED.inserted, discarded = c.discarded + EXCLUDED.discarded,
-    replaced = c.replaced + EXCLUDED.replaced, debounced = c.debounced + EXCLUDED.debounced,
-    updated_at = now()
 $$;
 -- +goose StatementEnd
 
@@ -149,8 +137,9 @@ DECLARE
     w        record;
     outcome  text;
     mark     text;
+    first_id bigint;
     cid      bigint;
-    stmt     text := extract(epoch FROM statement_timestamp())::text || '/' || txid_current()::text;
+    stmt     text;
     river    boolean;
     newargs  jsonb;
     first_at timestamptz;
@@ -165,28 +154,50 @@ BEGIN
        OR NEW.state NOT IN ('available', 'scheduled', 'retryable', 'pending') THEN
         RETURN NEW;
     END IF;
-    k := COALESCE(sluice_partition_key(NEW.args, p.by_args), '');
-    prefix := sluice_enqueue_policy_prefix(NEW.kind, k);
-    -- One insert at a time per key, until commit: the count below is true.
-    PERFORM pg_advisory_xact_lock(hashtextextended('sluice.enqueue_policy:' || NEW.kind || ':' || k, 0));
-    n := sluice_enqueue_policy_waiting(NEW.kind, k);
-    river := current_query() ~* 'on\s+conflict\s*\(\s*unique_key\s*\)[^;]*do\s+update';
-    IF river THEN
-        -- ON CONFLICT DO UPDATE may not touch a row this statement inserted
-        -- or answered with. sluice.policy_stmt names the statement and the
-        -- first row it touched, whose cmin is the statement's command id.
-        mark := current_setting('sluice.policy_stmt', true);
-        IF mark IS NOT NULL AND split_part(mark, '|', 1) = stmt THEN
-            SELECT j.cmin::text::bigint INTO cid FROM river_job j WHERE j.id = split_part(mark, '|', 2)::bigint;
-        END IF;
+    -- The key (sluice_partition_key) and the prefix of its unique keys
+    -- (sluice_enqueue_policy_prefix), computed here: a call of a SQL
+    -- function with a pinned search_path costs more than the rest.
+    k := CASE
+        WHEN p.by_args IS NULL THEN ''
+        WHEN cardinality(p.by_args) = 1 THEN COALESCE(NEW.args -> p.by_args[1], 'null'::jsonb)::text
+        ELSE (SELECT jsonb_agg(COALESCE(NEW.args -> u.f, 'null'::jsonb) ORDER BY u.i)
+              FROM unnest(p.by_args) WITH ORDINALITY AS u(f, i))::text
+    END;
+    prefix := '\x736c70'::bytea || decode(md5(NEW.kind || chr(10) || k), 'hex');
+
+    -- Per statement, in sluice.policy_stmt ("statement|river|first row"):
+    -- whether it is River's insert (ON CONFLICT (unique_key) ... DO
+    -- UPDATE), and the first row it inserted or answered with, whose cmin
+    -- is the statement's command id (ON CONFLICT DO UPDATE may not touch a
+    -- row the statement inserted or answered with).
+    stmt := extract(epoch FROM statement_timestamp())::text || '/' || txid_current()::text;
+    mark := current_setting('sluice.policy_stmt', true);
+    IF mark IS NOT NULL AND split_part(mark, '|', 1) = stmt THEN
+        river := split_part(mark, '|', 2) = 't';
+        first_id := NULLIF(split_part(mark, '|', 3), '')::bigint;
+    ELSE
+        river := current_query() ~* 'on\s+conflict\s*\(\s*unique_key\s*\)[^;]*do\s+update';
     END IF;
 
-    -- Decide; again if the waiting job picked was fetched while this
+    -- One insert at a time per key, until commit, so that the count below
+    -- is true: the key's row of enqueue_policy_counts is locked first (a
+    -- row lock: an InsertMany of many keys takes no slot of the shared
+    -- lock table per key, as advisory locks would), then the waiting job
+    -- that answers, always in that order.
+    LOOP
+        PERFORM 1 FROM enqueue_policy_counts c WHERE c.kind = NEW.kind AND c.key = k FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO enqueue_policy_counts (kind, key) VALUES (NEW.kind, k) ON CONFLICT DO NOTHING;
+    END LOOP;
+
+    -- Decide; again when the waiting job picked was fetched while this
     -- insert waited for its lock (it runs: it no longer waits).
     FOR attempt IN 1..100 LOOP
-        IF attempt > 1 THEN
-            n := sluice_enqueue_policy_waiting(NEW.kind, k);
-        END IF;
+        -- (the query of sluice_enqueue_policy_waiting, planned once here)
+        SELECT count(*)::integer INTO n FROM river_job j
+        WHERE j.unique_key BETWEEN prefix || '\x0000000000000000'::bytea AND prefix || '\xffffffffffffffff'::bytea
+          AND j.unique_states IS NOT NULL
+          AND river_job_state_in_bitmask(j.unique_states, j.state);
         IF n < p.max_waiting THEN
             NEW.unique_key := prefix || int8send(NEW.id);
             NEW.unique_states := B'10110001';  -- available, pending, retryable, scheduled
@@ -200,10 +211,11 @@ BEGIN
                 NEW.scheduled_at := LEAST(GREATEST(NEW.scheduled_at, now() + p.debounce), now() + p.max_delay);
                 NEW.state := 'available';
             END IF;
-            IF river AND cid IS NULL THEN
-                PERFORM set_config('sluice.policy_stmt', stmt || '|' || NEW.id::text, true);
+            IF mark IS NULL OR split_part(mark, '|', 1) <> stmt THEN
+                PERFORM set_config('sluice.policy_stmt', stmt || '|' || river::text::char || '|' || NEW.id::text, true);
             END IF;
-            PERFORM sluice_enqueue_policy_count(NEW.kind, k, 'inserted');
+            UPDATE enqueue_policy_counts c SET inserted = c.inserted + 1, updated_at = now()
+            WHERE c.kind = NEW.kind AND c.key = k;
             RETURN NEW;
         END IF;
 
@@ -214,6 +226,9 @@ BEGIN
                 HINT = 'sluice policy keys ' || NEW.kind || ' lists the keys; the error aborts the statement (and the transaction, unless a savepoint catches it)';
         END IF;
 
+        IF river AND first_id IS NOT NULL AND cid IS NULL THEN
+            SELECT j.cmin::text::bigint INTO cid FROM river_job j WHERE j.id = first_id;
+        END IF;
         -- The waiting job that answers: the newest one, locked so that no
         -- worker fetches it until commit; for River's insert, one this
         -- statement has not inserted or answered with (ON CONFLICT DO
@@ -223,7 +238,6 @@ BEGIN
         WHERE j.unique_key BETWEEN prefix || '\x0000000000000000'::bytea AND prefix || '\xffffffffffffffff'::bytea
           AND j.unique_states IS NOT NULL
           AND river_job_state_in_bitmask(j.unique_states, j.state)
-          AND j.kind = NEW.kind
           AND NOT (cid IS NOT NULL AND j.xmin = pg_current_xact_id()::xid AND j.cmin::text::bigint >= cid)
         ORDER BY j.unique_key DESC
         LIMIT 1
@@ -236,7 +250,6 @@ BEGIN
             WHERE j.unique_key BETWEEN prefix || '\x0000000000000000'::bytea AND prefix || '\xffffffffffffffff'::bytea
               AND j.unique_states IS NOT NULL
               AND river_job_state_in_bitmask(j.unique_states, j.state)
-              AND j.kind = NEW.kind
               AND j.xmin = pg_current_xact_id()::xid AND j.cmin::text::bigint >= cid) THEN
             RAISE EXCEPTION USING ERRCODE = 'SLR02',
                 MESSAGE = format('enqueue policy of %s: key %s: one InsertMany carries more jobs of the key than there are waiting jobs to %s (max_waiting %s); River''s ON CONFLICT answer can name a row once per statement',
@@ -249,8 +262,8 @@ BEGIN
     END IF;
     outcome := CASE p.on_conflict WHEN 'discard' THEN 'discarded' WHEN 'replace' THEN 'replaced' ELSE 'debounced' END;
 
-    IF river AND cid IS NULL THEN
-        PERFORM set_config('sluice.policy_stmt', stmt || '|' || w.id::text, true);
+    IF mark IS NULL OR split_part(mark, '|', 1) <> stmt THEN
+        PERFORM set_config('sluice.policy_stmt', stmt || '|' || river::text::char || '|' || w.id::text, true);
     END IF;
 
     IF outcome <> 'discarded' THEN
@@ -294,7 +307,10 @@ BEGIN
             WHERE j.id = w.id;
         END IF;
     END IF;
-    PERFORM sluice_enqueue_policy_count(NEW.kind, k, outcome);
+    UPDATE enqueue_policy_counts c
+    SET discarded = c.discarded + (outcome = 'discarded')::int, replaced = c.replaced + (outcome = 'replaced')::int,
+        debounced = c.debounced + (outcome = 'debounced')::int, updated_at = now()
+    WHERE c.kind = NEW.kind AND c.key = k;
     IF river THEN
         NEW.unique_key := w.unique_key;
         NEW.unique_states := w.unique_states;
@@ -373,7 +389,6 @@ DROP TRIGGER sluice_enqueue_policy_apply ON river_job;
 DROP FUNCTION sluice_enqueue_policy_apply();
 DROP TRIGGER sluice_enqueue_policy ON river_job;
 DROP FUNCTION sluice_enqueue_policy();
-DROP FUNCTION sluice_enqueue_policy_count(text, text, text);
 DROP FUNCTION sluice_enqueue_policy_waiting(text, text);
 DROP FUNCTION sluice_enqueue_policy_prefix(text, text);
 -- The waiting jobs keep no key of sluice's: River's uniqueness never
