@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
@@ -299,4 +300,26 @@ func TestRiverUniqueJobsFollowRiver(t *testing.T) {
 	require.True(t, res.UniqueSkippedAsDuplicate)
 	_, err = e.client.Insert(ctx, syncArgs{Tenant: "acme", Seq: 2}, opts)
 	require.NoError(t, err, "not counted by the policy")
+}
+
+// Under REPEATABLE READ, an insert whose key another transaction inserted
+// into after the caller's snapshot fails with a serialization error
+// (40001) instead of counting from a stale snapshot.
+func TestRepeatableReadInsertFailsToSerialize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.set(t, policy.Policy{ByArgs: []string{"tenant"}, MaxWaiting: 1, OnConflict: policy.Discard})
+	e.insert(t, "acme", 1) // the key's row exists
+
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)            //nolint:errcheck // test cleanup
+	_, err = tx.Exec(ctx, "SELECT 1") // the snapshot
+	require.NoError(t, err)
+	e.insert(t, "acme", 2) // commits after the snapshot: discarded, counted
+	_, err = e.client.InsertTx(ctx, tx, syncArgs{Tenant: "acme", Seq: 3}, nil)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "40001", pgErr.Code)
 }

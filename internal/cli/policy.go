@@ -136,8 +136,7 @@ until 'policy reset KIND'.`
 				return err
 			}
 			if !cleared {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s had no enqueue policy\n", args[0])
-				return nil
+				return usagef("no enqueue policy is set for %q", args[0])
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "policy of %s cleared\n", args[0])
 			return nil

@@ -76,10 +76,18 @@ func TestPolicyCLI(t *testing.T) {
 	require.Len(t, keys, 1)
 	require.EqualValues(t, 1, keys[0]["debounced"])
 
+	// reject: sluice enqueue exits 1 with the error, inserting nothing.
+	code, out = sluice(t, url, "policy", "set", "demo.sleep", "--max-waiting", "1", "--by-args", "ms", "--on-conflict", "reject")
+	require.Equal(t, 0, code, out)
+	code, out = sluice(t, url, "enqueue", "demo.sleep", "--args", `{"ms": 5}`)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "enqueue policy of demo.sleep: key 5 already has 1 waiting jobs (max_waiting 1): insert rejected (SQLSTATE SLR01)")
+	require.Equal(t, 1, qInt(t, pool, "SELECT count(*) FROM river_job WHERE kind = 'demo.sleep'"))
+
 	code, out = sluice(t, url, "policy", "clear", "demo.sleep")
 	require.Equal(t, 0, code, out)
 	require.Zero(t, qInt(t, pool, "SELECT count(*) FROM enqueue_policies"))
 	code, out = sluice(t, url, "policy", "clear", "demo.sleep")
-	require.Equal(t, 0, code, out)
-	require.Contains(t, out, "had no enqueue policy")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, `no enqueue policy is set for "demo.sleep"`)
 }
