@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
+	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/policy"
 )
 
@@ -67,4 +73,49 @@ func TestDeclaredPolicies(t *testing.T) {
 	rows, err = e.store.List(ctx)
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
+}
+
+// A worker writes the program's declared policies at start (source
+// config), and refuses bad ones before anything runs.
+func TestWorkerWritesDeclaredPolicies(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url := testdb.New(t)
+	workers := river.NewWorkers()
+	river.AddWorkerArgs(workers, loadArgs{K: "replace"}, &loadRecorder{})
+	cfg := app.Config{
+		Workers: workers, DatabaseURL: url, ID: "policy-declared", Logger: jobtest.Logger(t),
+		Queues:   map[string]int{river.QueueDefault: 1},
+		Policies: []policy.Policy{{Kind: "policy.load.replace", ByArgs: []string{"key"}, MaxWaiting: 2, OnConflict: policy.Replace}},
+	}
+
+	bad := cfg
+	bad.Policies = []policy.Policy{{Kind: "policy.load.replace", ByArgs: []string{"nope"}, MaxWaiting: 1, OnConflict: policy.Discard}}
+	_, err := app.NewWorker(ctx, bad)
+	require.ErrorIs(t, err, policy.ErrInvalid)
+	require.ErrorContains(t, err, `its args have no field "nope"`)
+
+	w, err := app.NewWorker(ctx, cfg)
+	require.NoError(t, err)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- w.RunNotify(ctx, func() { close(started) }) }()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("worker: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not start")
+	}
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	defer pool.Close()
+	rows, err := policy.NewStore(pool).List(ctx)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, policy.SourceConfig, rows[0].Source)
+	require.Equal(t, int32(2), rows[0].MaxWaiting)
+	cancel()
+	<-done
 }
