@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/policy"
@@ -322,4 +323,47 @@ func TestRepeatableReadInsertFailsToSerialize(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "%v", err)
 	require.Equal(t, "40001", pgErr.Code)
+}
+
+// A waiting job fetched while an insert is deciding: the insert waits for
+// the fetch's lock, sees the job running, and goes in as a new job with
+// the new args; the running job keeps its own.
+func TestReplaceOfAJobFetchedMeanwhileInsertsANewJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.set(t, policy.Policy{ByArgs: []string{"tenant"}, MaxWaiting: 1, OnConflict: policy.Replace})
+	first := e.insert(t, "acme", 1)
+
+	// A fetch in progress, as River's: the row locked, then made running.
+	fetch, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer fetch.Rollback(ctx) //nolint:errcheck // test cleanup
+	_, err = fetch.Exec(ctx, `SELECT id FROM river_job WHERE id = $1 FOR UPDATE SKIP LOCKED`, first.Job.ID)
+	require.NoError(t, err)
+	_, err = fetch.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE id = $1`, first.Job.ID)
+	require.NoError(t, err)
+
+	type result struct {
+		res *rivertype.JobInsertResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := e.client.Insert(ctx, syncArgs{Tenant: "acme", Seq: 2}, nil)
+		done <- result{res, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the insert did not wait for the fetch: %+v", r)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, fetch.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.False(t, r.res.UniqueSkippedAsDuplicate)
+	require.NotEqual(t, first.Job.ID, r.res.Job.ID)
+	require.JSONEq(t, `{"tenant": "acme", "seq": 2}`, string(r.res.Job.EncodedArgs))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'running' AND args->>'seq' = '1'`, first.Job.ID))
+	require.Equal(t, 1, e.waiting(t, "acme"))
 }
