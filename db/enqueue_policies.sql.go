@@ -194,21 +194,22 @@ const listEnqueuePolicies = `-- name: ListEnqueuePolicies :many
 SELECT kind, by_args, max_waiting, on_conflict,
        COALESCE((extract(epoch FROM debounce) * 1000)::bigint, 0)::bigint AS debounce_ms,
        COALESCE((extract(epoch FROM max_delay) * 1000)::bigint, 0)::bigint AS max_delay_ms,
-       source, updated_at
+       keep_scheduled_at, source, updated_at
 FROM enqueue_policies
 WHERE enabled
 ORDER BY kind
 `
 
 type ListEnqueuePoliciesRow struct {
-	Kind       string    `json:"kind"`
-	ByArgs     []string  `json:"by_args"`
-	MaxWaiting int32     `json:"max_waiting"`
-	OnConflict string    `json:"on_conflict"`
-	DebounceMs int64     `json:"debounce_ms"`
-	MaxDelayMs int64     `json:"max_delay_ms"`
-	Source     string    `json:"source"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	Kind            string    `json:"kind"`
+	ByArgs          []string  `json:"by_args"`
+	MaxWaiting      int32     `json:"max_waiting"`
+	OnConflict      string    `json:"on_conflict"`
+	DebounceMs      int64     `json:"debounce_ms"`
+	MaxDelayMs      int64     `json:"max_delay_ms"`
+	KeepScheduledAt bool      `json:"keep_scheduled_at"`
+	Source          string    `json:"source"`
+	UpdatedAt       time.Time `json:"updated_at"`
 }
 
 // Enqueue policies (policy/): the rows of enqueue_policies, their
@@ -231,6 +232,7 @@ func (q *Queries) ListEnqueuePolicies(ctx context.Context) ([]*ListEnqueuePolici
 			&i.OnConflict,
 			&i.DebounceMs,
 			&i.MaxDelayMs,
+			&i.KeepScheduledAt,
 			&i.Source,
 			&i.UpdatedAt,
 		); err != nil {
@@ -296,22 +298,24 @@ func (q *Queries) PolicyDeclared(ctx context.Context, kind string) (bool, error)
 }
 
 const setEnqueuePolicy = `-- name: SetEnqueuePolicy :exec
-INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, enabled)
+INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, keep_scheduled_at, enabled)
 VALUES ($1, $2::text[], $3, $4,
         make_interval(secs => $5::float8 / 1000),
-        make_interval(secs => $6::float8 / 1000), true)
+        make_interval(secs => $6::float8 / 1000), $7, true)
 ON CONFLICT (kind) DO UPDATE
 SET by_args = EXCLUDED.by_args, max_waiting = EXCLUDED.max_waiting, on_conflict = EXCLUDED.on_conflict,
-    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, enabled = true
+    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, keep_scheduled_at = EXCLUDED.keep_scheduled_at,
+    enabled = true
 `
 
 type SetEnqueuePolicyParams struct {
-	Kind       string   `json:"kind"`
-	ByArgs     []string `json:"by_args"`
-	MaxWaiting int32    `json:"max_waiting"`
-	OnConflict string   `json:"on_conflict"`
-	DebounceMs *float64 `json:"debounce_ms"`
-	MaxDelayMs *float64 `json:"max_delay_ms"`
+	Kind            string   `json:"kind"`
+	ByArgs          []string `json:"by_args"`
+	MaxWaiting      int32    `json:"max_waiting"`
+	OnConflict      string   `json:"on_conflict"`
+	DebounceMs      *float64 `json:"debounce_ms"`
+	MaxDelayMs      *float64 `json:"max_delay_ms"`
+	KeepScheduledAt bool     `json:"keep_scheduled_at"`
 }
 
 // Writes kind's policy (in force again if it was cleared).
@@ -323,6 +327,7 @@ func (q *Queries) SetEnqueuePolicy(ctx context.Context, arg SetEnqueuePolicyPara
 		arg.OnConflict,
 		arg.DebounceMs,
 		arg.MaxDelayMs,
+		arg.KeepScheduledAt,
 	)
 	return err
 }
@@ -339,24 +344,25 @@ func (q *Queries) SetPolicySource(ctx context.Context, source string) error {
 }
 
 const upsertPolicyDeclaration = `-- name: UpsertPolicyDeclaration :exec
-INSERT INTO enqueue_policy_declarations (kind, by_args, max_waiting, on_conflict, debounce, max_delay, declared_by, updated_at)
+INSERT INTO enqueue_policy_declarations (kind, by_args, max_waiting, on_conflict, debounce, max_delay, keep_scheduled_at, declared_by, updated_at)
 VALUES ($1, $2::text[], $3, $4,
         make_interval(secs => $5::float8 / 1000),
-        make_interval(secs => $6::float8 / 1000), $7, now())
+        make_interval(secs => $6::float8 / 1000), $7, $8, now())
 ON CONFLICT (kind) DO UPDATE
 SET by_args = EXCLUDED.by_args, max_waiting = EXCLUDED.max_waiting, on_conflict = EXCLUDED.on_conflict,
-    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, declared_by = EXCLUDED.declared_by,
-    updated_at = now()
+    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, keep_scheduled_at = EXCLUDED.keep_scheduled_at,
+    declared_by = EXCLUDED.declared_by, updated_at = now()
 `
 
 type UpsertPolicyDeclarationParams struct {
-	Kind       string   `json:"kind"`
-	ByArgs     []string `json:"by_args"`
-	MaxWaiting int32    `json:"max_waiting"`
-	OnConflict string   `json:"on_conflict"`
-	DebounceMs *float64 `json:"debounce_ms"`
-	MaxDelayMs *float64 `json:"max_delay_ms"`
-	DeclaredBy *string  `json:"declared_by"`
+	Kind            string   `json:"kind"`
+	ByArgs          []string `json:"by_args"`
+	MaxWaiting      int32    `json:"max_waiting"`
+	OnConflict      string   `json:"on_conflict"`
+	DebounceMs      *float64 `json:"debounce_ms"`
+	MaxDelayMs      *float64 `json:"max_delay_ms"`
+	KeepScheduledAt bool     `json:"keep_scheduled_at"`
+	DeclaredBy      *string  `json:"declared_by"`
 }
 
 // Records a policy as the program declares it.
@@ -368,26 +374,29 @@ func (q *Queries) UpsertPolicyDeclaration(ctx context.Context, arg UpsertPolicyD
 		arg.OnConflict,
 		arg.DebounceMs,
 		arg.MaxDelayMs,
+		arg.KeepScheduledAt,
 		arg.DeclaredBy,
 	)
 	return err
 }
 
 const writeDeclaredPolicy = `-- name: WriteDeclaredPolicy :many
-INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, enabled)
-SELECT d.kind, d.by_args, d.max_waiting, d.on_conflict, d.debounce, d.max_delay, true
+INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, keep_scheduled_at, enabled)
+SELECT d.kind, d.by_args, d.max_waiting, d.on_conflict, d.debounce, d.max_delay, d.keep_scheduled_at, true
 FROM enqueue_policy_declarations d
 WHERE d.kind = $1
 ON CONFLICT (kind) DO UPDATE
 SET by_args = EXCLUDED.by_args, max_waiting = EXCLUDED.max_waiting, on_conflict = EXCLUDED.on_conflict,
-    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, enabled = true,
+    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, keep_scheduled_at = EXCLUDED.keep_scheduled_at,
+    enabled = true,
     -- the trigger gives source only to a changed definition: a forced reset
     -- of an unchanged one names it here
     source = 'config'
 WHERE (p.source = 'config' OR $2::boolean)
-  AND ((p.by_args, p.max_waiting, p.on_conflict, p.debounce, p.max_delay, p.enabled, p.source)
+  AND ((p.by_args, p.max_waiting, p.on_conflict, p.debounce, p.max_delay, p.keep_scheduled_at, p.enabled, p.source)
        IS DISTINCT FROM
-       (EXCLUDED.by_args, EXCLUDED.max_waiting, EXCLUDED.on_conflict, EXCLUDED.debounce, EXCLUDED.max_delay, true, 'config'))
+       (EXCLUDED.by_args, EXCLUDED.max_waiting, EXCLUDED.on_conflict, EXCLUDED.debounce, EXCLUDED.max_delay,
+        EXCLUDED.keep_scheduled_at, true, 'config'))
 RETURNING p.kind
 `
 

@@ -200,15 +200,16 @@ type ConcurrencyWaiter struct {
 
 // Enqueue policies per job kind: at most max_waiting waiting jobs per key (by_args), and what a conflicting insert does (discard, replace, debounce, reject). Enforced by the trigger sluice_enqueue_policy on river_job.
 type EnqueuePolicy struct {
-	Kind       string          `json:"kind"`
-	ByArgs     []string        `json:"by_args"`
-	MaxWaiting int32           `json:"max_waiting"`
-	OnConflict string          `json:"on_conflict"`
-	Debounce   pgtype.Interval `json:"debounce"`
-	MaxDelay   pgtype.Interval `json:"max_delay"`
-	Enabled    bool            `json:"enabled"`
-	Source     string          `json:"source"`
-	UpdatedAt  time.Time       `json:"updated_at"`
+	Kind            string          `json:"kind"`
+	ByArgs          []string        `json:"by_args"`
+	MaxWaiting      int32           `json:"max_waiting"`
+	OnConflict      string          `json:"on_conflict"`
+	Debounce        pgtype.Interval `json:"debounce"`
+	MaxDelay        pgtype.Interval `json:"max_delay"`
+	KeepScheduledAt bool            `json:"keep_scheduled_at"`
+	Enabled         bool            `json:"enabled"`
+	Source          string          `json:"source"`
+	UpdatedAt       time.Time       `json:"updated_at"`
 }
 
 type EnqueuePolicyCount struct {
@@ -222,14 +223,15 @@ type EnqueuePolicyCount struct {
 }
 
 type EnqueuePolicyDeclaration struct {
-	Kind       string          `json:"kind"`
-	ByArgs     []string        `json:"by_args"`
-	MaxWaiting int32           `json:"max_waiting"`
-	OnConflict string          `json:"on_conflict"`
-	Debounce   pgtype.Interval `json:"debounce"`
-	MaxDelay   pgtype.Interval `json:"max_delay"`
-	DeclaredBy *string         `json:"declared_by"`
-	UpdatedAt  time.Time       `json:"updated_at"`
+	Kind            string          `json:"kind"`
+	ByArgs          []string        `json:"by_args"`
+	MaxWaiting      int32           `json:"max_waiting"`
+	OnConflict      string          `json:"on_conflict"`
+	Debounce        pgtype.Interval `json:"debounce"`
+	MaxDelay        pgtype.Interval `json:"max_delay"`
+	KeepScheduledAt bool            `json:"keep_scheduled_at"`
+	DeclaredBy      *string         `json:"declared_by"`
+	UpdatedAt       time.Time       `json:"updated_at"`
 }
 
 type EnqueuePolicyKey struct {

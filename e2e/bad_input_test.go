@@ -250,6 +250,7 @@ var badInputs = []badInput{
 	{"policy set", []string{"policy", "set", "demo.sleep", "--max-waiting", "1", "--on-conflict", "debounce", "--debounce", "1s"}, nil, "needs --debounce D and --max-delay M"},
 	{"policy set", []string{"policy", "set", "demo.sleep", "--max-waiting", "1", "--on-conflict", "debounce", "--debounce", "5s", "--max-delay", "1s"}, nil, "at least the debounce"},
 	{"policy set", []string{"policy", "set", "demo.sleep", "--max-waiting", "1", "--on-conflict", "replace", "--debounce", "1s", "--max-delay", "5s"}, nil, "go with --on-conflict debounce only"},
+	{"policy set", []string{"policy", "set", "demo.sleep", "--max-waiting", "1", "--on-conflict", "discard", "--keep-scheduled-at"}, nil, "--keep-scheduled-at goes with --on-conflict replace only"},
 	{"policy list", []string{"policy", "list", "extra"}, nil, "expects no arguments"},
 	{"policy list", []string{"policy", "list", "--json=maybe"}, nil, `invalid argument "maybe" for "--json"`},
 	{"policy clear", []string{"policy", "clear"}, nil, "expects a job KIND"},

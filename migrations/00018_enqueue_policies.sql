@@ -30,6 +30,8 @@ CREATE TABLE enqueue_policies (
     on_conflict text NOT NULL CHECK (on_conflict IN ('discard', 'replace', 'debounce', 'reject')),
     debounce    interval,
     max_delay   interval,
+    -- with replace: the waiting job keeps its own scheduled_at (and state)
+    keep_scheduled_at boolean NOT NULL DEFAULT false,
     -- false: cleared by an operator while declared in Go (no policy)
     enabled     boolean NOT NULL DEFAULT true,
     -- who last wrote the definition: 'sql' (the CLI, any SQL) or 'config'
@@ -38,7 +40,8 @@ CREATE TABLE enqueue_policies (
     CONSTRAINT enqueue_policies_debounce_check CHECK (
         (on_conflict = 'debounce') = (debounce IS NOT NULL)
         AND (debounce IS NULL) = (max_delay IS NULL)
-        AND (debounce IS NULL OR (debounce > '0'::interval AND max_delay >= debounce)))
+        AND (debounce IS NULL OR (debounce > '0'::interval AND max_delay >= debounce))),
+    CONSTRAINT enqueue_policies_keep_check CHECK (NOT keep_scheduled_at OR on_conflict = 'replace')
 );
 
 COMMENT ON TABLE enqueue_policies IS
@@ -53,6 +56,7 @@ CREATE TABLE enqueue_policy_declarations (
     on_conflict text NOT NULL,
     debounce    interval,
     max_delay   interval,
+    keep_scheduled_at boolean NOT NULL DEFAULT false,
     declared_by text,
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
@@ -80,9 +84,9 @@ CREATE FUNCTION sluice_enqueue_policies_source() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     IF TG_OP = 'INSERT'
-       OR (NEW.by_args, NEW.max_waiting, NEW.on_conflict, NEW.debounce, NEW.max_delay, NEW.enabled)
+       OR (NEW.by_args, NEW.max_waiting, NEW.on_conflict, NEW.debounce, NEW.max_delay, NEW.keep_scheduled_at, NEW.enabled)
           IS DISTINCT FROM
-          (OLD.by_args, OLD.max_waiting, OLD.on_conflict, OLD.debounce, OLD.max_delay, OLD.enabled) THEN
+          (OLD.by_args, OLD.max_waiting, OLD.on_conflict, OLD.debounce, OLD.max_delay, OLD.keep_scheduled_at, OLD.enabled) THEN
         NEW.source := COALESCE(NULLIF(current_setting('sluice.policy_source', true), ''), 'sql');
         NEW.updated_at := now();
     END IF;
@@ -288,6 +292,9 @@ BEGIN
             -- available: River fetches it once due (see above)
             due := LEAST(GREATEST(NEW.scheduled_at, now() + p.debounce), first_at + p.max_delay);
             newstate := 'available';
+        ELSIF p.keep_scheduled_at THEN
+            due := w.scheduled_at;
+            newstate := CASE WHEN w.state = 'scheduled' THEN 'scheduled' ELSE 'available' END;
         ELSE
             due := NEW.scheduled_at;
             newstate := CASE WHEN NEW.state = 'scheduled' THEN 'scheduled' ELSE 'available' END;

@@ -49,7 +49,7 @@ func (s *Store) SyncDeclared(ctx context.Context, policies []Policy, declaredBy 
 			by := declaredBy
 			if err := q.UpsertPolicyDeclaration(ctx, db.UpsertPolicyDeclarationParams{
 				Kind: p.Kind, ByArgs: byArgs(p.ByArgs), MaxWaiting: p.MaxWaiting, OnConflict: string(p.OnConflict),
-				DebounceMs: debounce, MaxDelayMs: maxDelay, DeclaredBy: &by,
+				DebounceMs: debounce, MaxDelayMs: maxDelay, KeepScheduledAt: p.KeepScheduledAt, DeclaredBy: &by,
 			}); err != nil {
 				return fmt.Errorf("record the declared policy of %s: %w", p.Kind, err)
 			}

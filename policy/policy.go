@@ -19,8 +19,9 @@ const (
 	// Discard does not insert the new job; River's client answers with the
 	// waiting job (UniqueSkippedAsDuplicate).
 	Discard OnConflict = "discard"
-	// Replace gives the newest waiting job the new args and scheduled_at; it
-	// keeps its id, attempts and place in any line.
+	// Replace gives the newest waiting job the new args and scheduled_at
+	// (its own scheduled_at with Policy.KeepScheduledAt); it keeps its id,
+	// attempts and place in any line.
 	Replace OnConflict = "replace"
 	// Debounce replaces, and moves scheduled_at to now + Debounce, never
 	// past the job's first waiting time + MaxDelay.
@@ -61,6 +62,9 @@ type Policy struct {
 	// MaxDelay (with Debounce) bounds the wait: a job is never due later
 	// than its first waiting time + MaxDelay, however many enqueues follow.
 	MaxDelay time.Duration
+	// KeepScheduledAt (with OnConflict Replace only): the waiting job keeps
+	// its own scheduled_at and takes only the new args.
+	KeepScheduledAt bool
 }
 
 // String describes the policy as `policy set` takes it.
@@ -73,6 +77,9 @@ func (p Policy) String() string {
 	fmt.Fprintf(&b, ", on conflict %s", p.OnConflict)
 	if p.OnConflict == Debounce {
 		fmt.Fprintf(&b, " %s (max delay %s)", p.Debounce, p.MaxDelay)
+	}
+	if p.KeepScheduledAt {
+		b.WriteString(", keeping the waiting job's scheduled_at")
 	}
 	return b.String()
 }
@@ -96,6 +103,9 @@ func (p Policy) Validate(registry *kinds.Registry) error {
 	}
 	if p.MaxWaiting < 1 || p.MaxWaiting > MaxMaxWaiting {
 		return invalidf("policy of %s: max waiting %d: want 1 to %d", p.Kind, p.MaxWaiting, MaxMaxWaiting)
+	}
+	if p.KeepScheduledAt && p.OnConflict != Replace {
+		return invalidf("policy of %s: --keep-scheduled-at goes with --on-conflict replace only", p.Kind)
 	}
 	switch p.OnConflict {
 	case Discard, Replace, Reject:

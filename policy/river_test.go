@@ -367,3 +367,25 @@ func TestReplaceOfAJobFetchedMeanwhileInsertsANewJob(t *testing.T) {
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'running' AND args->>'seq' = '1'`, first.Job.ID))
 	require.Equal(t, 1, e.waiting(t, "acme"))
 }
+
+// Replace with KeepScheduledAt: the waiting job takes the new args and
+// keeps its own scheduled_at, through River's client and plain SQL.
+func TestReplaceKeepingScheduledAt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.set(t, policy.Policy{ByArgs: []string{"tenant"}, MaxWaiting: 1, OnConflict: policy.Replace, KeepScheduledAt: true})
+	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	first, err := e.client.Insert(ctx, syncArgs{Tenant: "acme", Seq: 1}, &river.InsertOpts{ScheduledAt: at})
+	require.NoError(t, err)
+	second := e.insert(t, "acme", 2) // due now, were it inserted
+	require.Equal(t, first.Job.ID, second.Job.ID)
+	require.JSONEq(t, `{"tenant": "acme", "seq": 2}`, string(second.Job.EncodedArgs))
+	require.Equal(t, "scheduled", string(second.Job.State))
+	near(t, at, second.Job.ScheduledAt, time.Millisecond)
+
+	_, err = e.pool.Exec(ctx, `INSERT INTO river_job (kind, args, max_attempts) VALUES ('policy.sync', '{"tenant": "acme", "seq": 3}', 5)`)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM river_job WHERE id = $1 AND args->>'seq' = '3' AND state = 'scheduled'
+		AND abs(extract(epoch FROM scheduled_at - $2::timestamptz)) < 0.001`, first.Job.ID, at))
+}

@@ -118,6 +118,7 @@ func (s *Store) List(ctx context.Context) ([]Row, error) {
 			Policy: Policy{
 				Kind: r.Kind, ByArgs: r.ByArgs, MaxWaiting: r.MaxWaiting, OnConflict: OnConflict(r.OnConflict),
 				Debounce: time.Duration(r.DebounceMs) * time.Millisecond, MaxDelay: time.Duration(r.MaxDelayMs) * time.Millisecond,
+				KeepScheduledAt: r.KeepScheduledAt,
 			},
 			Source: r.Source, UpdatedAt: r.UpdatedAt,
 		})
@@ -170,7 +171,7 @@ func setParams(p Policy) db.SetEnqueuePolicyParams {
 	debounce, maxDelay := millis(p)
 	return db.SetEnqueuePolicyParams{
 		Kind: p.Kind, ByArgs: byArgs(p.ByArgs), MaxWaiting: p.MaxWaiting, OnConflict: string(p.OnConflict),
-		DebounceMs: debounce, MaxDelayMs: maxDelay,
+		DebounceMs: debounce, MaxDelayMs: maxDelay, KeepScheduledAt: p.KeepScheduledAt,
 	}
 }
 

@@ -28,6 +28,7 @@ func TestValidate(t *testing.T) {
 		"max delay too short": {Kind: "demo.sleep", MaxWaiting: 1, OnConflict: policy.Debounce, Debounce: time.Minute, MaxDelay: time.Second},
 		"delays w/o debounce": {Kind: "demo.sleep", MaxWaiting: 1, OnConflict: policy.Replace, Debounce: time.Second, MaxDelay: time.Minute},
 		"sub-millisecond":     {Kind: "demo.sleep", MaxWaiting: 1, OnConflict: policy.Debounce, Debounce: time.Microsecond, MaxDelay: time.Second},
+		"keep w/o replace":    {Kind: "demo.sleep", MaxWaiting: 1, OnConflict: policy.Discard, KeepScheduledAt: true},
 	} {
 		require.ErrorIs(t, p.Validate(registry), policy.ErrInvalid, name)
 	}

@@ -7,20 +7,21 @@
 SELECT kind, by_args, max_waiting, on_conflict,
        COALESCE((extract(epoch FROM debounce) * 1000)::bigint, 0)::bigint AS debounce_ms,
        COALESCE((extract(epoch FROM max_delay) * 1000)::bigint, 0)::bigint AS max_delay_ms,
-       source, updated_at
+       keep_scheduled_at, source, updated_at
 FROM enqueue_policies
 WHERE enabled
 ORDER BY kind;
 
 -- name: SetEnqueuePolicy :exec
 -- Writes kind's policy (in force again if it was cleared).
-INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, enabled)
+INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, keep_scheduled_at, enabled)
 VALUES (sqlc.arg(kind), sqlc.narg(by_args)::text[], sqlc.arg(max_waiting), sqlc.arg(on_conflict),
         make_interval(secs => sqlc.narg(debounce_ms)::float8 / 1000),
-        make_interval(secs => sqlc.narg(max_delay_ms)::float8 / 1000), true)
+        make_interval(secs => sqlc.narg(max_delay_ms)::float8 / 1000), sqlc.arg(keep_scheduled_at), true)
 ON CONFLICT (kind) DO UPDATE
 SET by_args = EXCLUDED.by_args, max_waiting = EXCLUDED.max_waiting, on_conflict = EXCLUDED.on_conflict,
-    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, enabled = true;
+    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, keep_scheduled_at = EXCLUDED.keep_scheduled_at,
+    enabled = true;
 
 -- name: DeleteEnqueuePolicy :execrows
 -- Removes kind's policy row.
@@ -59,14 +60,14 @@ LOCK TABLE enqueue_policy_declarations IN SHARE ROW EXCLUSIVE MODE;
 
 -- name: UpsertPolicyDeclaration :exec
 -- Records a policy as the program declares it.
-INSERT INTO enqueue_policy_declarations (kind, by_args, max_waiting, on_conflict, debounce, max_delay, declared_by, updated_at)
+INSERT INTO enqueue_policy_declarations (kind, by_args, max_waiting, on_conflict, debounce, max_delay, keep_scheduled_at, declared_by, updated_at)
 VALUES (sqlc.arg(kind), sqlc.narg(by_args)::text[], sqlc.arg(max_waiting), sqlc.arg(on_conflict),
         make_interval(secs => sqlc.narg(debounce_ms)::float8 / 1000),
-        make_interval(secs => sqlc.narg(max_delay_ms)::float8 / 1000), sqlc.narg(declared_by), now())
+        make_interval(secs => sqlc.narg(max_delay_ms)::float8 / 1000), sqlc.arg(keep_scheduled_at), sqlc.narg(declared_by), now())
 ON CONFLICT (kind) DO UPDATE
 SET by_args = EXCLUDED.by_args, max_waiting = EXCLUDED.max_waiting, on_conflict = EXCLUDED.on_conflict,
-    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, declared_by = EXCLUDED.declared_by,
-    updated_at = now();
+    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, keep_scheduled_at = EXCLUDED.keep_scheduled_at,
+    declared_by = EXCLUDED.declared_by, updated_at = now();
 
 -- name: DeleteStalePolicyDeclarations :many
 -- Forgets the declarations the program no longer makes (kinds: those it
@@ -88,20 +89,22 @@ RETURNING kind;
 -- (source config), or always with force (`policy reset`). A row an
 -- operator changed (source sql) is left alone unless forced. Returns the
 -- kind when it was written.
-INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, enabled)
-SELECT d.kind, d.by_args, d.max_waiting, d.on_conflict, d.debounce, d.max_delay, true
+INSERT INTO enqueue_policies AS p (kind, by_args, max_waiting, on_conflict, debounce, max_delay, keep_scheduled_at, enabled)
+SELECT d.kind, d.by_args, d.max_waiting, d.on_conflict, d.debounce, d.max_delay, d.keep_scheduled_at, true
 FROM enqueue_policy_declarations d
 WHERE d.kind = sqlc.arg(kind)
 ON CONFLICT (kind) DO UPDATE
 SET by_args = EXCLUDED.by_args, max_waiting = EXCLUDED.max_waiting, on_conflict = EXCLUDED.on_conflict,
-    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, enabled = true,
+    debounce = EXCLUDED.debounce, max_delay = EXCLUDED.max_delay, keep_scheduled_at = EXCLUDED.keep_scheduled_at,
+    enabled = true,
     -- the trigger gives source only to a changed definition: a forced reset
     -- of an unchanged one names it here
     source = 'config'
 WHERE (p.source = 'config' OR sqlc.arg(force)::boolean)
-  AND ((p.by_args, p.max_waiting, p.on_conflict, p.debounce, p.max_delay, p.enabled, p.source)
+  AND ((p.by_args, p.max_waiting, p.on_conflict, p.debounce, p.max_delay, p.keep_scheduled_at, p.enabled, p.source)
        IS DISTINCT FROM
-       (EXCLUDED.by_args, EXCLUDED.max_waiting, EXCLUDED.on_conflict, EXCLUDED.debounce, EXCLUDED.max_delay, true, 'config'))
+       (EXCLUDED.by_args, EXCLUDED.max_waiting, EXCLUDED.on_conflict, EXCLUDED.debounce, EXCLUDED.max_delay,
+        EXCLUDED.keep_scheduled_at, true, 'config'))
 RETURNING p.kind;
 
 -- name: PolicyDeclared :one

@@ -25,7 +25,7 @@ does when the key is full:
   discard   the new job is not inserted; River's client answers with the
             waiting job (UniqueSkippedAsDuplicate)
   replace   the newest waiting job takes the new args and scheduled_at (same
-            id, attempts and place in line)
+            id, attempts and place in line; --keep-scheduled-at: only the args)
   debounce  replace, and the job is due --debounce after the last enqueue,
             never later than --max-delay after it started waiting
   reject    the insert fails with SQLSTATE SLR01 naming kind, key and count
@@ -69,7 +69,11 @@ until 'policy reset KIND'.`
 				if r.OnConflict == policy.Debounce {
 					d, m = r.Debounce.String(), r.MaxDelay.String()
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Kind, by, r.MaxWaiting, r.OnConflict, d, m, r.Source)
+				answer := string(r.OnConflict)
+				if r.KeepScheduledAt {
+					answer += " (keeps scheduled_at)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Kind, by, r.MaxWaiting, answer, d, m, r.Source)
 			}
 			return tw.Flush()
 		},
@@ -82,9 +86,10 @@ until 'policy reset KIND'.`
 		onConflict string
 		debounce   time.Duration
 		maxDelay   time.Duration
+		keepAt     bool
 	)
 	set := &cobra.Command{
-		Use:   "set KIND --max-waiting N [--by-args FIELD[,FIELD...]] --on-conflict discard|replace|debounce|reject [--debounce D --max-delay M]",
+		Use:   "set KIND --max-waiting N [--by-args FIELD[,FIELD...]] --on-conflict discard|replace|debounce|reject [--debounce D --max-delay M] [--keep-scheduled-at]",
 		Short: "Set the enqueue policy of KIND",
 		Args:  exactArgs(1, "a job KIND"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -95,7 +100,7 @@ until 'policy reset KIND'.`
 				return usagef("policy set %s: --on-conflict discard|replace|debounce|reject is required", args[0])
 			}
 			p := policy.Policy{Kind: args[0], ByArgs: byArgs, MaxWaiting: maxWaiting, OnConflict: policy.OnConflict(onConflict),
-				Debounce: debounce, MaxDelay: maxDelay}
+				Debounce: debounce, MaxDelay: maxDelay, KeepScheduledAt: keepAt}
 			if p.OnConflict == policy.Debounce && (!cmd.Flags().Changed("debounce") || !cmd.Flags().Changed("max-delay")) {
 				return usagef("policy set %s: --on-conflict debounce needs --debounce D and --max-delay M", args[0])
 			}
@@ -120,6 +125,7 @@ until 'policy reset KIND'.`
 	f.StringVar(&onConflict, "on-conflict", "", "what an insert does when its key is full: discard, replace, debounce or reject")
 	f.DurationVar(&debounce, "debounce", 0, "with debounce: the job is due this long after the last enqueue")
 	f.DurationVar(&maxDelay, "max-delay", 0, "with debounce: never later than this after the job started waiting")
+	f.BoolVar(&keepAt, "keep-scheduled-at", false, "with replace: the waiting job keeps its own scheduled_at and takes only the new args")
 
 	clearCmd := &cobra.Command{
 		Use:   "clear KIND",
@@ -229,11 +235,13 @@ type policyDoc struct {
 	OnConflict string   `json:"on_conflict"`
 	DebounceMs *int64   `json:"debounce_ms"`
 	MaxDelayMs *int64   `json:"max_delay_ms"`
+	KeepAt     bool     `json:"keep_scheduled_at"`
 	Source     string   `json:"source"`
 }
 
 func policyDocOf(r policy.Row) policyDoc {
-	d := policyDoc{Kind: r.Kind, ByArgs: r.ByArgs, MaxWaiting: r.MaxWaiting, OnConflict: string(r.OnConflict), Source: r.Source}
+	d := policyDoc{Kind: r.Kind, ByArgs: r.ByArgs, MaxWaiting: r.MaxWaiting, OnConflict: string(r.OnConflict),
+		KeepAt: r.KeepScheduledAt, Source: r.Source}
 	if r.OnConflict == policy.Debounce {
 		a, b := r.Debounce.Milliseconds(), r.MaxDelay.Milliseconds()
 		d.DebounceMs, d.MaxDelayMs = &a, &b

@@ -76,6 +76,13 @@ func TestPolicyCLI(t *testing.T) {
 	require.Len(t, keys, 1)
 	require.EqualValues(t, 1, keys[0]["debounced"])
 
+	code, out = sluice(t, url, "policy", "set", "demo.sleep", "--max-waiting", "2", "--on-conflict", "replace", "--keep-scheduled-at")
+	require.Equal(t, 0, code, out)
+	require.Equal(t, "policy of demo.sleep: max 2 waiting, on conflict replace, keeping the waiting job's scheduled_at\n", out)
+	code, out = sluice(t, url, "policy", "list")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `(?m)^demo\.sleep\s+-\s+2\s+replace \(keeps scheduled_at\)\s+-\s+-\s+sql$`, out)
+
 	// reject: sluice enqueue exits 1 with the error, inserting nothing.
 	code, out = sluice(t, url, "policy", "set", "demo.sleep", "--max-waiting", "1", "--by-args", "ms", "--on-conflict", "reject")
 	require.Equal(t, 0, code, out)
