@@ -3,6 +3,7 @@ package policy_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -52,4 +53,33 @@ func TestPlainSQLInsert(t *testing.T) {
 	var outcomes int
 	require.NoError(t, e.pool.QueryRow(ctx, `SELECT sum(count) FROM enqueue_policy_outcomes WHERE kind = 'policy.sync'`).Scan(&outcomes))
 	require.Equal(t, 5, outcomes, "acme: inserted, discarded, replaced; globex: inserted, replaced")
+}
+
+// Debounce through plain SQL: the row is skipped, the waiting job moved to
+// now + D (never past first waiting + M), still available.
+func TestPlainSQLDebounce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.set(t, policy.Policy{MaxWaiting: 1, OnConflict: policy.Debounce, Debounce: time.Minute, MaxDelay: 90 * time.Second})
+	insert := func(seq int) int64 {
+		t.Helper()
+		tag, err := e.pool.Exec(ctx, `INSERT INTO river_job (kind, args, max_attempts) VALUES ('policy.sync', jsonb_build_object('seq', $1::int), 5)`, seq)
+		require.NoError(t, err)
+		return tag.RowsAffected()
+	}
+	require.EqualValues(t, 1, insert(1))
+	var first, due time.Time
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT created_at, scheduled_at FROM river_job WHERE kind = 'policy.sync'`).Scan(&first, &due))
+	near(t, first.Add(time.Minute), due, time.Second)
+	_, err := e.pool.Exec(ctx, `UPDATE river_job SET metadata = jsonb_set(metadata, '{sluice_policy,first_waiting_at}', to_jsonb(now() - interval '60 seconds'))
+		WHERE kind = 'policy.sync'`) // as if it had waited a minute
+	require.NoError(t, err)
+	require.EqualValues(t, 0, insert(2))
+	var state string
+	var args []byte
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT state, args, scheduled_at FROM river_job WHERE kind = 'policy.sync'`).Scan(&state, &args, &due))
+	require.Equal(t, "available", state)
+	require.JSONEq(t, `{"seq": 2}`, string(args))
+	near(t, time.Now().Add(30*time.Second), due, 2*time.Second) // first waiting + 90s, not now + 60s
 }
