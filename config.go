@@ -4,6 +4,7 @@ import (
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/policy"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -38,6 +39,24 @@ const (
 	MisfireSkip = scheduler.MisfireSkip
 	// MisfireRunAll runs every missed due time, up to a cap.
 	MisfireRunAll = scheduler.MisfireRunAll
+)
+
+// Policy is the enqueue policy of one job kind a program declares in Go
+// (see Config.Policies): a cap on the waiting jobs of a key and what a
+// conflicting insert does.
+type Policy = policy.Policy
+
+// What an insert does when its key is full (Policy.OnConflict).
+const (
+	// Discard does not insert the new job; River's client answers with the
+	// waiting job (UniqueSkippedAsDuplicate).
+	Discard = policy.Discard
+	// Replace gives the newest waiting job the new args.
+	Replace = policy.Replace
+	// Debounce replaces and delays the job, within Policy.MaxDelay.
+	Debounce = policy.Debounce
+	// Reject fails the insert (SQLSTATE SLR01; see policy.AsRejected).
+	Reject = policy.Reject
 )
 
 // Config configures a sluice program: what it is made of (its River

@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-dev/sluice/maintenance"
 	"github.com/sluice-dev/sluice/metrics"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/policy"
 	"github.com/sluice-dev/sluice/scheduler"
 	"github.com/sluice-dev/sluice/web"
 )
@@ -105,6 +106,13 @@ type Config struct {
 	// operator changed it. Bad declarations are refused before anything
 	// runs, naming the schedule.
 	Schedules []scheduler.Declared
+	// Policies declares enqueue policies of the program's kinds: every
+	// worker writes them at start (enqueue_policies, source "config"). An
+	// operator's change by `sluice policy` or SQL (a clear too) wins until
+	// `sluice policy reset KIND`; a kind the program no longer declares
+	// loses its declared policy at the next start, unless an operator
+	// changed it. Bad declarations are refused before anything runs.
+	Policies []policy.Policy
 	// River, if set, is your River configuration: sluice calls it on the
 	// river.Config it built for a worker, before the client is created (in
 	// New, and in Main's worker and run), and on the config of the client
@@ -247,7 +255,7 @@ type Config struct {
 // Program is what c's program is made of besides its settings.
 func (c Config) Program() Program {
 	return Program{Workers: c.Workers, Migrations: c.Migrations, Modules: c.Modules, Limits: c.Limits,
-		Schedules: c.Schedules, River: c.River, TracerProvider: c.TracerProvider,
+		Schedules: c.Schedules, Policies: c.Policies, River: c.River, TracerProvider: c.TracerProvider,
 		Schemas: pgkit.Schemas{Sluice: c.Schema, River: c.RiverSchema}}
 }
 
@@ -255,7 +263,7 @@ func (c Config) Program() Program {
 // declarations, River config, tracer provider and schemas, c's settings.
 func (c Config) WithProgram(p Program) Config {
 	c.Workers, c.Migrations, c.Modules, c.Limits = p.Workers, p.Migrations, p.Modules, p.Limits
-	c.Schedules, c.River, c.TracerProvider = p.Schedules, p.River, p.TracerProvider
+	c.Schedules, c.Policies, c.River, c.TracerProvider = p.Schedules, p.Policies, p.River, p.TracerProvider
 	c.Schema, c.RiverSchema = p.Schemas.Sluice, p.Schemas.River
 	return c
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/migrations"
 	"github.com/sluice-dev/sluice/module"
+	"github.com/sluice-dev/sluice/policy"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -40,6 +41,10 @@ type Program struct {
 	// Schedules are the schedules the program declares, written by every
 	// worker at start (an operator's change wins until `schedule reset`).
 	Schedules []scheduler.Declared
+	// Policies are the enqueue policies the program declares, written by
+	// every worker at start (an operator's change wins until `policy
+	// reset`).
+	Policies []policy.Policy
 	// River, if set, is called on the River config sluice built for a
 	// worker (and for `run`, and for InsertClient) before the client is
 	// created: whatever it sets is used (ErrorHandler, Middleware, Hooks,
@@ -67,11 +72,31 @@ func (p Program) CheckLimits(registry *kinds.Registry) error {
 	return nil
 }
 
-// CheckDeclarations validates the limits (CheckLimits) and the schedules
-// the program declares, returning the schedules compiled for the schedules
-// table (scheduler.CompileDeclared). The error names the kind or schedule.
+// CheckPolicies validates the declared enqueue policies against the
+// program's kinds: known kinds, at most one policy per kind, valid values.
+func (p Program) CheckPolicies(registry *kinds.Registry) error {
+	seen := map[string]bool{}
+	for _, pol := range p.Policies {
+		if seen[pol.Kind] {
+			return fmt.Errorf("sluice: Config.Policies: %w: kind %q is declared twice", policy.ErrInvalid, pol.Kind)
+		}
+		seen[pol.Kind] = true
+		if err := pol.Validate(registry); err != nil {
+			return fmt.Errorf("sluice: Config.Policies: %w", err)
+		}
+	}
+	return nil
+}
+
+// CheckDeclarations validates the limits (CheckLimits), the enqueue
+// policies (CheckPolicies) and the schedules the program declares,
+// returning the schedules compiled for the schedules table
+// (scheduler.CompileDeclared). The error names the kind or schedule.
 func (p Program) CheckDeclarations(registry *kinds.Registry) ([]scheduler.DeclaredRow, error) {
 	if err := p.CheckLimits(registry); err != nil {
+		return nil, err
+	}
+	if err := p.CheckPolicies(registry); err != nil {
 		return nil, err
 	}
 	return scheduler.CompileDeclared(registry, p.Schedules)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/sluice-dev/sluice/liveness"
+	"github.com/sluice-dev/sluice/policy"
 	"github.com/sluice-dev/sluice/scheduler"
 )
 
@@ -45,13 +46,25 @@ func (w *Worker) initLiveness() error {
 // Dispatcher is the worker's schedule dispatcher.
 func (w *Worker) Dispatcher() *scheduler.Dispatcher { return w.dispatcher }
 
-// syncDeclarations writes the limits and the schedules the program
-// declares (each in a transaction of its own), and logs what changed in
-// the schedules: added, updated to a new declaration, kept as an operator
-// changed them, removed as no longer declared.
+// syncDeclarations writes the limits, the enqueue policies and the
+// schedules the program declares (each in a transaction of its own), and
+// logs what changed in the policies and schedules: added, updated to a new
+// declaration, kept as an operator changed them, removed as no longer
+// declared.
 func (w *Worker) syncDeclarations(ctx context.Context) error {
 	if err := w.jobs.Limiter.SyncDeclared(ctx, w.cfg.Limits, w.jobs.Registry.Names()); err != nil {
 		return err
+	}
+	pol, err := policy.NewStore(w.pool).SyncDeclared(ctx, w.cfg.Policies, w.cfg.ID)
+	if err != nil {
+		return err
+	}
+	if len(pol.Written)+len(pol.Removed) > 0 {
+		w.cfg.Logger.Info("declared enqueue policies written", slog.Any("written", pol.Written), slog.Any("removed", pol.Removed))
+	}
+	for _, kind := range pol.Kept {
+		w.cfg.Logger.Info("enqueue policy kept as an operator changed it; `policy reset` restores the declared one",
+			slog.String("kind", kind))
 	}
 	res, err := scheduler.NewStore(w.pool, w.jobs.Registry).SyncDeclared(ctx, w.schedules, w.cfg.ID)
 	if err != nil {

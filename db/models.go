@@ -198,6 +198,62 @@ type ConcurrencyWaiter struct {
 	Ahead    bool      `json:"ahead"`
 }
 
+// Enqueue policies per job kind: at most max_waiting waiting jobs per key (by_args), and what a conflicting insert does (discard, replace, debounce, reject). Enforced by the trigger sluice_enqueue_policy on river_job.
+type EnqueuePolicy struct {
+	Kind            string          `json:"kind"`
+	ByArgs          []string        `json:"by_args"`
+	MaxWaiting      int32           `json:"max_waiting"`
+	OnConflict      string          `json:"on_conflict"`
+	Debounce        pgtype.Interval `json:"debounce"`
+	MaxDelay        pgtype.Interval `json:"max_delay"`
+	KeepScheduledAt bool            `json:"keep_scheduled_at"`
+	Enabled         bool            `json:"enabled"`
+	Source          string          `json:"source"`
+	UpdatedAt       time.Time       `json:"updated_at"`
+}
+
+type EnqueuePolicyCount struct {
+	Kind      string    `json:"kind"`
+	Key       string    `json:"key"`
+	Inserted  int64     `json:"inserted"`
+	Discarded int64     `json:"discarded"`
+	Replaced  int64     `json:"replaced"`
+	Debounced int64     `json:"debounced"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+type EnqueuePolicyDeclaration struct {
+	Kind            string          `json:"kind"`
+	ByArgs          []string        `json:"by_args"`
+	MaxWaiting      int32           `json:"max_waiting"`
+	OnConflict      string          `json:"on_conflict"`
+	Debounce        pgtype.Interval `json:"debounce"`
+	MaxDelay        pgtype.Interval `json:"max_delay"`
+	KeepScheduledAt bool            `json:"keep_scheduled_at"`
+	DeclaredBy      *string         `json:"declared_by"`
+	UpdatedAt       time.Time       `json:"updated_at"`
+}
+
+type EnqueuePolicyKey struct {
+	Kind          string    `json:"kind"`
+	Key           string    `json:"key"`
+	Waiting       int32     `json:"waiting"`
+	MaxWaiting    *int32    `json:"max_waiting"`
+	OnConflict    *string   `json:"on_conflict"`
+	ByArgs        []string  `json:"by_args"`
+	Inserted      int64     `json:"inserted"`
+	Discarded     int64     `json:"discarded"`
+	Replaced      int64     `json:"replaced"`
+	Debounced     int64     `json:"debounced"`
+	LastEnqueueAt time.Time `json:"last_enqueue_at"`
+}
+
+type EnqueuePolicyOutcome struct {
+	Kind    string `json:"kind"`
+	Outcome string `json:"outcome"`
+	Count   int64  `json:"count"`
+}
+
 // One row per maintenance run. status is running while the run holds its advisory lock, then succeeded, skipped_locked or failed.
 type MaintenanceRun struct {
 	ID         int64           `json:"id"`

@@ -40,9 +40,9 @@ var (
 )
 
 // CoreSources are the cluster-wide gauges of sluice's core: queues,
-// concurrency limits, workers and schedules.
+// concurrency limits, workers, schedules and enqueue outcomes.
 func CoreSources() []ClusterSource {
-	return []ClusterSource{queueSource, concurrencySource, workersSource, schedulesSource}
+	return []ClusterSource{queueSource, concurrencySource, workersSource, schedulesSource, enqueueOutcomesSource}
 }
 
 func queueSource(ctx context.Context, q *db.Queries) ([]prometheus.Metric, error) {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"regexp"
@@ -72,7 +73,11 @@ Kinds: ` + strings.Join(registry.Names(), ", "),
 				return fmt.Errorf("insert %s job: %w", args[0], err)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), res.Job.ID)
-			if res.UniqueSkippedAsDuplicate {
+			switch {
+			case res.UniqueSkippedAsDuplicate && bytes.Contains(res.Job.Metadata, []byte(`"sluice_policy"`)):
+				fmt.Fprintf(cmd.ErrOrStderr(), "sluice: no new job: the enqueue policy of %s answered with job %d (%s), waiting for the same key "+
+					"(discard: it keeps its args; replace, debounce: it took these)\n", res.Job.Kind, res.Job.ID, res.Job.State)
+			case res.UniqueSkippedAsDuplicate:
 				fmt.Fprintf(cmd.ErrOrStderr(), "sluice: not inserted: job %d (%s, %s) is its duplicate\n",
 					res.Job.ID, res.Job.Kind, res.Job.State)
 			}

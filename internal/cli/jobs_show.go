@@ -88,6 +88,9 @@ func writeJob(out io.Writer, v *jobView) error {
 	fmt.Fprintf(tw, "finalized at:\t%s\n", at(v.FinalizedAt))
 	fmt.Fprintf(tw, "args:\t%s\n", v.Args)
 	fmt.Fprintf(tw, "metadata:\t%s\n", v.Metadata)
+	if p := describePolicy(v.Metadata); p != "" {
+		fmt.Fprintf(tw, "enqueue policy:\t%s\n", p)
+	}
 	if v.Parking != nil {
 		fmt.Fprintf(tw, "parking:\t%s\n", v.Parking.describe(v.Kind))
 	}

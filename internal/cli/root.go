@@ -93,6 +93,7 @@ Exit codes: 0 success, 1 runtime failure, 2 bad usage or input
 		newLimitsCmd(g),
 		newMigrateCmd(g),
 		newParkedCmd(g),
+		newPolicyCmd(g),
 		newQueuesCmd(g),
 		newRunCmd(g),
 		newStatsCmd(g),

@@ -105,6 +105,26 @@ var specs = map[string]Spec{
 		What:   "P12 concurrency limits: parkings per job in all, the first one included (the most jobs available at once after the raise beside it)",
 		Figure: "parkings/job", Comparison: "max-available", TargetOn: "parkings/job", Cmp: "<=", Target: 1.05,
 	},
+	"BenchmarkEnqueuePolicy": {
+		What:   "P13 enqueue policies: single Insert calls from 8 goroutines of a kind under a discard policy whose keys are all full (vs a kind with no policy, alternating rounds, medians of 3)",
+		Figure: "discard-inserts/s", Comparison: "plain-inserts/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkEnqueuePolicy#replace": {
+		What:   "P13 enqueue policies: the same under a replace policy: replace/plain (replace inserts/s beside it)",
+		Figure: "replace/plain", Comparison: "replace-inserts/s", TargetOn: "replace/plain", Cmp: ">=", Target: 0.80,
+	},
+	"BenchmarkEnqueuePolicy#many": {
+		What:   "P13 enqueue policies: InsertMany of 10,000 under a discard policy, every key full: discard/plain (discard rows/s beside it)",
+		Figure: "many-discard/plain", Comparison: "discard-many-rows/s", TargetOn: "many-discard/plain", Cmp: ">=", Target: 0.80,
+	},
+	"BenchmarkEnqueuePolicy#many-replace": {
+		What:   "P13 enqueue policies: InsertMany of 10,000 under a replace policy, every key full: replace/plain (replace rows/s beside it; plain rows/s in the log)",
+		Figure: "many-replace/plain", Comparison: "replace-many-rows/s", TargetOn: "many-replace/plain", Cmp: ">=", Target: 0.80,
+	},
+	"BenchmarkEnqueuePolicy#river-unique": {
+		What:   "P13 reference: River's own duplicate answer (UniqueOpts ByArgs, no policy), single inserts/s (InsertMany rows/s beside it); no target",
+		Figure: "river-unique-inserts/s", Comparison: "river-unique-many-rows/s",
+	},
 	"BenchmarkRateLimit": {
 		What:   "P11 rate limits: 200 starts/s for 30 s, 2 workers, a backlog (achieved starts/s vs the configured rate)",
 		Figure: "starts/s", Comparison: "configured-starts/s", TargetOn: "ratio", Cmp: ">=",
