@@ -107,6 +107,8 @@ type ConcurrencyKeyLine struct {
 	Slots    int32      `json:"slots"`
 	Waiting  bool       `json:"waiting"`
 	ServedAt *time.Time `json:"served_at"`
+	// When the row was made (the key took a slot or began to wait): the order of the keys not served yet in the round.
+	ArrivedAt time.Time `json:"arrived_at"`
 }
 
 // Concurrency slots held in bulk by a worker, per kind; counted in concurrency_limits.admitted.

@@ -283,7 +283,7 @@ keys AS (
     CROSS JOIN LATERAL (
         SELECT kl.key FROM concurrency_key_lines kl
         WHERE kl.kind = lim.kind AND kl.waiting
-        ORDER BY kl.served_at NULLS FIRST, kl.key
+        ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key
         LIMIT sqlc.arg(turn_keys)::integer
     ) t
     WHERE lim.fields IS NOT NULL
@@ -369,7 +369,7 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  ORDER BY w.job_id LIMIT sqlc.arg(depth)::integer)
             ) x ORDER BY x.job_id LIMIT sqlc.arg(depth)::integer
         ) f)
-    ) ORDER BY kl.served_at NULLS FIRST, k.key), '[]')
+    ) ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, k.key), '[]')
       FROM keys k LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
       WHERE k.kind = lim.kind)
 )), '[]'))::jsonb AS state

@@ -172,6 +172,28 @@ func TestRecheckUnderANewRate(t *testing.T) {
 	}
 }
 
+// TestKeysNotServedGoInTheOrderTheyCame: under a per-kind limit of 1 over
+// keys, key "zz" begins to wait before key "aa"; neither was served. The
+// slot that frees goes to "zz", the first to come, not to the first by
+// name.
+func TestKeysNotServedGoInTheOrderTheyCame(t *testing.T) {
+	t.Parallel()
+	const kind = "test.arrival"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
+	holder := running(t, pool, kind, `{"key": "a0"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
+	guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
+	first := running(t, pool, kind, `{"key": "zz"}`, "w1", 1, time.Now().Add(-500*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, l, first, guess).Action, "the limit is full: it waits")
+	second := running(t, pool, kind, `{"key": "aa"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Wait, decideOne(t, l, second, guess).Action)
+
+	g, err := l.Release(context.Background(), ledger.Release{Ended: []ledger.Held{{ID: holder.ID, Kind: kind, Key: "a0"}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []int64{first.ID}, g.LocalOrder, "the slot goes to the key that came first")
+}
+
 // TestDecideARetryAfresh: a job retried at once is fetched again before
 // the release of its first attempt is written: the first attempt's slot
 // row and start are still there. The new attempt is decided afresh and
