@@ -106,6 +106,9 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 				recheck = true
 				continue // Deciding again
 			}
+			if !q.Begin(j.ID) {
+				continue // Held again behind an older job of its key deciding here
+			}
 			switch {
 			case j.Granted():
 				l.startedAfterGrant(ctx, q, j)

@@ -97,6 +97,8 @@ type Job struct {
 	// heard is the count of limit changes the limiter had heard when the
 	// job's latest decision was asked (Stamp).
 	heard uint64
+	// begun: its work began (Begin); it is never held back again.
+	begun bool
 	wake  chan Outcome
 }
 
@@ -316,6 +318,27 @@ func (q *Queue) workLocked(j *Job, slot Slot) {
 	}
 }
 
+// Begin is asked as a Working job is about to begin its work: it begins
+// (true), or, when an older job of its key fetched since it was given its
+// slot is deciding here, it is Held again (holding that slot, not a leased
+// one) until none is, so that the older job's decision may take the slot
+// (SwapFor) rather than park behind it (false: it waits for its wake).
+func (q *Queue) Begin(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Working {
+		return true
+	}
+	if !j.begun && j.slot != LeasedSlot && q.blockedLocked(j) {
+		j.state, j.heldSlot, j.held = Held, j.slot, true
+		q.insertLocked(j)
+		return false
+	}
+	j.begun = true
+	return true
+}
+
 // Undecide makes a Working job that has not begun, and holds no slot or a
 // slot of the line, Deciding again, in its place in the line order: its
 // kind's limits changed before it began (it was decided to run free and a
@@ -325,7 +348,7 @@ func (q *Queue) Undecide(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
-	if j == nil || j.state != Working || j.slot == LeasedSlot {
+	if j == nil || j.state != Working || j.begun || j.slot == LeasedSlot {
 		return false
 	}
 	j.state = Deciding

@@ -72,9 +72,25 @@ func events() []event {
 				}
 				return ""
 			}},
+			event{fmt.Sprintf("begin %d", id), func(m *model) string {
+				j := m.q.Get(id)
+				if j == nil || j.State() != Working {
+					return ""
+				}
+				m.q.mu.Lock()
+				blocked := !j.begun && j.slot != LeasedSlot && m.q.blockedLocked(j)
+				m.q.mu.Unlock()
+				if began := m.q.Begin(id); began == blocked {
+					return fmt.Sprintf("job %d: Begin answered %v with an older job of its key deciding: %v", id, began, blocked)
+				}
+				if blocked && j.State() != Held {
+					return fmt.Sprintf("job %d held back as it began is %s", id, j.State())
+				}
+				return ""
+			}},
 			event{fmt.Sprintf("undecide %d", id), func(m *model) string {
 				j := m.q.Get(id)
-				free := j != nil && j.State() == Working && j.Slot() != LeasedSlot
+				free := j != nil && j.State() == Working && j.Slot() != LeasedSlot && !j.begun
 				if m.q.Undecide(id) != free {
 					return fmt.Sprintf("job %d: Undecide answered %v for a job working without a leased slot: %v", id, !free, free)
 				}
