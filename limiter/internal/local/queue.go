@@ -327,10 +327,13 @@ func (q *Queue) Begin(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
-	if j == nil || j.state != Working {
+	switch {
+	case j == nil:
 		return true
+	case j.state != Working:
+		return false // held back meanwhile (a swap took its slot): it waits
 	}
-	if !j.begun && j.slot != LeasedSlot && q.blockedLocked(j) {
+	if !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && q.blockedLocked(j) {
 		j.state, j.heldSlot, j.held = Held, j.slot, true
 		q.insertLocked(j)
 		return false
@@ -380,8 +383,9 @@ func (q *Queue) Line(id int64, ahead bool, reason string) bool {
 	return true
 }
 
-// HeldBehind reports whether a job younger than job id, of its key, is
-// Held here with a slot of the line (SwapFor would find one now).
+// HeldBehind reports whether a job younger than job id, of its key, holds
+// a slot of the line here it has not begun on (SwapFor would find one
+// now).
 func (q *Queue) HeldBehind(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -389,21 +393,33 @@ func (q *Queue) HeldBehind(id int64) bool {
 	if x == nil {
 		return false
 	}
-	for _, o := range q.order {
-		if o.state == Held && !o.swapping && o.heldSlot == LineSlot && o.Key == x.Key && x.ID < o.ID {
+	for _, o := range q.jobs {
+		if swappable(o, x) {
 			return true
 		}
 	}
 	return false
 }
 
+// swappable reports whether o, a job of x's key younger than x, holds a
+// slot of the line it has not begun on (Held, or Working and not begun)
+// that x may take (SwapFor); q.mu is held.
+func swappable(o, x *Job) bool {
+	if o == x || o.swapping || o.Key != x.Key || o.ID <= x.ID {
+		return false
+	}
+	// A Working job with a wake not read yet is on its way to begin: its
+	// wake cannot take another.
+	return (o.state == Held && o.heldSlot == LineSlot) || (o.state == Working && !o.begun && o.slot == LineSlot && len(o.wake) == 0)
+}
+
 // SwapFor is asked before a Deciding job is put in the line (its decision:
 // it waits): it returns the youngest job of its key here, younger than it,
-// that is Held with a slot of the line, which is
-// to give that slot to it (Swapped), so that no job starts while an older
-// one of its key waits in the line; nil when there is none, or the job is
-// not Deciding, or a grant crossed its decision. The job returned stays
-// Held until Swapped.
+// that holds a slot of the line it has not begun on (Held, or Working and
+// not begun: it is Held from now), which is to give that slot to it
+// (Swapped), so that no job starts while an older one of its key waits in
+// the line; nil when there is none, or the job is not Deciding, or a grant
+// crossed its decision. The job returned stays Held until Swapped.
 func (q *Queue) SwapFor(id int64) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -412,14 +428,19 @@ func (q *Queue) SwapFor(id int64) *Job {
 		return nil
 	}
 	var y *Job
-	for _, o := range q.order {
-		if o.state == Held && !o.swapping && o.heldSlot == LineSlot && o.Key == x.Key && x.ID < o.ID {
+	for _, o := range q.jobs {
+		if swappable(o, x) && (y == nil || y.before(o)) {
 			y = o // the last in line order: the youngest
 		}
 	}
-	if y != nil {
-		y.swapping = true
+	if y == nil {
+		return nil
 	}
+	if y.state == Working {
+		y.state, y.heldSlot, y.held = Held, y.slot, true
+		q.insertLocked(y)
+	}
+	y.swapping = true
 	return y
 }
 

@@ -78,7 +78,7 @@ func events() []event {
 					return ""
 				}
 				m.q.mu.Lock()
-				blocked := !j.begun && j.slot != LeasedSlot && m.q.blockedLocked(j)
+				blocked := !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && m.q.blockedLocked(j)
 				m.q.mu.Unlock()
 				if began := m.q.Begin(id); began == blocked {
 					return fmt.Sprintf("job %d: Begin answered %v with an older job of its key deciding: %v", id, began, blocked)
