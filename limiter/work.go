@@ -117,11 +117,18 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 			}
 			return l.run(ctx, q, j, job, entered, doInner)
 		case local.Deciding:
+			slot := j.Slot()
 			d, err := l.decideAgain(q, job, timedOut, cancelled, recheck)
 			if err != nil {
 				// It does not run: it leaves the queue (a wait of the line or
-				// a grant it got is the safety net's to clean up).
+				// a grant it got is the safety net's to clean up); a slot it
+				// held when it was taken back to be decided again is
+				// released (retried in the background while the database is
+				// away).
 				q.Forget(job.ID)
+				if recheck && slot == local.LineSlot {
+					l.releaser.submitAsync(&releaseRequest{ended: &ledger.Held{ID: job.ID, Kind: job.Kind, Key: j.Key}})
+				}
 				return err
 			}
 			switch d.Action {
