@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // DeclaredSync is what SyncDeclared changed, by kind.
@@ -102,23 +105,14 @@ func (s *Store) Reset(ctx context.Context, kind string) error {
 // enqueue_policy_declarations locked against other writers, whose policy
 // changes have source config.
 func (s *Store) inDeclarationsTx(ctx context.Context, fn func(q *db.Queries) error) error {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	q := db.New(tx)
-	if err := q.LockPolicyDeclarations(ctx); err != nil {
-		return fmt.Errorf("lock policy declarations: %w", err)
-	}
-	if err := q.SetPolicySource(ctx, SourceConfig); err != nil {
-		return fmt.Errorf("set policy source: %w", err)
-	}
-	if err := fn(q); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
+	return pgkit.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.LockPolicyDeclarations(ctx); err != nil {
+			return fmt.Errorf("lock policy declarations: %w", err)
+		}
+		if err := q.SetPolicySource(ctx, SourceConfig); err != nil {
+			return fmt.Errorf("set policy source: %w", err)
+		}
+		return fn(q)
+	})
 }

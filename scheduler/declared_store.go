@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // Sources of a schedule's definition (schedules.source).
@@ -138,25 +141,16 @@ func (s *Store) IsDeclared(ctx context.Context, name string) (bool, error) {
 // inDeclarationsTx runs fn in a transaction holding schedule_declarations
 // locked against other writers, whose schedule changes have source config.
 func (s *Store) inDeclarationsTx(ctx context.Context, fn func(q *db.Queries) error) error {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	q := db.New(tx)
-	if err := q.LockScheduleDeclarations(ctx); err != nil {
-		return fmt.Errorf("lock schedule declarations: %w", err)
-	}
-	if err := q.SetScheduleSource(ctx, SourceConfig); err != nil {
-		return fmt.Errorf("set schedule source: %w", err)
-	}
-	if err := fn(q); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
+	return pgkit.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		if err := q.LockScheduleDeclarations(ctx); err != nil {
+			return fmt.Errorf("lock schedule declarations: %w", err)
+		}
+		if err := q.SetScheduleSource(ctx, SourceConfig); err != nil {
+			return fmt.Errorf("set schedule source: %w", err)
+		}
+		return fn(q)
+	})
 }
 
 func declarationParams(r DeclaredRow, declaredBy string) db.UpsertScheduleDeclarationParams {
