@@ -131,7 +131,7 @@ func (q *Queue) closeLocked() []int64 {
 	for _, j := range q.order {
 		if j.state == Queued {
 			j.state = Deciding
-			j.wake <- Redecide
+			j.notify(Redecide)
 			sent = append(sent, j.ID)
 		}
 	}
@@ -229,7 +229,7 @@ func (q *Queue) GiveLeased() *Job {
 		return nil
 	}
 	q.workLocked(j, LeasedSlot)
-	j.wake <- Granted
+	j.notify(Granted)
 	q.releaseHeldLocked()
 	return j
 }
@@ -258,7 +258,7 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 		}
 	}
 	q.workLocked(j, LineSlot)
-	j.wake <- Granted
+	j.notify(Granted)
 	return j
 }
 
@@ -318,7 +318,7 @@ func (q *Queue) serveLocked() []*Job {
 			break
 		}
 		q.workLocked(j, LeasedSlot)
-		j.wake <- Granted
+		j.notify(Granted)
 		out = append(out, j)
 	}
 	if len(out) > 0 {
@@ -401,7 +401,7 @@ func (q *Queue) Lost() []int64 {
 	for _, j := range q.order {
 		if j.state == Queued {
 			j.state = Deciding
-			j.wake <- Redecide
+			j.notify(Redecide)
 			sent = append(sent, j.ID)
 		}
 	}

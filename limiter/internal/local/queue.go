@@ -160,6 +160,19 @@ func (j *Job) Held() (reason string, ahead bool) {
 	return j.reason, j.ahead
 }
 
+// notify ends the job's wait with o (its queue's lock is held). The wake
+// holds one outcome; one not read yet is replaced (the job looks at its
+// state once woken, whatever the outcome), so that a send never blocks
+// while the lock is held: a job whose wait ended by its deadline takes the
+// lock to leave before it reads its wake.
+func (j *Job) notify(o Outcome) {
+	select {
+	case <-j.wake:
+	default:
+	}
+	j.wake <- o
+}
+
 // Wake delivers the outcome of the job's wait when something other than
 // the job ends it (a grant, a slot handed over, its place gone).
 func (j *Job) Wake() <-chan Outcome { return j.wake }
@@ -276,7 +289,7 @@ func (q *Queue) releaseHeldLocked() {
 		for _, j := range q.order {
 			if j.state == Held && !j.swapping && !q.blockedLocked(j) {
 				q.workLocked(j, j.heldSlot)
-				j.wake <- Granted
+				j.notify(Granted)
 				again = true // the order changed
 				break
 			}
@@ -467,10 +480,7 @@ func (q *Queue) Swapped(to, from int64, ok, ahead bool, reason string) (lined bo
 		// next of its key once the older one is through, and parking it
 		// would undo the grant or resume that brought it here.
 		y.state, y.heldSlot, y.reason, y.granted, y.ahead = Lined, NoSlot, reason, false, true
-		select {
-		case y.wake <- Relined:
-		default: // a wake is pending already: its wait ends anyway
-		}
+		y.notify(Relined)
 	case x != nil && x.state == Deciding && !x.early:
 		x.state, x.ahead, x.reason = Lined, x.ahead || ahead, reason
 		q.closeLocked()
@@ -526,7 +536,7 @@ func (q *Queue) Grant(id int64, slot Slot, startClaimed bool) bool {
 	}
 	j.granted = !startClaimed
 	if q.startLocked(j, slot) {
-		j.wake <- Granted
+		j.notify(Granted)
 	}
 	q.serveLocked()
 	return true
@@ -543,7 +553,7 @@ func (q *Queue) Redecide(id int64) bool {
 		return false
 	}
 	j.state = Deciding
-	j.wake <- Redecide
+	j.notify(Redecide)
 	return true
 }
 
