@@ -48,10 +48,11 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 		}
 	}
 	// Whether a younger job of its key here holds a slot it has not begun
-	// on is looked at again now: a decision of the batch before (one batch
-	// per kind at a time) may have given one since the job was sent.
+	// on is looked at now, as the batch goes to the ledger: a decision of
+	// the batch before (one batch per kind at a time) may have given one
+	// since the job was sent.
 	for i := range jobs {
-		if q := l.queues.get(jobs[i].Kind); q != nil && !jobs[i].HeldBehind {
+		if q := l.queues.get(jobs[i].Kind); q != nil {
 			jobs[i].HeldBehind = q.HeldBehind(jobs[i].ID)
 		}
 	}
@@ -184,9 +185,7 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 					continue
 				}
 			}
-			lj := ledgerJob(job, dispatched, l.neverPark)
-			lj.HeldBehind = q.HeldBehind(job.ID)
-			toLedger = append(toLedger, lj)
+			toLedger = append(toLedger, ledgerJob(job, dispatched, l.neverPark))
 		}
 	}
 	if len(toLedger) == 0 {
@@ -273,7 +272,7 @@ func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, c
 		qj.Stamp(l.limits.gen.Load())
 	}
 	j := ledgerJob(job, true, l.neverPark)
-	j.TimedOut, j.Cancelled, j.Recheck, j.HeldBehind = timedOut, cancelled, recheck, q.HeldBehind(job.ID)
+	j.TimedOut, j.Cancelled, j.Recheck = timedOut, cancelled, recheck
 	decisions, err := l.decide([]ledger.Job{j})
 	if err != nil {
 		return ledger.Decision{}, fmt.Errorf("concurrency limit of %s: %w", job.Kind, err)

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-dev/sluice/db"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 )
 
 // Sources of a policy's definition (enqueue_policies.source).
@@ -78,32 +80,27 @@ func (s *Store) Set(ctx context.Context, p Policy) error {
 // wins until Reset); any other is deleted. It reports whether there was a
 // policy in force.
 func (s *Store) Clear(ctx context.Context, kind string) (bool, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	q := db.New(tx)
-	declared, err := q.PolicyDeclared(ctx, kind)
-	if err != nil {
-		return false, fmt.Errorf("look up the declared policy of %s: %w", kind, err)
-	}
 	var n int64
-	if declared {
-		n, err = q.DisableEnqueuePolicy(ctx, kind)
-	} else {
-		n, err = q.DeleteEnqueuePolicy(ctx, kind)
-	}
-	if err != nil {
-		return false, fmt.Errorf("clear the enqueue policy of %s: %w", kind, err)
-	}
-	if _, err := q.DeleteEnqueuePolicyCounts(ctx, kind); err != nil {
-		return false, fmt.Errorf("forget the counts of %s: %w", kind, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("commit: %w", err)
-	}
-	return n > 0, nil
+	err := pgkit.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		q := db.New(tx)
+		declared, err := q.PolicyDeclared(ctx, kind)
+		if err != nil {
+			return fmt.Errorf("look up the declared policy of %s: %w", kind, err)
+		}
+		if declared {
+			n, err = q.DisableEnqueuePolicy(ctx, kind)
+		} else {
+			n, err = q.DeleteEnqueuePolicy(ctx, kind)
+		}
+		if err != nil {
+			return fmt.Errorf("clear the enqueue policy of %s: %w", kind, err)
+		}
+		if _, err := q.DeleteEnqueuePolicyCounts(ctx, kind); err != nil {
+			return fmt.Errorf("forget the counts of %s: %w", kind, err)
+		}
+		return nil
+	})
+	return n > 0, err
 }
 
 // List returns the policies in force, by kind.

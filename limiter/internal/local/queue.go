@@ -421,8 +421,8 @@ func swappable(o, x *Job) bool {
 	if o == x || o.swapping || o.Key != x.Key || o.ID <= x.ID {
 		return false
 	}
-	// A Working job with a wake not read yet is on its way to begin: its
-	// wake cannot take another.
+	// A Working job with a wake not read yet is on its way to begin: it is
+	// left to begin.
 	return (o.state == Held && o.heldSlot == LineSlot) || (o.state == Working && !o.begun && o.slot == LineSlot && len(o.wake) == 0)
 }
 
