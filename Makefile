@@ -13,10 +13,10 @@ PG       := scripts/pg.sh
 # Extra flags for go test, e.g. make test TESTFLAGS='-run TestWorker -v'.
 TESTFLAGS ?=
 
-.PHONY: help build run test torture torture-corpus e2e soak promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
+.PHONY: help build run test torture torture-corpus torture-mutants e2e soak promtool chromium browser-test screenshots generate check bench clean dev-db-start dev-db-stop
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9_-]*:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build bin/sluice
 	$(GO) build -o $(BIN) ./cmd/sluice
@@ -36,6 +36,12 @@ torture: ## run the limiter's torture test: seeded random schedules against real
 
 torture-corpus: ## run every seed of the torture test that ever caught a bug (limiter/torture/corpus_test.go)
 	@$(PG) with-server env TORTURE_CORPUS=1 $(GO) test -count=1 -timeout 0 -v -run '^TestTortureCorpus$$' ./limiter/torture/
+
+# MUTANT_DURATION (a Go duration, default 90s) is each mutant's torture run;
+# name mutants to run only those: make torture-mutants MUTANTS='a b';
+# MUTANT_LOGS=DIR keeps each mutant's torture log.
+torture-mutants: ## the torture test's mutation suite: each patch in limiter/torture/mutants/ breaks a promise on a copy of HEAD, and the torture test must catch it
+	@$(PG) with-server env GO=$(GO) scripts/torture-mutants.sh $${MUTANTS:-}
 
 e2e: ## the fault and load suite (e2e/) alone, with the full 100,000-job load
 	@$(PG) with-server env SLUICE_E2E_LOAD_JOBS=full $(GO) test -count=1 -timeout 30m -v $(TESTFLAGS) ./e2e/

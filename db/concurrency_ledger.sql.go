@@ -209,11 +209,11 @@ WITH lim AS (
     SELECT l.kind, l.partition_fields AS fields, l.rate_max,
            COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
     FROM concurrency_limits l
-    WHERE l.kind = ANY($2::text[])
+    WHERE l.kind = ANY($3::text[])
 ),
 batch AS (
     SELECT b.job_id, b.kind, b.key, b.fetched_at
-    FROM (SELECT unnest($3::bigint[]) AS job_id, unnest($4::text[]) AS kind, unnest($5::text[]) AS key, unnest($6::timestamptz[]) AS fetched_at) AS b
+    FROM (SELECT unnest($1::bigint[]) AS job_id, unnest($4::text[]) AS kind, unnest($5::text[]) AS key, unnest($6::timestamptz[]) AS fetched_at) AS b
 ),
 jobs AS (
     SELECT b.job_id, b.kind,
@@ -253,6 +253,13 @@ SELECT jsonb_build_object(
                         WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
             'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
                                WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL),
+            'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
+                              JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
+                              WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
+                        WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
+                          AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+                          AND f.job_id <> ALL($1::bigint[])),
             'front', (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w
                  WHERE w.kind = lim.kind AND (lim.fields IS NULL OR w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
@@ -260,13 +267,22 @@ SELECT jsonb_build_object(
                 UNION ALL
                 (SELECT p.job_id FROM concurrency_parked_jobs p
                  WHERE p.kind = lim.kind AND (lim.fields IS NULL OR p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
-                 ORDER BY p.job_id LIMIT 1)) x),
+                 ORDER BY p.job_id LIMIT 1)
+                UNION ALL
+                (SELECT e.job_id FROM concurrency_executions e WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved
+                 ORDER BY e.job_id LIMIT 1)
+                UNION ALL
+                (SELECT s.job_id FROM concurrency_starts s WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved
+                 ORDER BY s.job_id LIMIT 1)) x),
+            'waiting', (SELECT min(w.job_id) FROM concurrency_waiters w
+                        WHERE lim.fields IS NULL AND w.kind = lim.kind AND w.worker_id IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = lim.kind AND lim.fields IS NULL
-                 LIMIT $1::integer)
+                 LIMIT $2::integer)
                 UNION ALL
                 (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = lim.kind AND lim.fields IS NULL
-                 LIMIT $1::integer)) x),
+                 LIMIT $2::integer)) x),
             'starts', (SELECT count(*) FROM concurrency_starts s
                        WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
                          AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -286,17 +302,30 @@ SELECT jsonb_build_object(
                         WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
             'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
                                WHERE s.kind = k.kind AND s.key = k.key AND s.reserved),
+            'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
+                              JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
+                              WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
+            'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
+                        WHERE f.kind = k.kind AND f.key = k.key
+                          AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+                          AND f.job_id <> ALL($1::bigint[])),
             'front', (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key ORDER BY w.job_id LIMIT 1)
                 UNION ALL
                 (SELECT p.job_id FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key ORDER BY p.job_id LIMIT 1)
                 UNION ALL
                 (SELECT e.job_id FROM concurrency_executions e WHERE e.kind = k.kind AND e.key = k.key AND e.reserved
-                 ORDER BY e.job_id LIMIT 1)) x),
-            'ahead', (SELECT count(*) FROM (
-                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT $1::integer)
+                 ORDER BY e.job_id LIMIT 1)
                 UNION ALL
-                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT $1::integer)) x),
+                (SELECT s.job_id FROM concurrency_starts s WHERE s.kind = k.kind AND s.key = k.key AND s.reserved
+                 ORDER BY s.job_id LIMIT 1)) x),
+            'waiting', (SELECT min(w.job_id) FROM concurrency_waiters w
+                        WHERE w.kind = k.kind AND w.key = k.key AND w.worker_id IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+            'ahead', (SELECT count(*) FROM (
+                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT $2::integer)
+                UNION ALL
+                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT $2::integer)) x),
             'starts', (SELECT count(*) FROM concurrency_starts s, lim
                        WHERE lim.kind = k.kind AND lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
                          AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -312,9 +341,9 @@ SELECT jsonb_build_object(
 `
 
 type LedgerDecideStateParams struct {
+	JobIds     []int64     `json:"job_ids"`
 	MaxAhead   int32       `json:"max_ahead"`
 	Kinds      []string    `json:"kinds"`
-	JobIds     []int64     `json:"job_ids"`
 	JobKinds   []string    `json:"job_kinds"`
 	JobKeys    []string    `json:"job_keys"`
 	FetchedAts []time.Time `json:"fetched_ats"`
@@ -327,19 +356,23 @@ type LedgerDecideStateParams struct {
 // what the ledger holds for it (a grant to claim: a reserved slot or
 // start; a slot or start it took in this attempt, or a stale one of an
 // earlier attempt; a place in the line); per kind (with a limit row) its
-// limits and counts, its line (the oldest job waiting for the kind, and,
+// limits and counts, its line (the oldest job waiting for the kind or,
+// without a partition, granted and on its way; the oldest waiting in a
+// worker without a grant; and,
 // without a partition, how many wait, up to max_ahead, the newest slot
 // and start reserved for a job on its way, and the oldest job granted a
 // slot and not fetched yet: transit) and its rate window; per key its
-// count of slots, its line (its newest reserved slot and start, its
-// transit) and its rate window. (A job fetched by another worker and not
-// decided yet is not waited for: its decision is a moment away, and in
-// this worker the local queue holds younger jobs behind it.)
+// count of slots, its line (its oldest job waiting or granted and on its
+// way, its oldest waiting in a worker without a grant, its newest
+// reserved slot and start, its transit) and its rate window; per kind without a partition and per key,
+// the oldest job fetched by a worker and not decided yet (fetched: marked
+// by its fetch within the last two seconds, still running, not in this
+// decision), which no younger job of its line passes.
 func (q *Queries) LedgerDecideState(ctx context.Context, arg LedgerDecideStateParams) (json.RawMessage, error) {
 	row := q.db.QueryRow(ctx, ledgerDecideState,
+		arg.JobIds,
 		arg.MaxAhead,
 		arg.Kinds,
-		arg.JobIds,
 		arg.JobKinds,
 		arg.JobKeys,
 		arg.FetchedAts,
@@ -489,6 +522,13 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  WHERE w.kind = lim.kind AND w.key IS NULL
                    AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
                  ORDER BY w.job_id LIMIT $1::integer)
+                UNION ALL
+                (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
+                 FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
+                 WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id)
+                 ORDER BY f.job_id LIMIT $1::integer)
             ) x ORDER BY x.job_id LIMIT $1::integer
         ) f) END,
     'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
@@ -523,6 +563,13 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  WHERE w.kind = k.kind AND w.key = k.key
                    AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
                  ORDER BY w.job_id LIMIT $1::integer)
+                UNION ALL
+                (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
+                 FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
+                 WHERE f.kind = k.kind AND f.key = k.key AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id)
+                 ORDER BY f.job_id LIMIT $1::integer)
             ) x ORDER BY x.job_id LIMIT $1::integer
         ) f)
     ) ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, k.key), '[]')
@@ -551,11 +598,13 @@ type LedgerGrantStateParams struct {
 // waiting in a worker is granted past it), its rate window, and its oldest waiting
 // jobs (depth of them); the keys in the round's order, served longest ago
 // first. A front job is a waiter without a grant (waiting in
-// a worker, or resumed ahead and not fetched yet: no worker) or a parked
-// job, with whether it is ready (a parked job still completing its
-// parking, unless it is more than 5 s late, and a job resumed ahead still
-// stepping back from its worker hold up the younger ones) and resumable
-// (pending).
+// a worker, or resumed ahead and not fetched yet: no worker), a parked
+// job, or a job fetched by a worker and not decided yet (marked by its
+// fetch within the last two seconds, still running; never ready), with
+// whether it is ready (a parked job still completing its parking, unless
+// it is more than 5 s late, a job resumed ahead still stepping back from
+// its worker, and a job not decided yet hold up the younger ones) and
+// resumable (pending).
 func (q *Queries) LedgerGrantState(ctx context.Context, arg LedgerGrantStateParams) (json.RawMessage, error) {
 	row := q.db.QueryRow(ctx, ledgerGrantState,
 		arg.Depth,
@@ -727,16 +776,22 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
        (SELECT count(*) FROM concurrency_leases cl
         WHERE cl.kind = l.kind AND cl.worker_id <> $1::text
           AND (cl.slots > 0 OR cl.wanted_at > now() - make_interval(secs => $2::bigint / 1000.0)))::integer AS others,
-       COALESCE((SELECT min(j.attempted_at) FROM concurrency_leases cl
-                 CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
-                 JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
-                 WHERE cl.kind = l.kind AND cl.worker_id <> $1::text),
+       COALESCE(LEAST((SELECT min(j.attempted_at) FROM concurrency_leases cl
+                       CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                       JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
+                       WHERE cl.kind = l.kind AND cl.worker_id <> $1::text),
+                      (SELECT min(f.fetched_at) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
+                       WHERE f.kind = l.kind AND f.leased AND f.worker_id <> $1::text
+                         AND f.fetched_at > statement_timestamp() - interval '2 seconds')),
                 '9999-12-31'::timestamptz)::timestamptz AS oldest_other,
        COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
        COALESCE((SELECT min(e.job_id) FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved), 0)::bigint AS oldest_reserved,
-       COALESCE((SELECT min(w.job_id) FROM concurrency_waiters w
-                 WHERE w.kind = l.kind AND w.worker_id IS DISTINCT FROM $1::text
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)), 0)::bigint AS oldest_other_line
+       COALESCE(LEAST((SELECT min(w.job_id) FROM concurrency_waiters w
+                       WHERE w.kind = l.kind AND w.worker_id IS DISTINCT FROM $1::text
+                         AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+                      (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
+                       WHERE f.kind = l.kind AND f.worker_id <> $1::text
+                         AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased)), 0)::bigint AS oldest_other_line
 FROM concurrency_limits l
 WHERE l.kind = $3
 `
@@ -766,11 +821,13 @@ type LedgerLeaseStateRow struct {
 // rate limit), whether it has a per-key or rate limit (keyed), the slots this worker's lease holds, how many other workers
 // hold slots or asked for some within wanted_window_ms (they share the
 // limit fairly), and when the oldest job waiting in another worker for a
-// leased slot was fetched (9999-12-31: none), which goes before this
+// leased slot (published, or marked leased by its fetch and not published
+// yet) was fetched (9999-12-31: none), which goes before this
 // worker's younger jobs; and, for the hand-over of a freed slot in memory,
 // its oldest parked job, its oldest job granted a slot not claimed yet,
-// and its oldest job waiting in its line other than in this worker (0:
-// none), which go before any younger job.
+// and its oldest job waiting in its line other than in this worker (or
+// fetched by another worker and not decided yet; 0: none), which go
+// before any younger job.
 func (q *Queries) LedgerLeaseState(ctx context.Context, arg LedgerLeaseStateParams) (*LedgerLeaseStateRow, error) {
 	row := q.db.QueryRow(ctx, ledgerLeaseState, arg.WorkerID, arg.WantedWindowMs, arg.Kind)
 	var i LedgerLeaseStateRow
@@ -805,6 +862,15 @@ WITH resumed AS (
 ),
 unwaited AS (
     DELETE FROM concurrency_waiters w WHERE w.kind = $1
+    RETURNING w.job_id, w.worker_id
+),
+remarked AS (
+    INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, leased)
+    SELECT u.job_id, $1, NULL, u.worker_id, now(), false
+    FROM unwaited u JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
+    WHERE u.worker_id IS NOT NULL
+    ON CONFLICT (job_id) DO UPDATE
+    SET kind = EXCLUDED.kind, key = NULL, worker_id = EXCLUDED.worker_id, fetched_at = EXCLUDED.fetched_at, leased = false
 ),
 notified AS (
     SELECT pg_notify(COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
@@ -828,7 +894,11 @@ type LedgerLetGoRow struct {
 // the oldest max_rows parked jobs become available (their parking records
 // go with them), the River producers of their queues are woken, and every
 // waiter leaves the line (a job waiting in a worker finds its place gone
-// and runs). Returns how many it resumed.
+// and is decided again). A job that waited in a worker is marked fetched
+// and not decided again (no key: the next limits' partition is not known),
+// so that, should a limit come back before its worker decides it again, no
+// younger job of the kind starts before it (its decision deletes the
+// mark). Returns how many it resumed.
 func (q *Queries) LedgerLetGo(ctx context.Context, arg LedgerLetGoParams) (*LedgerLetGoRow, error) {
 	row := q.db.QueryRow(ctx, ledgerLetGo, arg.Kind, arg.MaxRows)
 	var i LedgerLetGoRow
@@ -942,6 +1012,44 @@ type LedgerLockKindsParams struct {
 // by every change of a kind's limits and by the creation of its limit row.
 func (q *Queries) LedgerLockKinds(ctx context.Context, arg LedgerLockKindsParams) error {
 	_, err := q.db.Exec(ctx, ledgerLockKinds, arg.Kinds, arg.Shared)
+	return err
+}
+
+const ledgerMarkFetched = `-- name: LedgerMarkFetched :exec
+INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, leased)
+SELECT f.job_id, f.kind, NULLIF(f.key, ''), $1::text, now(), f.leased
+FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS kind,
+             unnest($4::text[]) AS key, unnest($5::boolean[]) AS leased) AS f
+ON CONFLICT (job_id) DO UPDATE
+SET kind = EXCLUDED.kind, key = EXCLUDED.key, worker_id = EXCLUDED.worker_id, fetched_at = EXCLUDED.fetched_at,
+    leased = EXCLUDED.leased
+`
+
+type LedgerMarkFetchedParams struct {
+	WorkerID string   `json:"worker_id"`
+	JobIds   []int64  `json:"job_ids"`
+	Kinds    []string `json:"kinds"`
+	Keys     []string `json:"keys"`
+	Leaseds  []bool   `json:"leaseds"`
+}
+
+// Marks jobs of limited kinds fetched by worker_id and not decided yet
+// (job_ids, kinds, keys and leaseds in step: the keys the worker computed
+// from their args, ” for none), in the transaction of River's fetch, so
+// that no worker's decision or grant round lets a younger job of their
+// lines start before their own decision, which deletes the marks
+// (LedgerUnmarkFetched). A job marked leased (a first attempt on the
+// leased path) counts only for the other workers' leases, as waiting,
+// until its worker publishes the jobs waiting for a leased slot
+// (SetLeaseWaiting deletes the mark).
+func (q *Queries) LedgerMarkFetched(ctx context.Context, arg LedgerMarkFetchedParams) error {
+	_, err := q.db.Exec(ctx, ledgerMarkFetched,
+		arg.WorkerID,
+		arg.JobIds,
+		arg.Kinds,
+		arg.Keys,
+		arg.Leaseds,
+	)
 	return err
 }
 
@@ -1210,14 +1318,21 @@ parked AS (
     SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
     FROM river_job j
     WHERE p.kind = $1 AND j.id = p.job_id
+),
+starts AS (
+    UPDATE concurrency_starts s
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE s.kind = $1 AND j.id = s.job_id
 )
 DELETE FROM concurrency_key_lines kl WHERE kl.kind = $1
 `
 
-// Sets the keys of kind's slots, waiting and parked jobs from their River
-// rows and the kind's partition_fields (NULL: none), after the partition
-// changed, and starts the round afresh: the keys' rows go (LedgerRecount
-// makes them again).
+// Sets the keys of kind's slots, logged starts, waiting and parked jobs
+// from their River rows and the kind's partition_fields (NULL: none), after
+// the partition changed (so that a rate per key counts the starts made
+// before, in its first window), and starts the round afresh: the keys'
+// rows go (LedgerRecount makes them again).
 func (q *Queries) LedgerRepartition(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, ledgerRepartition, kind)
 	return err
@@ -1308,6 +1423,56 @@ func (q *Queries) LedgerReturnLease(ctx context.Context, arg LedgerReturnLeasePa
 	return returned, err
 }
 
+const ledgerRevokeAllGrants = `-- name: LedgerRevokeAllGrants :many
+WITH lim AS (
+    SELECT l.partition_fields FROM concurrency_limits l WHERE l.kind = $1
+),
+slots AS (
+    DELETE FROM concurrency_executions e WHERE e.kind = $1 AND e.reserved
+    RETURNING e.job_id
+),
+starts AS (
+    DELETE FROM concurrency_starts s WHERE s.kind = $1 AND s.reserved
+    RETURNING s.job_id
+),
+revoked AS (
+    SELECT job_id FROM slots UNION SELECT job_id FROM starts
+),
+back AS (
+    INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
+    SELECT r.job_id, $1, sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim)), NULL, 'limit'
+    FROM revoked r JOIN river_job j ON j.id = r.job_id
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT r.job_id FROM revoked r
+`
+
+// Takes back every grant of kind not claimed yet, slots and starts
+// reserved (its partition changed: the grants were given in its old
+// lines' order): their jobs wait in the line again, without a worker, with
+// their keys by the new partition; the grant round that follows gives the
+// room in the new lines' order. Under the kind's exclusive lock, after
+// LedgerRepartition. Returns the jobs.
+func (q *Queries) LedgerRevokeAllGrants(ctx context.Context, kind string) ([]int64, error) {
+	rows, err := q.db.Query(ctx, ledgerRevokeAllGrants, kind)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var job_id int64
+		if err := rows.Scan(&job_id); err != nil {
+			return nil, err
+		}
+		items = append(items, job_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const ledgerRevokeKeyGrants = `-- name: LedgerRevokeKeyGrants :many
 WITH ranked AS (
     SELECT e.job_id, e.key,
@@ -1346,6 +1511,67 @@ type LedgerRevokeKeyGrantsParams struct {
 // job keeps its place). Under the kind's exclusive lock. Returns the jobs.
 func (q *Queries) LedgerRevokeKeyGrants(ctx context.Context, arg LedgerRevokeKeyGrantsParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, ledgerRevokeKeyGrants, arg.Kind, arg.KeyMax)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var job_id int64
+		if err := rows.Scan(&job_id); err != nil {
+			return nil, err
+		}
+		items = append(items, job_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const ledgerRevokeRateGrants = `-- name: LedgerRevokeRateGrants :many
+WITH lim AS (
+    SELECT l.kind, l.rate_max, l.rate_period, l.rate_per_key
+    FROM concurrency_limits l
+    WHERE l.kind = $1 AND l.rate_max IS NOT NULL AND l.rate_period IS NOT NULL
+),
+ranked AS (
+    SELECT s.job_id, s.key,
+           row_number() OVER (PARTITION BY CASE WHEN lim.rate_per_key THEN s.key END ORDER BY s.job_id) AS n,
+           (SELECT count(*) FROM concurrency_starts h
+            WHERE h.kind = lim.kind AND NOT h.reserved AND h.started_at > statement_timestamp() - lim.rate_period
+              AND (NOT lim.rate_per_key OR h.key IS NOT DISTINCT FROM s.key)) AS started
+    FROM concurrency_starts s JOIN lim ON lim.kind = s.kind
+    WHERE s.reserved
+),
+revoked AS (
+    DELETE FROM concurrency_starts s
+    USING ranked r, lim
+    WHERE s.job_id = r.job_id AND s.reserved AND r.started + r.n > lim.rate_max
+    RETURNING s.job_id, s.key
+),
+unslotted AS (
+    DELETE FROM concurrency_executions e
+    WHERE e.reserved AND e.job_id IN (SELECT r.job_id FROM revoked r)
+),
+back AS (
+    INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
+    SELECT r.job_id, $1, r.key, NULL, CASE WHEN (SELECT lim.rate_per_key FROM lim) THEN 'key_rate' ELSE 'rate' END
+    FROM revoked r
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT r.job_id FROM revoked r
+`
+
+// Takes back the newest starts reserved and not claimed yet beyond kind's
+// rate (set, lowered, or made kind-wide: starts granted under the old
+// limits would fill the new window past its rate), of the kind or, under
+// a rate per key, of each key, counting the starts logged in the window,
+// with the slots reserved for them: their jobs wait in the line again,
+// without a worker (a resumed job keeps its place). Under the kind's
+// exclusive lock. Returns the jobs.
+func (q *Queries) LedgerRevokeRateGrants(ctx context.Context, kind string) ([]int64, error) {
+	rows, err := q.db.Query(ctx, ledgerRevokeRateGrants, kind)
 	if err != nil {
 		return nil, err
 	}
@@ -1431,17 +1657,33 @@ starts AS (
 ),
 taken AS (
     SELECT DISTINCT ON (x.job_id) x.job_id, x.kind, x.key FROM (SELECT job_id, kind, key FROM slots UNION ALL SELECT job_id, kind, key FROM starts) x
+),
+reparked AS (
+    UPDATE river_job j
+    SET state = 'pending'
+    FROM taken t
+    WHERE j.id = t.job_id AND j.state = 'available'
+    RETURNING j.id
+),
+parkings AS (
+    INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id)
+    SELECT t.job_id, t.kind, t.key, CASE WHEN t.key IS NULL THEN 'fifo' ELSE 'key_fifo' END, NULL
+    FROM taken t JOIN reparked r ON r.id = t.job_id
+    ON CONFLICT (job_id) DO NOTHING
 )
 INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
 SELECT t.job_id, t.kind, t.key, NULL, CASE WHEN t.key IS NULL THEN 'fifo' ELSE 'key_fifo' END, true
 FROM taken t
+WHERE NOT EXISTS (SELECT 1 FROM reparked r WHERE r.id = t.job_id)
 ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, ahead = true
 `
 
 // Takes back grants not claimed yet (job_ids: their reserved slots and
 // starts) for older jobs of their lines that start in their place: each
-// job granted goes back to the line as a job resumed ahead (a waiter
-// without a worker), keeping its place.
+// job granted and not fetched yet (still available) is parked again, as if
+// never resumed (no more jobs of a line wait resumed than its room and
+// lookahead allow); one fetched meanwhile goes back to the line as a job
+// resumed ahead (a waiter without a worker). Either keeps its place.
 func (q *Queries) LedgerStealGrants(ctx context.Context, jobIds []int64) error {
 	_, err := q.db.Exec(ctx, ledgerStealGrants, jobIds)
 	return err
@@ -1514,31 +1756,85 @@ func (q *Queries) LedgerStepBackFetched(ctx context.Context, jobIds []int64) err
 }
 
 const ledgerSwapSlot = `-- name: LedgerSwapSlot :one
-WITH moved AS (
+WITH waiter AS (
+    -- to_id's key in the line (a worker's copy of the limits may be older
+    -- than the partition the ledger keys by).
+    SELECT w.key FROM concurrency_waiters w WHERE w.job_id = $1::bigint
+),
+slot AS (
+    SELECT e.kind, e.key FROM concurrency_executions e
+    WHERE e.job_id = $2::bigint AND NOT e.reserved AND e.worker_id = $3::text
+      AND EXISTS (SELECT 1 FROM waiter) AND e.key IS NOT DISTINCT FROM (SELECT key FROM waiter)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = $1::bigint)
+),
+start AS (
+    -- Under a rate alone (from_id holds no slot row): from_id's start of
+    -- this attempt, none of to_id's.
+    SELECT s.kind, s.key FROM concurrency_starts s JOIN river_job j ON j.id = s.job_id
+    WHERE s.job_id = $2::bigint AND (s.reserved OR s.started_at >= j.attempted_at)
+      AND j.attempted_by[array_upper(j.attempted_by, 1)] = $3::text
+      AND EXISTS (SELECT 1 FROM waiter) AND s.key IS NOT DISTINCT FROM (SELECT key FROM waiter)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = $2::bigint)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_starts t JOIN river_job o ON o.id = t.job_id
+                      WHERE t.job_id = $1::bigint AND (t.reserved OR t.started_at >= o.attempted_at))
+),
+held AS (
+    SELECT kind, key FROM slot UNION ALL SELECT kind, key FROM start
+),
+older AS (
+    SELECT EXISTS (
+        SELECT 1 FROM held m, concurrency_waiters w
+        WHERE w.kind = m.kind AND w.key IS NOT DISTINCT FROM m.key AND w.job_id < $1::bigint
+          AND w.job_id <> $2::bigint
+          AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = w.job_id)
+        UNION ALL
+        SELECT 1 FROM held m, concurrency_parked_jobs p
+        WHERE p.kind = m.kind AND p.key IS NOT DISTINCT FROM m.key AND p.job_id < $1::bigint
+        UNION ALL
+        SELECT 1 FROM held m, concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
+        WHERE f.kind = m.kind AND f.key IS NOT DISTINCT FROM m.key AND f.job_id < $1::bigint
+          AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+    ) AS waits
+),
+act AS (
+    SELECT EXISTS (SELECT 1 FROM held) AND NOT o.waits AS moving, EXISTS (SELECT 1 FROM held) AND o.waits AS giving
+    FROM older o
+),
+moved AS (
     UPDATE concurrency_executions e
     SET job_id = $1::bigint, admitted_at = clock_timestamp()
-    WHERE e.job_id = $2::bigint AND NOT e.reserved AND e.worker_id = $3::text
-      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = $1::bigint)
-    RETURNING e.kind, e.key, e.admitted_at
+    WHERE e.job_id = $2::bigint AND EXISTS (SELECT 1 FROM slot) AND (SELECT moving FROM act)
+),
+given AS (
+    DELETE FROM concurrency_executions e
+    WHERE e.job_id = $2::bigint AND EXISTS (SELECT 1 FROM slot) AND (SELECT giving FROM act)
+    RETURNING e.job_id
 ),
 started AS (
     UPDATE concurrency_starts s
     SET job_id = $1::bigint, reserved = true
-    WHERE s.job_id = $2::bigint AND EXISTS (SELECT 1 FROM moved)
+    WHERE s.job_id = $2::bigint AND (SELECT moving FROM act)
+      AND (s.reserved OR s.started_at >= (SELECT j.attempted_at FROM river_job j WHERE j.id = $2::bigint))
+),
+unstarted AS (
+    DELETE FROM concurrency_starts s
+    WHERE s.job_id = $2::bigint AND (SELECT giving FROM act)
       AND (s.reserved OR s.started_at >= (SELECT j.attempted_at FROM river_job j WHERE j.id = $2::bigint))
 ),
 unwaited AS (
     DELETE FROM concurrency_waiters w
-    WHERE w.job_id = $1::bigint AND EXISTS (SELECT 1 FROM moved)
+    WHERE w.job_id = $1::bigint AND (SELECT moving FROM act)
 ),
 waiting AS (
     INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
     SELECT $2::bigint, m.kind, m.key, $3::text, $4::text, false
-    FROM moved m
+    FROM held m
     ON CONFLICT (job_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, reason = EXCLUDED.reason, ahead = false
-    RETURNING job_id
 )
-SELECT EXISTS (SELECT 1 FROM waiting) AS swapped
+SELECT COALESCE(a.moving, false)::boolean AS swapped, COALESCE(a.giving, false)::boolean AS gave_back,
+       EXISTS (SELECT 1 FROM given) AS freed_slot,
+       COALESCE((SELECT key FROM held), '')::text AS key
+FROM act a
 `
 
 type LedgerSwapSlotParams struct {
@@ -1548,25 +1844,53 @@ type LedgerSwapSlotParams struct {
 	Reason   string `json:"reason"`
 }
 
-// Moves the slot of from_id, a job of worker_id that was granted or
-// admitted one and has not started (its worker holds it back: an older job
-// of its key there was deciding), to to_id, that older job, which its
-// decision put in the line: to_id leaves the line and starts in its place
-// (with the start logged for from_id's slot, if any, reserved for to_id
-// to claim as it begins: LedgerClaimStarts), and from_id waits in
-// the line in worker_id, held for reason. Counts do not change: the two
-// are of one key. Returns whether the slot moved (not when from_id holds
-// no slot of worker_id's, or to_id holds one).
-func (q *Queries) LedgerSwapSlot(ctx context.Context, arg LedgerSwapSlotParams) (bool, error) {
+type LedgerSwapSlotRow struct {
+	Swapped   bool   `json:"swapped"`
+	GaveBack  bool   `json:"gave_back"`
+	FreedSlot bool   `json:"freed_slot"`
+	Key       string `json:"key"`
+}
+
+// Moves what from_id holds, a job of worker_id that was granted or
+// admitted a slot (or, under a rate alone, a start) and has not started
+// (its worker holds it back: an older job of its key there was deciding),
+// to to_id, that older job, which its decision put in the line: to_id
+// leaves the line and starts in its place (with the start logged for
+// from_id, if any, reserved for to_id to claim as it begins:
+// LedgerClaimStarts), and from_id waits in the line in worker_id, held for
+// reason. Counts do not change: the two are of one key. But when a job of
+// the line older than to_id waits elsewhere (in the line, parked, or
+// fetched by a worker and not decided yet), what from_id holds is that
+// job's: from_id gives it back (its slot row, and the start logged for it,
+// go) and waits in the line, and the caller counts the slot freed
+// (freed_slot) and runs a grant round. Returns whether it moved or went
+// back, and from_id's key (neither when from_id holds nothing of worker_id's
+// of to_id's key, or to_id holds something).
+func (q *Queries) LedgerSwapSlot(ctx context.Context, arg LedgerSwapSlotParams) (*LedgerSwapSlotRow, error) {
 	row := q.db.QueryRow(ctx, ledgerSwapSlot,
 		arg.ToID,
 		arg.FromID,
 		arg.WorkerID,
 		arg.Reason,
 	)
-	var swapped bool
-	err := row.Scan(&swapped)
-	return swapped, err
+	var i LedgerSwapSlotRow
+	err := row.Scan(
+		&i.Swapped,
+		&i.GaveBack,
+		&i.FreedSlot,
+		&i.Key,
+	)
+	return &i, err
+}
+
+const ledgerUnmarkFetched = `-- name: LedgerUnmarkFetched :exec
+DELETE FROM concurrency_fetches WHERE job_id = ANY($1::bigint[])
+`
+
+// Jobs decided: their marks as fetched and not decided go.
+func (q *Queries) LedgerUnmarkFetched(ctx context.Context, jobIds []int64) error {
+	_, err := q.db.Exec(ctx, ledgerUnmarkFetched, jobIds)
+	return err
 }
 
 const ledgerUnwait = `-- name: LedgerUnwait :exec

@@ -9,6 +9,18 @@ import (
 	"context"
 )
 
+const deleteStaleFetches = `-- name: DeleteStaleFetches :exec
+DELETE FROM concurrency_fetches WHERE kind = $1 AND fetched_at < now() - interval '1 minute'
+`
+
+// Drops the marks of jobs of kind fetched and not decided that no decision
+// reads any more (older than a minute: their worker stopped or decided
+// them without the ledger).
+func (q *Queries) DeleteStaleFetches(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, deleteStaleFetches, kind)
+	return err
+}
+
 const deleteStaleWaiters = `-- name: DeleteStaleWaiters :many
 DELETE FROM concurrency_waiters w
 WHERE w.kind = $1
@@ -191,7 +203,11 @@ func (q *Queries) RevokeGrants(ctx context.Context, arg RevokeGrantsParams) ([]i
 }
 
 const setLeaseWaiting = `-- name: SetLeaseWaiting :exec
-WITH updated AS (
+WITH unmarked AS (
+    DELETE FROM concurrency_fetches f
+    WHERE f.job_id = ANY($4::bigint[]) AND f.leased AND f.worker_id = $2::text
+),
+updated AS (
     UPDATE concurrency_leases SET waiting = $3::bigint[]
     WHERE kind = $1 AND worker_id = $2::text
     RETURNING 1
@@ -203,16 +219,23 @@ ON CONFLICT (kind, worker_id) DO UPDATE SET waiting = EXCLUDED.waiting
 `
 
 type SetLeaseWaitingParams struct {
-	Kind     string  `json:"kind"`
-	WorkerID string  `json:"worker_id"`
-	JobIds   []int64 `json:"job_ids"`
+	Kind      string  `json:"kind"`
+	WorkerID  string  `json:"worker_id"`
+	JobIds    []int64 `json:"job_ids"`
+	UnmarkIds []int64 `json:"unmark_ids"`
 }
 
 // Publishes the jobs waiting in worker_id for a leased slot of kind (for
-// SQL: waiting_jobs; the other workers let them go first). A worker that
-// holds no slot of the kind yet gets a lease row of none: its jobs wait
-// before it leased any.
+// SQL: waiting_jobs; the other workers let them go first), and deletes
+// the leased fetch marks of unmark_ids (what waits of them is published
+// now). A worker that holds no slot of the kind yet gets a lease row of
+// none: its jobs wait before it leased any.
 func (q *Queries) SetLeaseWaiting(ctx context.Context, arg SetLeaseWaitingParams) error {
-	_, err := q.db.Exec(ctx, setLeaseWaiting, arg.Kind, arg.WorkerID, arg.JobIds)
+	_, err := q.db.Exec(ctx, setLeaseWaiting,
+		arg.Kind,
+		arg.WorkerID,
+		arg.JobIds,
+		arg.UnmarkIds,
+	)
 	return err
 }

@@ -88,6 +88,16 @@ type ConcurrencyExecution struct {
 	Key        *string   `json:"key"`
 }
 
+// Jobs of limited kinds fetched and not decided yet (written with River's fetch, deleted by their decision): no younger job of their line starts before them.
+type ConcurrencyFetch struct {
+	JobID     int64     `json:"job_id"`
+	Kind      string    `json:"kind"`
+	Key       *string   `json:"key"`
+	WorkerID  string    `json:"worker_id"`
+	FetchedAt time.Time `json:"fetched_at"`
+	Leased    bool      `json:"leased"`
+}
+
 type ConcurrencyKey struct {
 	Kind            string      `json:"kind"`
 	Key             *string     `json:"key"`

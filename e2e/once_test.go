@@ -7,9 +7,12 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
@@ -155,8 +158,34 @@ func (h *harness) requireNothingLeft() {
 	require.Zero(h.t, h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state <> 'completed'`),
 		"no demo.sleep job left pending, available, retryable or running")
 	require.Zero(h.t, h.count(slotCountsOffSQL), "slot counts equal the slot rows and leased slots")
-	h.eventually(time.Minute, func() bool { return h.count(slotsTakenSQL) == 0 }, "slots still taken after every job ended")
+	if !assert.Eventually(h.t, func() bool { return h.count(slotsTakenSQL) == 0 }, time.Minute, 100*time.Millisecond) {
+		h.t.Fatalf("slots still taken after every job ended:\n%s", h.dump(slotsLeftSQL))
+	}
 	require.Zero(h.t, h.count(slotCountsOffSQL), "slot counts equal the slot rows and leased slots")
+}
+
+// slotsLeftSQL describes the limiter's state of demo.sleep, one line each
+// (its limit row, slot rows, leases, and jobs by state), for a failure's
+// message.
+const slotsLeftSQL = `
+	SELECT format('limit: max %s admitted %s', l.max_concurrency, l.admitted) FROM concurrency_limits l WHERE l.kind = 'demo.sleep'
+	UNION ALL
+	SELECT format('execution: job %s (state %s) worker %s reserved %s admitted %s', e.job_id, j.state, e.worker_id, e.reserved, e.admitted_at)
+	FROM concurrency_executions e LEFT JOIN river_job j ON j.id = e.job_id WHERE e.kind = 'demo.sleep'
+	UNION ALL
+	SELECT format('lease: worker %s slots %s renewed %s', cl.worker_id, cl.slots, cl.renewed_at) FROM concurrency_leases cl WHERE cl.kind = 'demo.sleep'
+	UNION ALL
+	SELECT format('jobs %s: %s (parked %s)', j.state, count(*), count(p.job_id)) FROM river_job j LEFT JOIN concurrency_parked_jobs p ON p.job_id = j.id
+	WHERE j.kind = 'demo.sleep' GROUP BY j.state`
+
+// dump runs a query returning one text column and joins its rows.
+func (h *harness) dump(sql string) string {
+	h.t.Helper()
+	rows, err := h.pool.Query(context.Background(), sql)
+	require.NoError(h.t, err, sql)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(h.t, err, sql)
+	return strings.Join(lines, "\n")
 }
 
 // workedRE matches a series of sluice_jobs_total.

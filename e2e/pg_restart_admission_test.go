@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/internal/pgcluster"
@@ -77,9 +78,11 @@ func TestPostgresRestartDuringAdmission(t *testing.T) {
 	require.NoError(t, cluster.Start())
 	up := time.Now()
 
-	h.eventually(3*time.Minute, func() bool {
+	if !assert.Eventually(t, func() bool {
 		return h.count(`SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'completed'`) == restartAdmissionJobs
-	}, "the jobs were not all done after the restart")
+	}, 3*time.Minute, 100*time.Millisecond) {
+		t.Fatalf("the jobs were not all done after the restart:\n%s", h.dump(slotsLeftSQL))
+	}
 	allDone := h.lastCompletion("demo.sleep").Sub(up)
 	firstDone := h.firstCompletionAfter(up, "demo.sleep")
 

@@ -60,6 +60,7 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 	defer cancel()
 	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
 	if err == nil {
+		l.restamp(ctx, jobs, out.Limits)
 		if len(out.Recheck) > 0 {
 			l.releaser.submitAsync(&releaseRequest{rounds: out.Recheck})
 		}
@@ -70,6 +71,36 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 	for _, r := range batch {
 		r.out, r.err = out, err
 		close(r.done)
+	}
+}
+
+// restamp marks the jobs of a decision as decided under the limits in
+// force now, when the changes heard since they were stamped (Job.Stamp)
+// left their kinds' settings as the decision read them under the kinds'
+// locks (a change of another kind, the listener connecting again, a
+// change the decision saw already): they need not be decided again
+// before they begin (limitCameAfter).
+func (l *Limiter) restamp(ctx context.Context, jobs []ledger.Job, read map[string]ledger.Limits) {
+	heard := l.limits.gen.Load()
+	same := map[string]bool{}
+	for _, j := range jobs {
+		q := l.queues.get(j.Kind)
+		if q == nil {
+			continue
+		}
+		qj := q.Get(j.ID)
+		if qj == nil || qj.Stamped() == heard {
+			continue
+		}
+		ok, seen := same[j.Kind]
+		if !seen {
+			cur, err := l.limits.of(ctx, j.Kind)
+			ok = err == nil && cur.SameSettings(read[j.Kind])
+			same[j.Kind] = ok
+		}
+		if ok {
+			qj.Restamp(heard)
+		}
 	}
 }
 
@@ -168,6 +199,7 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 			continue
 		}
 		q := l.queues.of(kind)
+		q.SetByFetch(lim.Regime() == ledger.Leased)
 		heard := l.limits.gen.Load()
 		for _, j := range q.Fetch(fetched) {
 			j.Stamp(heard)
@@ -224,6 +256,7 @@ func fetchedAt(job *rivertype.JobRow) time.Time {
 // action. A job that waits in the line here closes the kind's leased path
 // in this worker (local.Queue.Line): the line alone orders its jobs then.
 func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
+	l.trace("decided", "kind", d.Kind, "job_id", d.Job, "action", int(d.Action), "reason", d.Reason, "ahead", d.Ahead)
 	switch d.Action {
 	case ledger.Run:
 		q.Work(d.Job, local.NoSlot)
@@ -234,17 +267,23 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 			// A younger job of its key here holds a slot and has not started:
 			// it takes that slot, and the younger one waits in its place.
 			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-			ok, err := l.ledger.Swap(ctx, d.Kind, y.ID, d.Job, d.Reason)
+			out, err := l.ledger.Swap(ctx, d.Kind, y.ID, d.Job, d.Reason)
 			cancel()
 			if err != nil {
 				l.logger.Warn("concurrency limits: a held slot not handed to an older job; it waits in the line", "kind", d.Kind,
 					"job_id", d.Job, "held_job_id", y.ID, "error", err)
 			}
-			if q.Swapped(d.Job, y.ID, ok, d.Ahead, d.Reason) {
+			if q.Swapped(d.Job, y.ID, out == ledger.SwapMoved, out == ledger.SwapGaveBack, d.Ahead, d.Reason) {
 				l.keeper.wakeUp()
 			}
-			if ok {
+			if out == ledger.SwapMoved {
 				l.TestSignals.Swapped.Signal(d.Job)
+			}
+			if out != ledger.SwapNone {
+				// The younger job waits in the line now (and the slot it gave
+				// back, if it did, is free): a grant round gives the front any
+				// room the kind has.
+				l.releaser.submitAsync(&releaseRequest{rounds: []string{d.Kind}})
 			}
 			break
 		}

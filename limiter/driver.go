@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river/riverdriver"
@@ -10,6 +12,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
 )
 
 // maxFetchThrough is how many times one of River's fetches fetches again
@@ -17,6 +20,11 @@ import (
 // worked through (parked, most of it) in few of River's fetch cycles, and
 // a job of another key inserted behind it is fetched soon.
 const maxFetchThrough = 16
+
+// maxStartHeld is how long a fetch that fetches again for the jobs that
+// parked may hold a job it keeps that could start: then River gets what
+// the fetch has, and the queue's producer is woken to fetch again.
+const maxStartHeld = 200 * time.Millisecond
 
 // Driver returns River's pgx driver d with the limiter deciding the jobs
 // of kinds (the kinds the client works) that each fetch brings, together
@@ -50,17 +58,21 @@ type fetchExecutor struct {
 // JobGetAvailable fetches as River does, at most what the fetch gate lets
 // in, and has the limiter decide the jobs of limited kinds. The jobs that
 // parked leave the result; while a full fetch lost jobs to parking, it
-// fetches again for them (River fetches again at once only after a full
-// fetch).
+// fetches again (River fetches again at once only after a full fetch), up
+// to maxFetchThrough times, or until a job it keeps has been able to
+// start for maxStartHeld, or at once when that job's start was logged in
+// a rate window: then it returns and wakes the queue's producer to fetch
+// again.
 func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, error) {
 	l := e.d.l
 	params = l.gate.admit(ctx, params)
 	want := params.MaxToLock
 	out := &riverdriver.JobGetAvailableResult{}
+	var startable time.Time // when a job kept could first start
 	for range maxFetchThrough {
 		p := *params
 		p.MaxToLock = want - len(out.Jobs)
-		res, err := e.Executor.JobGetAvailable(ctx, &p)
+		res, leased, err := e.fetch(ctx, &p)
 		if err != nil {
 			if len(out.Jobs) > 0 {
 				return out, nil // River gets what it has; the error comes back at its next fetch
@@ -71,6 +83,7 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 			break
 		}
 		parked := l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)
+		l.noteLeasedMarks(leased)
 		for _, job := range res.Jobs {
 			if parked[job.ID] {
 				continue
@@ -86,8 +99,168 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 		if len(res.Jobs) < p.MaxToLock || len(parked) == 0 || l.isStopped() {
 			break
 		}
+		now, logged := l.startsNow(ctx, out.Jobs)
+		if startable.IsZero() && now {
+			startable = time.Now()
+		}
+		if logged || (!startable.IsZero() && time.Since(startable) >= maxStartHeld) {
+			// River gets the jobs that can start now, without waiting for
+			// more fetches; its producer is woken to fetch again for those
+			// that parked.
+			l.gate.wake(params.Queue)
+			break
+		}
 	}
 	return out, nil
+}
+
+// startsNow reports whether a job of jobs (fetched, not parked) starts as
+// soon as River runs it: no limit, or decided to work; and logged, whether
+// one of those is of a kind under a rate, whose window counted its start
+// at its decision (it must not be held back). Jobs that wait in the worker
+// lose nothing while the fetch fetches again.
+func (l *Limiter) startsNow(ctx context.Context, jobs []*rivertype.JobRow) (now, logged bool) {
+	var working []string // the limited kinds of jobs decided to work
+	for _, job := range jobs {
+		q := l.queues.get(job.Kind)
+		if q == nil {
+			now = true
+			continue
+		}
+		if j := q.Get(job.ID); j == nil || j.State() == local.Working {
+			now = true
+			if j != nil && !slices.Contains(working, job.Kind) {
+				working = append(working, job.Kind)
+			}
+		}
+	}
+	if len(working) > 0 {
+		for _, lim := range l.limits.guess(ctx, working) {
+			if lim.RateMax > 0 {
+				return true, true
+			}
+		}
+	}
+	return now, false
+}
+
+// fetch fetches as River does. While a kind the client works is limited
+// (as the worker's copy of the limits has it), it fetches in a
+// transaction that also marks the fetched jobs of limited kinds as not
+// decided yet (ledger.MarkFetched; toMark): another worker's decision lets
+// no younger job of their lines start before theirs. A first attempt of a
+// kind whose leased path is open in this worker (the worker's memory
+// decides it) is marked leased: for the other workers' leases it waits,
+// until this worker's lease keeper publishes what waits; those are
+// returned for the keeper (noteLeasedMarks).
+func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, []ledger.Fetched, error) {
+	l := e.d.l
+	limited := l.markedKinds(ctx, e.d.kinds)
+	if len(limited) == 0 {
+		res, err := e.Executor.JobGetAvailable(ctx, params)
+		return res, nil, err
+	}
+	tx, err := e.Executor.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin the fetch: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op once committed
+	res, err := tx.JobGetAvailable(ctx, params)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fetch: %w", err)
+	}
+	var marks []ledger.Fetched
+	if res != nil {
+		marks = l.toMark(res, limited)
+		if err := l.ledger.MarkFetched(ctx, e.d.UnwrapTx(tx), marks); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, fmt.Errorf("commit the fetch: %w", err)
+	}
+	leased := marks[:0]
+	for _, m := range marks {
+		if m.Leased {
+			leased = append(leased, m)
+		}
+	}
+	return res, leased, nil
+}
+
+// noteLeasedMarks tells the kinds' queues of the jobs their fetch marked
+// leased (once the jobs are in the queues): the lease keeper's next
+// publication takes the marks away.
+func (l *Limiter) noteLeasedMarks(marks []ledger.Fetched) {
+	byKind := map[string][]int64{}
+	for _, m := range marks {
+		byKind[m.Kind] = append(byKind[m.Kind], m.ID)
+	}
+	for kind, ids := range byKind {
+		q := l.queues.get(kind)
+		if q == nil {
+			continue // never decided: the marks run out
+		}
+		q.NoteLeasedMarks(ids)
+	}
+	if len(byKind) > 0 {
+		l.keeper.wakeUp()
+	}
+}
+
+// markedKinds is the limits of kinds that have one, as the worker's copy
+// has them, when the limiter decides fetched jobs (none otherwise).
+func (l *Limiter) markedKinds(ctx context.Context, kinds []string) map[string]ledger.Limits {
+	if l.ignoreLimits || l.neverPark || l.isStopped() {
+		return nil
+	}
+	out := l.limits.guess(ctx, kinds)
+	for kind, lim := range out {
+		if lim.Regime() == ledger.Unlimited {
+			delete(out, kind)
+		}
+	}
+	return out
+}
+
+// toMark is the jobs of res of limited kinds (limits), each marked leased
+// when it is a first attempt, never parked, of a kind whose leased path is
+// open in this worker (the worker's memory decides it); the first of
+// those, as many as the worker has spare leased slots, are not marked:
+// they start at once (a mark would count them as waiting in the other
+// workers until the keeper's next publication).
+func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[string]ledger.Limits) []ledger.Fetched {
+	var out []ledger.Fetched
+	type path struct {
+		open  bool
+		spare int // the leased slots its next jobs take at once: not marked
+	}
+	paths := map[string]*path{} // per kind, read once a fetch
+	now := time.Now()
+	for _, job := range res.Jobs {
+		lim, ok := limits[job.Kind]
+		if !ok || job.Kind == ResumeKind || res.DecodeErrors[job.ID] != nil {
+			continue
+		}
+		leased := false
+		if lim.Regime() == ledger.Leased && job.Attempt <= 1 && !everParked(job) {
+			p := paths[job.Kind]
+			if p == nil {
+				p = &path{open: true} // no queue yet: the limits' copy's word
+				if q := l.queues.get(job.Kind); q != nil {
+					p.open, p.spare = q.LeasedPath(now)
+				}
+				paths[job.Kind] = p
+			}
+			if leased = p.open; leased && p.spare > 0 {
+				p.spare--
+				continue // it takes a spare leased slot at once: it never waits
+			}
+		}
+		key, _ := ledger.PartitionKey(job.EncodedArgs, lim.Fields)
+		out = append(out, ledger.Fetched{ID: job.ID, Kind: job.Kind, Key: key, Leased: leased})
+	}
+	return out
 }
 
 // fetched decides the fetched jobs of kinds (those of limited kinds) and

@@ -105,3 +105,18 @@ func (g *fetchGate) left() {
 		}
 	}()
 }
+
+// wake sends queue River's insert notification (in the background), so
+// that its producer fetches again soon: a fetch returned fewer jobs than
+// River asked for because some parked.
+func (g *fetchGate) wake(queue string) {
+	g.l.bg.Add(1)
+	go func() {
+		defer g.l.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+		defer cancel()
+		if err := g.l.q.NotifyRiverInsert(ctx, []string{queue}); err != nil {
+			g.l.logger.Warn("queue not woken after a fetch that parked jobs; River's poll interval will", "queue", queue, "error", err)
+		}
+	}()
+}

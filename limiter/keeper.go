@@ -130,7 +130,7 @@ func (k *keeper) runOnce(ctx context.Context) time.Duration {
 		leased, _, toReturn := q.LeaseState()
 		queued, lined := q.Waiting()
 		kept := k.kinds[q.Kind()]
-		if leased == 0 && toReturn == 0 && queued == 0 && (kept == nil || len(kept.publishedIDs) == 0) {
+		if leased == 0 && toReturn == 0 && queued == 0 && (kept == nil || len(kept.publishedIDs) == 0) && !q.HasLeasedMarks() {
 			if lined == 0 || !k.leasedRegime(ctx, q.Kind()) {
 				delete(k.kinds, q.Kind())
 				return
@@ -249,6 +249,7 @@ func (k *keeper) reconcile(q *local.Queue, held int32) {
 
 // look reads the kind's state into its queue's view.
 func (k *keeper) look(ctx context.Context, q *local.Queue) error {
+	heard := k.l.limits.gen.Load() // before the read: a change heard during it makes the view stale
 	st, err := k.l.ledger.LeaseState(ctx, q.Kind(), k.cfg.WantedWindow)
 	if err != nil {
 		return err
@@ -263,7 +264,7 @@ func (k *keeper) look(ctx context.Context, q *local.Queue) error {
 	k.reconcile(q, st.Own)
 	q.SetView(local.View{At: time.Now(), Limit: st.Max, Admitted: st.Admitted, OffPath: st.OffPath, Keyed: st.Keyed,
 		Others: st.Others, OldestOther: st.OldestOther, OldestParked: st.OldestParked, OldestReserved: st.OldestReserved,
-		OldestOtherLine: st.OldestOtherLine})
+		OldestOtherLine: st.OldestOtherLine, Heard: heard})
 	return nil
 }
 
@@ -281,13 +282,18 @@ func (k *keeper) publish(ctx context.Context, q *local.Queue, kept *keptKind) {
 	// At once when a job older than those published waits (the other
 	// workers let it go first), or none waits any more; else at most every
 	// Publish.
+	// Jobs whose fetch marked them waiting (leased) are published now: the
+	// marks go with the publication.
 	older := len(ids) > 0 && (len(kept.publishedIDs) == 0 || ids[0] < kept.publishedIDs[0])
-	if slices.Equal(ids, kept.publishedIDs) || (len(ids) > 0 && !older && time.Since(kept.published) < k.cfg.Publish) {
+	unmark := q.TakeLeasedMarks()
+	if len(unmark) == 0 && (slices.Equal(ids, kept.publishedIDs) || (len(ids) > 0 && !older && time.Since(kept.published) < k.cfg.Publish)) {
 		return
 	}
-	if k.l.ledger.PublishWaiting(ctx, q.Kind(), ids) == nil {
+	if k.l.ledger.PublishWaiting(ctx, q.Kind(), ids, unmark) == nil {
 		kept.publishedIDs, kept.published = ids, time.Now()
+		return
 	}
+	q.NoteLeasedMarks(unmark) // again at the next publication
 }
 
 // giveAllBack gives back every leased slot not in use, of every kind
@@ -309,7 +315,7 @@ func (k *keeper) giveAllBack() {
 		}
 		if kept := k.kinds[q.Kind()]; kept != nil && len(kept.publishedIDs) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-			_ = k.l.ledger.PublishWaiting(ctx, q.Kind(), nil)
+			_ = k.l.ledger.PublishWaiting(ctx, q.Kind(), nil, q.TakeLeasedMarks())
 			cancel()
 		}
 	})

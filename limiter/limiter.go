@@ -98,11 +98,13 @@ type Limiter struct {
 	strays   strays
 	deciders deciders
 	releaser batcher[releaseRequest]
-	keeper   *keeper
-	grants   *grantWatch
-	wakes    rateWakes
-	rechecks rechecks
-	gate     fetchGate
+	// unreleased are the releases that failed (releaseBatch's own).
+	unreleased unreleased
+	keeper     *keeper
+	grants     *grantWatch
+	wakes      rateWakes
+	rechecks   rechecks
+	gate       fetchGate
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
 
@@ -215,8 +217,9 @@ func (l *Limiter) ParkedTotal() int64 { return l.parkedTotal.Load() }
 
 // Flush stops the limiter's services: it gives back the worker's leased
 // slots, stops the rate timers and the retries of failed releases, and
-// waits until the slot releases of jobs that ended have been written. Call
-// it once the worker's jobs have ended.
+// waits until the slot releases of jobs that ended have been written (a
+// release that failed is tried once more). Call it once the worker's jobs
+// have ended.
 func (l *Limiter) Flush() {
 	l.mu.Lock()
 	first := !l.stopped
@@ -233,6 +236,7 @@ func (l *Limiter) Flush() {
 	l.strays.clear()
 	l.wakes.stop()
 	l.rechecks.stop()
+	l.releaser.submitAsync(&releaseRequest{retry: true}) // a release that failed: one more try
 	l.releaser.flush()
 }
 
@@ -376,9 +380,11 @@ func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 	}
 	var out []int64
 	for _, g := range gs {
-		if l.queues.grant(g.id, g.slot, claimed && rated[g.id]) {
+		ok := l.queues.grant(g.id, g.slot, claimed && rated[g.id])
+		if ok {
 			out = append(out, g.id)
 		}
+		l.trace("granted", "job_id", g.id, "slot", int(g.slot), "woken", ok)
 	}
 	return out
 }
@@ -390,4 +396,13 @@ func (qs *queues) redecide(id int64) {
 			q.Redecide(id)
 		}
 	})
+}
+
+// trace logs a step of a job's way through the limiter at debug level
+// (for diagnosis: the torture test's TORTURE_WORKER_LOGS with
+// TORTURE_DEBUG).
+func (l *Limiter) trace(msg string, args ...any) {
+	if l.logger.Enabled(context.Background(), slog.LevelDebug) {
+		l.logger.Debug("concurrency limits: "+msg, args...)
+	}
 }

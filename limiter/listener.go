@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-dev/sluice/db"
 	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
 )
 
 // GrantChannel is the channel a grant round notifies when it gives a slot
@@ -43,6 +44,7 @@ func (l *Limiter) listen(ctx context.Context) {
 		RetryMax: listenRetryMax,
 		Connected: func() {
 			l.limits.connected()
+			l.staleViews()
 			l.grants.connected()
 			l.TestSignals.Listening.Signal(struct{}{})
 		},
@@ -54,6 +56,7 @@ func (l *Limiter) listen(ctx context.Context) {
 			switch n.Channel {
 			case LimitChannel:
 				l.limits.expire()
+				l.staleViews()
 				if n.Payload != "" && !l.isStopped() {
 					// A change made by any SQL (a migration, psql) gives its room
 					// to the line at once, as the CLI's does in its own
@@ -66,4 +69,12 @@ func (l *Limiter) listen(ctx context.Context) {
 			}
 		},
 	}.Run(ctx)
+}
+
+// staleViews tells every queue that the worker heard a change of limits
+// (its copy's count of them): the lease keeper's views read before it are
+// stale (local.Queue.Heard), so no slot is handed over by them.
+func (l *Limiter) staleViews() {
+	gen := l.limits.gen.Load()
+	l.queues.each(func(q *local.Queue) { q.Heard(gen) })
 }

@@ -12,12 +12,23 @@ import (
 // releaseRetries are the delays, one after the other, at which a worker
 // whose release failed on a database error writes it again (the same
 // release: its frees, moves and grant rounds are written once however
-// often they run); after the last it leaves the kinds to
-// concurrency_limit.resume, which frees the slots of jobs no longer
-// running.
+// often they run), with whatever came after it; after the last it leaves
+// the kinds to concurrency_limit.resume, which frees the slots of jobs no
+// longer running.
 var releaseRetries = []time.Duration{
 	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
 	time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+}
+
+// unreleased are the requests of the releases that failed, written again
+// before anything that came after them: a move of a slot handed over in
+// memory written after the release of the job it went to would give that
+// ended job the slot for ever. The releaser's own: the batcher runs one
+// batch at a time.
+type unreleased struct {
+	batch []*releaseRequest
+	tries int  // the failed writes of batch
+	armed bool // a retry is due (a request with retry set, after a delay)
 }
 
 // releaseRequest is one thing for the releaser to write: a job that ended
@@ -28,13 +39,23 @@ type releaseRequest struct {
 	ended  *ledger.Held
 	handed *ledger.HandOver
 	rounds []string
+	retry  bool // a retry of the releases that failed (unreleased), nothing of its own
 }
 
 // releaseBatch writes batch in one ledger transaction (ledger.Release),
-// and tells the jobs of this worker that its grant rounds gave a slot or a
-// start. When it fails, it is written again in the background
-// (retryRelease).
+// after the releases that failed before it, and tells the jobs of this
+// worker that its grant rounds gave a slot or a start. When it fails, it
+// is written again, with what comes next, after a delay (retryRelease).
 func (l *Limiter) releaseBatch(batch []*releaseRequest) {
+	u := &l.unreleased
+	retried := len(u.batch) > 0
+	for _, req := range batch {
+		if req.retry {
+			u.armed = false
+		}
+	}
+	batch = append(u.batch[:len(u.batch):len(u.batch)], batch...)
+	u.batch = nil
 	r := releaseOf(batch)
 	var kinds []string
 	for _, k := range append(append([]string{}, r.Rounds...), heldKinds(r)...) {
@@ -42,14 +63,20 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 			kinds = append(kinds, k)
 		}
 	}
+	if len(kinds) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
 	out, err := l.ledger.Release(ctx, r, l.limits.guess(ctx, kinds))
 	if err != nil {
-		l.logger.Warn("concurrency slots not released; trying again in the background", "kinds", kinds, "error", err)
-		l.retryRelease(r, kinds)
+		l.retryRelease(batch, kinds, err)
 		return
 	}
+	if retried {
+		l.logger.Info("concurrency slots released after a failed try", "kinds", kinds)
+	}
+	u.tries = 0
 	l.granted(out)
 }
 
@@ -143,29 +170,32 @@ func (l *Limiter) granted(g *ledger.Granted) {
 	}
 }
 
-// retryRelease writes r again in the background, at each of
-// releaseRetries until it commits; it stops when the limiter is flushed.
-func (l *Limiter) retryRelease(r ledger.Release, kinds []string) {
-	if l.isStopped() {
+// retryRelease keeps batch, whose release failed with err, to be written
+// before anything newer, and has the releaser try again after the next of
+// releaseRetries (unless a retry is due already); after the last, it
+// leaves the kinds to the safety net. The retries stop when the limiter
+// is flushed.
+func (l *Limiter) retryRelease(batch []*releaseRequest, kinds []string, err error) {
+	u := &l.unreleased
+	if u.tries >= len(releaseRetries) {
+		l.logger.Warn("concurrency slots still not released; concurrency_limit.resume will free them", "kinds", kinds, "error", err)
+		u.tries = 0
 		return
 	}
+	l.logger.Warn("concurrency slots not released; trying again in the background", "kinds", kinds, "error", err)
+	u.batch = batch
+	if u.armed || l.isStopped() {
+		return
+	}
+	delay := releaseRetries[u.tries]
+	u.tries++
+	u.armed = true
 	go func() {
-		for _, delay := range releaseRetries {
-			select {
-			case <-l.stopCh:
-				return
-			case <-time.After(delay):
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-			out, err := l.ledger.Release(ctx, r, l.limits.guess(ctx, kinds))
-			cancel()
-			if err == nil {
-				l.granted(out)
-				l.logger.Info("concurrency slots released after a failed try", "kinds", kinds)
-				return
-			}
+		select {
+		case <-l.stopCh:
+		case <-time.After(delay):
+			l.releaser.submitAsync(&releaseRequest{retry: true})
 		}
-		l.logger.Warn("concurrency slots still not released; concurrency_limit.resume will free them", "kinds", kinds)
 	}()
 }
 

@@ -103,10 +103,12 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 		switch j.State() {
 		case local.Working:
 			if l.limitCameAfter(ctx, q, j) {
+				l.trace("recheck", "job_id", j.ID)
 				recheck = true
 				continue // Deciding again
 			}
 			if !q.Begin(j.ID) {
+				l.trace("held at begin", "job_id", j.ID)
 				continue // Held again behind an older job of its key deciding here
 			}
 			switch {
@@ -115,6 +117,7 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 			case j.WasHeld():
 				l.restampStart(ctx, q, j)
 			}
+			l.trace("begins", "job_id", j.ID, "slot", int(j.Slot()))
 			return l.run(ctx, q, j, job, entered, doInner)
 		case local.Deciding:
 			slot := j.Slot()
@@ -153,14 +156,28 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 // concurrency limit, a start under a rate; nothing will do under a circuit
 // breaker), or gives back what it holds and decides it afresh, in one
 // ledger transaction. Decided to run free, or before a rate or a breaker,
-// it would otherwise start uncounted. A job on a leased slot is the lease
-// keeper's (the kind's leases follow its limits). A change heard after it
-// begins leaves it be: it began within the change's window.
+// it would otherwise start uncounted. A job holding a slot of the line
+// under a per-kind limit alone (no circuit breaker, no rate, no per-key
+// limit) that the worker's copy shows within the limit begins without
+// going back (the ledger would keep it as it is). A job on a
+// leased slot is the lease keeper's (the kind's leases follow its
+// limits). A change heard after it begins leaves it be: it began within
+// the change's window.
 func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.Job) bool {
 	if j.Slot() == local.LeasedSlot || l.limits.gen.Load() == j.Stamped() {
 		return false
 	}
-	if lim, err := l.limits.of(ctx, q.Kind()); err != nil || lim.Regime() == ledger.Unlimited {
+	gen := l.limits.gen.Load()
+	lim, err := l.limits.of(ctx, q.Kind())
+	if err != nil || lim.Regime() == ledger.Unlimited {
+		return false
+	}
+	if j.Slot() == local.LineSlot && lim.Max >= 0 && lim.RateMax == 0 && (lim.Max == 0 || lim.Admitted <= lim.Max) && lim.KeyMax == 0 {
+		// It holds a slot, and the limits now ask no more (no breaker, no
+		// rate, no per-key limit, the kind's slots within its limit as the
+		// copy read them: the ledger's recheck would keep it): it begins,
+		// without a ledger transaction.
+		j.Restamp(gen)
 		return false
 	}
 	return q.Undecide(j.ID)
@@ -265,6 +282,7 @@ func (l *Limiter) end(q *local.Queue, j *local.Job) {
 	case local.LineSlot:
 		from := ledger.Held{ID: j.ID, Kind: kind, Key: j.Key}
 		if to := q.GiveLine(time.Now()); to != nil {
+			l.trace("handed over", "job_id", to.ID, "from_job_id", j.ID)
 			l.releaser.submitAsync(&releaseRequest{handed: &ledger.HandOver{From: from, To: ledger.Held{ID: to.ID, Kind: kind, Key: to.Key}}})
 			l.TestSignals.HandedOver.Signal(to.ID)
 			return

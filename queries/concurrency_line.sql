@@ -45,6 +45,12 @@ back AS (
 )
 SELECT r.job_id FROM revoked r;
 
+-- name: DeleteStaleFetches :exec
+-- Drops the marks of jobs of kind fetched and not decided that no decision
+-- reads any more (older than a minute: their worker stopped or decided
+-- them without the ledger).
+DELETE FROM concurrency_fetches WHERE kind = sqlc.arg(kind) AND fetched_at < now() - interval '1 minute';
+
 -- name: DeleteStaleWaiters :many
 -- Drops waiter rows of kind whose job no longer waits where the row says:
 -- not running (waiting in a worker), not available (resumed ahead), or gone;
@@ -61,10 +67,15 @@ RETURNING w.job_id;
 
 -- name: SetLeaseWaiting :exec
 -- Publishes the jobs waiting in worker_id for a leased slot of kind (for
--- SQL: waiting_jobs; the other workers let them go first). A worker that
--- holds no slot of the kind yet gets a lease row of none: its jobs wait
--- before it leased any.
-WITH updated AS (
+-- SQL: waiting_jobs; the other workers let them go first), and deletes
+-- the leased fetch marks of unmark_ids (what waits of them is published
+-- now). A worker that holds no slot of the kind yet gets a lease row of
+-- none: its jobs wait before it leased any.
+WITH unmarked AS (
+    DELETE FROM concurrency_fetches f
+    WHERE f.job_id = ANY(sqlc.arg(unmark_ids)::bigint[]) AND f.leased AND f.worker_id = sqlc.arg(worker_id)::text
+),
+updated AS (
     UPDATE concurrency_leases SET waiting = sqlc.arg(job_ids)::bigint[]
     WHERE kind = sqlc.arg(kind) AND worker_id = sqlc.arg(worker_id)::text
     RETURNING 1

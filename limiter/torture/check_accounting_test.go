@@ -65,7 +65,9 @@ func readSample(ctx context.Context, pool *pgxpool.Pool) (sample, error) {
 // its way to its job, a release in the background, an idle leased slot).
 // A worker killed holds its slots until the reaper frees them: its runs
 // ended at the kill, and jobs it had fetched, count as near for
-// rescueTime after it. Every sample of a limited kind is judged.
+// rescueTime after it. The limit row's count equals its slot rows and
+// leased slots in every sample (one snapshot). Every sample of a limited
+// kind is judged.
 func checkAccounting(r *record, vs *violations, cov coverage) {
 	for _, s := range r.samples {
 		for _, kind := range kinds {
@@ -75,6 +77,12 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 				continue
 			}
 			cov.judge("accounting")
+			if hasRow && counted != rows {
+				// Written in the same transactions, they agree in every
+				// snapshot.
+				vs.add("accounting", "%s at %s: its limit row counts %d slots, but its slot rows and leased slots are %d (limits %s)",
+					kind, s.at.Format(time.StampMicro), counted, rows, r.limitsAt(kind, s.at))
+			}
 			sure, near := r.slotsAt(kind, "", s.at)
 			for _, c := range []struct {
 				what string

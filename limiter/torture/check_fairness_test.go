@@ -14,9 +14,14 @@ import (
 // fairnessFetch of its insert, and from its fetch to its start at most a
 // turn of the round goes to other keys: one start per other key, plus the
 // kind's limit and the jobs of other keys resumed ahead and on their way
-// at its fetch (the starts let go before it was decided). Every arrival is judged; one whose partition or kind-wide
-// limit changed meanwhile, whose job the test cancelled, or whose job's
-// worker was killed before it started, is exempt.
+// at its fetch (the starts let go before it was decided); a start less
+// than wakeJitter before its own was woken with it (one grant round), and
+// is not ahead of it. Every arrival is judged, up to the first change of
+// its partition or of a kind-wide limit that ends the promise (after it
+// the other keys' starts are not counted); one that arrived in the window
+// of such a change, or whose wait it ended before its fetch, whose job the
+// test cancelled, or whose job's worker was killed before it started, is
+// exempt.
 func checkFairness(r *record, vs *violations, cov coverage) {
 	for _, kind := range kinds {
 		ids := r.kindJobs(kind)
@@ -73,17 +78,38 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 				cov.exempt("fairness", "never ran")
 				continue
 			}
-			kindCap, steady := 0, true
-			for _, m := range r.limitsDuring(kind, a, xb.start) {
+			// The promise holds while the kind's limits partition it as at
+			// the arrival and a kind-wide limit holds it back: the wait is
+			// judged up to the first change that ends that (none: its
+			// start), and, for one that arrived in the window of a change
+			// into them, from when every worker has heard of it.
+			steady, settled := true, a
+			for _, m := range r.possible(kind, "", a) {
 				steady = steady && fairRegime(m) && slices.Equal(m.fields, l.fields)
+			}
+			if !steady {
+				for _, c := range r.limits[kind] {
+					if !c.at.After(a.Add(changeWindow)) && c.at.Add(changeWindow).After(settled) {
+						settled = c.at.Add(changeWindow)
+					}
+				}
+			}
+			until := xb.start
+			for _, c := range r.limits[kind] {
+				if c.at.After(a) && c.at.Before(xb.start) && (!fairRegime(c.limits) || !slices.Equal(c.limits.fields, l.fields)) {
+					until = c.at
+					break
+				}
+			}
+			kindCap, capUntil := 0, until
+			if until.Before(xb.start) {
+				capUntil = until.Add(-time.Nanosecond) // the change that ended the promise sets no cap
+			}
+			for _, m := range r.limitsDuring(kind, settled, capUntil) {
 				kindCap = max(kindCap, min(m.kindCap(), kindRateCap(m)))
 			}
-			switch {
-			case r.cancelledBy(b, xb.start):
+			if r.cancelledBy(b, xb.start) {
 				cov.exempt("fairness", "cancelled")
-				continue
-			case !steady:
-				cov.exempt("fairness", "partition or kind-wide limit changed")
 				continue
 			}
 			fb, ok := r.firstFetchAfter(b, a)
@@ -95,6 +121,23 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 				cov.exempt("fairness", "its worker was killed")
 				continue
 			}
+			// Its key's own rate may hold it back after its fetch: the turns
+			// of the other keys are counted from when that frees.
+			from, excuse := fb.at, ""
+			if settled.After(from) {
+				from, excuse = settled, "arrived as its partition or kind-wide limit changed: judged once every worker heard"
+			}
+			if t := r.keyRateFrees(kind, jb.args.Key, l, fb.at); t.After(from) {
+				from, excuse = t, "its key's own rate full at its fetch"
+			}
+			end := xb.start.Add(-wakeJitter)
+			if until.Before(xb.start) {
+				if !until.After(from) {
+					cov.exempt("fairness", "partition or kind-wide limit changed before its turn could come")
+					continue
+				}
+				end, excuse = until, "judged up to a change of its partition or kind-wide limit" // the promise ended there
+			}
 			cov.judge("fairness")
 			if d := fb.at.Sub(a); d > fairnessFetch {
 				vs.add("fairness", "%s key %s: job %d, arriving at %s behind %d waiting jobs of %d other keys, was fetched %s later (limits %s); %s",
@@ -102,18 +145,29 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 					r.history(b))
 				continue
 			}
-			others, started := 0, map[string]bool{}
-			for _, x := range r.kindRuns(kind) {
-				if x.key != jb.args.Key && x.start.After(fb.at) && x.start.Before(xb.start) {
-					others++
-					started[x.key] = true
+			count := func(from, end time.Time) (others int, keys map[string]bool) {
+				keys = map[string]bool{}
+				for _, x := range r.kindRuns(kind) {
+					if x.key != jb.args.Key && x.start.After(from) && x.start.Before(end) {
+						others++
+						keys[x.key] = true
+					}
 				}
+				return others, keys
 			}
+			others, started := count(from, end)
 			ahead := r.resumedAhead(ids, jb.args.Key, fb.at)
-			if bound := len(started) + kindCap + ahead; others > bound {
+			bound := len(started) + kindCap + ahead
+			if others > bound {
 				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, the kind's limit, and %d resumed ahead: %d; limits %s); %s",
 					kind, jb.args.Key, b, fb.at.Format(time.StampMicro), backlog, len(waitingKeys), xb.start.Format(time.StampMicro),
 					others, len(started), ahead, bound, l, r.history(b))
+				continue
+			}
+			if excuse != "" {
+				if all, keys := count(fb.at, xb.start.Add(-wakeJitter)); all > len(keys)+kindCap+ahead {
+					cov.excuse("fairness", excuse)
+				}
 			}
 		}
 	}
@@ -180,4 +234,27 @@ func (r *record) firstFetchAfter(id int64, t time.Time) (change, bool) {
 		}
 	}
 	return change{}, false
+}
+
+// keyRateFrees is when kind's key may start again under l's per-key rate,
+// by the starts of its key before t that the record holds: the oldest of
+// the last rateMax in the period before t, plus the period, less
+// rateJitter (the limiter counted each start up to rateJitter before the
+// job's code began); zero when its window has room at t, or l has no rate
+// per key.
+func (r *record) keyRateFrees(kind, key string, l limits, t time.Time) time.Time {
+	if !l.hasRate() || !l.ratePerKey {
+		return time.Time{}
+	}
+	var starts []time.Time
+	for _, x := range r.kindRuns(kind) {
+		if x.key == key && !x.start.After(t) && x.start.After(t.Add(-l.ratePeriod-rateJitter)) {
+			starts = append(starts, x.start)
+		}
+	}
+	if len(starts) < int(l.rateMax) {
+		return time.Time{}
+	}
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	return starts[len(starts)-int(l.rateMax)].Add(l.ratePeriod - rateJitter)
 }

@@ -57,7 +57,11 @@ func checkOrder(r *record, vs *violations, cov coverage) {
 			case r.letGo(xj.job, fj.at, xj.start):
 				// Its limits were cleared while it waited, and the limiter let
 				// it go: it ran with no limit.
-				cov.exempt("order", "let go by a clearing of its limits")
+				if r.inDrain(kind, fj.at, xj.start) {
+					cov.exempt("order", drainExempt)
+				} else {
+					cov.exempt("order", "let go by a clearing of its limits")
+				}
 				continue
 			case len(decided) > 0:
 				// The limiter decided it (its own rows say so: this only turns
@@ -70,7 +74,11 @@ func checkOrder(r *record, vs *violations, cov coverage) {
 				followed = r.regimesOf(kind, fj.at, xj.start)
 			}
 			if followed == nil {
-				cov.exempt("order", "may have run with no limit")
+				if r.inDrain(kind, fj.at, xj.start) {
+					cov.exempt("order", drainExempt)
+				} else {
+					cov.exempt("order", "may have run with no limit")
+				}
 				continue
 			}
 			cov.judge("order")

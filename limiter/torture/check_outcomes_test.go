@@ -83,10 +83,12 @@ func checkOutcomes(r *record, vs *violations, cov coverage) {
 					id, ok, len(runs), lost)
 			}
 		case "discarded":
-			over, _ := r.killBlur(id)
-			if ok != 0 || failed > j.maxAttempts || failed+over < j.maxAttempts {
-				vs.add("outcome", "job %d discarded after %d failed runs (max attempts %d) and %d successful", id, failed,
-					j.maxAttempts, ok)
+			// A kill may have had River count an attempt that never ran
+			// (over), or undo one that did (under, the attempt check below).
+			over, under := r.killBlur(id)
+			if ok != 0 || failed > j.maxAttempts+under || failed+over < j.maxAttempts {
+				vs.add("outcome", "job %d discarded after %d failed runs (max attempts %d) and %d successful; %s", id, failed,
+					j.maxAttempts, ok, r.history(id))
 			}
 			if j.args.Fail < j.maxAttempts {
 				vs.add("outcome", "job %d discarded, though only its first %d attempts fail (max attempts %d); %s", id,

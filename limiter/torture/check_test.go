@@ -40,6 +40,11 @@ const (
 	// (one grant, one fetch's decisions) may start, in either order: each
 	// begins as its worker's goroutine does.
 	togetherTolerance = 100 * time.Millisecond
+	// wakeJitter is how far apart jobs woken by one grant round (in the
+	// round's order) may begin, in either order: each begins as its
+	// goroutine is scheduled. The fairness check counts no start of
+	// another key within it before a key's own as ahead of it.
+	wakeJitter = 10 * time.Millisecond
 	// leaseTolerance is how long after a parking a worker on leased slots
 	// may still hand a freed slot to a younger job waiting in it: it hears
 	// of the parking at its next look (LeasePoll 5 ms, LeaseIdlePoll

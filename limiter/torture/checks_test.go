@@ -77,6 +77,27 @@ func (f *fakeRecord) worker(id string) {
 	f.r.workers = append(f.r.workers, workerEvent{worker: id, what: "start", at: f.at(-10_000)})
 }
 
+// backlog adds n jobs of key A, inserted at t0 and fetched at 1 ms, that
+// run two at a time for runMs each (A's backlog behind which B arrives).
+func (f *fakeRecord) backlog(n int, runMs int) {
+	for id := int64(1); id <= int64(n); id++ {
+		f.job(id, "A")
+		f.r.jobs[id].inserted = f.at(0)
+		f.state(id, "available", "running", 1)
+		f.started(id, "w1", 1+int(id-1)/2*runMs, runMs-1)
+	}
+}
+
+// arrives adds job 20 of key B, inserted at 100 ms, fetched at fetchMs and
+// started at startMs.
+func (f *fakeRecord) arrives(fetchMs, startMs int) {
+	f.job(20, "B")
+	f.r.jobs[20].inserted = f.at(100)
+	f.r.changes[20][0].at = f.at(100)
+	f.fetched(20, "w1", fetchMs)
+	f.started(20, "w1", startMs, 10)
+}
+
 // found runs the checks and returns the violations of check name.
 func (f *fakeRecord) found(name string) []string {
 	f.r.runsOf = nil // runs may have been added since the last check
@@ -585,6 +606,46 @@ func TestCheckOutcomesToleratesAnUnwrittenHandOver(t *testing.T) {
 	}
 }
 
+// TestCheckOutcomesToleratesAnUndoneFailedAttempt: a job of 2 attempts,
+// failing every time, failed on w1 at 100 ms; w1 was killed at 250 ms,
+// after the job, fetched again, had waited and started at startMs on a
+// slot handed over in memory (its move not written): the rescue undid that
+// attempt, and the job failed twice more on w2 before River discarded it.
+// Three failed runs for two attempts is the README's tolerance then; with
+// no hand-over to lose (it started at its fetch), it is a violation.
+func TestCheckOutcomesToleratesAnUndoneFailedAttempt(t *testing.T) {
+	for _, c := range []struct {
+		startMs int
+		want    int
+	}{{200, 0}, {121, 2}} {
+		f := newFakeRecord(limits{max: 2})
+		f.r.workers = append(f.r.workers, workerEvent{worker: "w2", what: "start", at: f.at(-10000)},
+			workerEvent{worker: "w1", what: "kill", at: f.at(250)})
+		f.r.jobs[1] = &job{id: 1, kind: "torture.a", args: jobArgs{Fail: 9}, maxAttempts: 2, final: "discarded", attempt: 2}
+		f.state(1, "", "available", 0)
+		runs := []struct {
+			worker           string
+			fetchMs, startMs int
+		}{{"w1", 0, 0}, {"w1", 120, c.startMs}, {"w2", 320, 320}}
+		for i, x := range runs {
+			f.r.changes[1] = append(f.r.changes[1], change{job: 1, from: "available", to: "running", client: x.worker, at: f.at(x.fetchMs)})
+			f.r.runs = append(f.r.runs, run{id: int64(i + 1), job: 1, kind: "torture.a", attempt: 1, worker: x.worker,
+				start: f.at(x.startMs), end: f.at(x.startMs + 10), outcome: "fail"})
+			switch i {
+			case 0:
+				f.state(1, "running", "available", 20)
+			case 1:
+				f.state(1, "running", "pending", 300)
+				f.state(1, "pending", "available", 310)
+			}
+		}
+		f.state(1, "running", "discarded", 330)
+		if got := f.found("outcome"); len(got) != c.want {
+			t.Fatalf("started %d ms after its fetch: outcome violations %q, want %d", c.startMs, got, c.want)
+		}
+	}
+}
+
 // TestCheckHerdFindsAResumeUnderARate: under a rate of 3 a second (no
 // lookahead), 6 parked jobs resumed at once are a herd.
 func TestCheckHerdFindsAResumeUnderARate(t *testing.T) {
@@ -665,25 +726,35 @@ func TestCheckOutcomesFindsAnUnaskedCancel(t *testing.T) {
 
 // TestCheckAccountingAgainstTheRecord: the limiter's count of a kind's
 // slots is judged against the runs: fewer than those working, or more
-// than those working within slotLead and slotLag, is a violation.
+// than those working within slotLead and slotLag, is a violation; and its
+// limit row's count against its slot rows and leased slots, in the same
+// sample.
 func TestCheckAccountingAgainstTheRecord(t *testing.T) {
 	for _, c := range []struct {
-		counted int
-		want    string
-	}{{2, ""}, {1, "but 2 jobs that hold one are working"}, {5, "but only 2 jobs work within"}} {
+		counted, rows int
+		want          []string
+	}{
+		{2, 2, nil},
+		{1, 1, []string{"counts 1 slots, but 2 jobs that hold one are working", "stand for 1 slots, but 2 jobs"}},
+		{5, 5, []string{"counts 5 slots, but only 2 jobs work within", "stand for 5 slots, but only 2 jobs"}},
+		{1, 2, []string{"its limit row counts 1 slots, but its slot rows and leased slots are 2", "counts 1 slots, but 2 jobs"}},
+		{3, 2, []string{"its limit row counts 3 slots, but its slot rows and leased slots are 2", "counts 3 slots, but only 2 jobs"}},
+	} {
 		f := newFakeRecord(limits{max: 4})
 		f.job(1, "")
 		f.job(2, "")
 		f.ran(1, 0, 5000, "ok")
 		f.ran(2, 100, 5000, "ok")
 		f.r.samples = []sample{{at: f.at(2500), counted: map[string]int{"torture.a": c.counted},
-			rows: map[string]int{"torture.a": 2}}}
+			rows: map[string]int{"torture.a": c.rows}}}
 		got := f.found("accounting")
-		switch {
-		case c.want == "" && len(got) > 0:
-			t.Fatalf("counted %d: %q", c.counted, got)
-		case c.want != "" && (len(got) != 1 || !strings.Contains(got[0], c.want)):
-			t.Fatalf("counted %d: accounting violations %q, want %q", c.counted, got, c.want)
+		if len(got) != len(c.want) {
+			t.Fatalf("counted %d, rows %d: accounting violations %q, want %q", c.counted, c.rows, got, c.want)
+		}
+		for i, want := range c.want {
+			if !strings.Contains(got[i], want) {
+				t.Fatalf("counted %d, rows %d: accounting violations %q, want %q", c.counted, c.rows, got, c.want)
+			}
 		}
 	}
 }
@@ -783,21 +854,47 @@ func TestCheckFairnessFindsAKeyHeldBack(t *testing.T) {
 	}
 }
 
+// TestCheckFairnessWakeJitter: B's job arrives behind A's backlog (the
+// kind's limit 2, A's jobs 100 ms each) and starts in the round after its
+// fetch, woken with one of A's: A's begins 3 ms before B's (one round, its
+// goroutine first), which is not ahead of B; begun 30 ms before, it is.
+func TestCheckFairnessWakeJitter(t *testing.T) {
+	for _, c := range []struct {
+		beforeMs int
+		want     int
+	}{{3, 0}, {30, 1}} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		for id := int64(1); id <= 8; id++ {
+			f.job(id, "A")
+			f.r.jobs[id].inserted = f.at(0)
+			f.state(id, "available", "running", 1)
+		}
+		f.job(20, "B")
+		f.r.jobs[20].inserted = f.at(100)
+		f.r.changes[20][0].at = f.at(100)
+		f.fetched(20, "w1", 110)
+		// A's 1 and 2 run from 1 ms, 3 and 4 (the kind's limit, let go
+		// before B was decided) from 115 ms, 5 (A's turn) from 220 ms, 6
+		// with B.
+		f.started(1, "w1", 1, 99)
+		f.started(2, "w1", 1, 99)
+		f.started(3, "w1", 115, 100)
+		f.started(4, "w1", 115, 100)
+		f.started(5, "w1", 220, 100)
+		f.started(20, "w1", 330, 10)
+		f.started(6, "w1", 330-c.beforeMs, 100)
+		if got := f.found("fairness"); len(got) != c.want {
+			t.Fatalf("A's job begun %d ms before B's: fairness violations %q, want %d", c.beforeMs, got, c.want)
+		}
+	}
+}
+
 // TestCheckFairnessFindsAFetchHeldBack: key B's job, arriving behind A's
 // backlog, fetched only 3 s later, was held back by it.
 func TestCheckFairnessFindsAFetchHeldBack(t *testing.T) {
 	f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
-	for id := int64(1); id <= 8; id++ {
-		f.job(id, "A")
-		f.r.jobs[id].inserted = f.at(0)
-		f.state(id, "available", "running", 1)
-		f.started(id, "w1", 1+int(id-1)/2*1000, 999)
-	}
-	f.job(20, "B")
-	f.r.jobs[20].inserted = f.at(100)
-	f.r.changes[20][0].at = f.at(100)
-	f.fetched(20, "w1", 3100)
-	f.started(20, "w1", 3110, 10)
+	f.backlog(8, 1000)
+	f.arrives(3100, 3110)
 	got := f.found("fairness")
 	if len(got) != 1 || !strings.Contains(got[0], "was fetched 3s later") {
 		t.Fatalf("fairness violations: %q", got)
@@ -842,5 +939,137 @@ func TestCoverageStarvation(t *testing.T) {
 	}
 	if got := strings.Join(c.starved(true), "\n"); !strings.Contains(got, "rate judged nothing") {
 		t.Fatalf("starved over a long run: %q", got)
+	}
+
+	// Runs exempted for the drain's own changes of limits (after the
+	// schedule) are no candidates of the schedule's: they starve nothing.
+	d := newCoverage()
+	for range 80 {
+		d.judge("order")
+	}
+	for range 40 {
+		d.exempt("order", drainExempt)
+	}
+	d.exempt("order", "order regime changed")
+	if got := d.starved(false); len(got) != 0 {
+		t.Fatalf("starved by the drain: %q", got)
+	}
+	for range 9 {
+		d.exempt("order", "may have run with no limit")
+	}
+	if got := strings.Join(d.starved(false), "\n"); !strings.Contains(got, "order exempted 10 of 90") {
+		t.Fatalf("starved beside the drain: %q", got)
+	}
+}
+
+// TestCheckOrderTellsTheDrainsExemptions: a run fetched and started just
+// after the drain's own change of limits (after the schedule) may have run
+// with no limit, and is exempted for the drain (no candidate of the
+// schedule's); one fetched within the window of a change the schedule
+// made is exempted as before, even when it is fetched and starts in the
+// drain.
+func TestCheckOrderTellsTheDrainsExemptions(t *testing.T) {
+	exempts := func(scheduleMs int, schedule limits, fetchMs int) map[string]int {
+		f := newFakeRecord(limits{max: 4})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+			limitChange{at: f.at(90), limits: limits{}},
+			limitChange{at: f.at(scheduleMs), limits: schedule},
+			limitChange{at: f.at(410), limits: limits{present: true, max: 20}})
+		f.r.drainFrom = f.at(400)
+		f.job(1, "")
+		f.fetched(1, "w1", fetchMs)
+		f.started(1, "w1", 430, 10)
+		return check(f.r).coverage["order"].exempt
+	}
+	if got := exempts(100, limits{}, 412); got[drainExempt] != 1 || len(got) != 1 {
+		t.Fatalf("fetched just after the drain's change: %v", got)
+	}
+	for _, ms := range []int{390, 405} {
+		if got := exempts(380, limits{present: true, max: 4}, ms); got["may have run with no limit"] != 1 || len(got) != 1 {
+			t.Fatalf("fetched at %d ms, just after the schedule's change: %v", ms, got)
+		}
+	}
+}
+
+// TestCheckFairnessKeyRate: under a per-key rate of 2/1s, key B's job
+// arrives behind A's backlog 100 ms after two of B's own jobs started:
+// its own window holds it back until about 1 s, and A's starts before that
+// are not ahead of it. With one earlier start of B's, its window had room,
+// and A's 12 starts are.
+func TestCheckFairnessKeyRate(t *testing.T) {
+	for _, earlier := range []int{2, 1} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true})
+		for id := int64(1); id <= 16; id++ {
+			f.job(id, "A")
+			f.r.jobs[id].inserted = f.at(0)
+			f.state(id, "available", "running", 1)
+			f.started(id, "w1", 1+int(id-1)/2*100, 99)
+		}
+		for i := range earlier {
+			id := int64(17 + i)
+			f.job(id, "B")
+			f.r.jobs[id].inserted = f.at(0)
+			f.ran(id, 5+i, 10, "ok")
+		}
+		f.job(20, "B")
+		f.r.jobs[20].inserted = f.at(100)
+		f.r.changes[20][0].at = f.at(100)
+		f.fetched(20, "w1", 110)
+		f.started(20, "w1", 1010, 10)
+		got := f.found("fairness")
+		if earlier == 2 && len(got) > 0 {
+			t.Fatalf("B was held back by its own rate, not by A: %q", got)
+		}
+		if earlier == 1 && (len(got) != 1 || !strings.Contains(got[0], "after 12 starts")) {
+			t.Fatalf("B's window had room: fairness violations %q", got)
+		}
+	}
+}
+
+// TestCheckFairnessJudgedUpToAChange: B's job, arriving behind A's backlog
+// (the kind's limit 2), starts at 650 ms, after 4 of A's starts; the
+// kind-wide limit is cleared meanwhile. Cleared at 350 ms, the 4 starts
+// came while the promise held: a violation. Cleared at 250 ms, 2 did: none.
+// Cleared before B's fetch, the wait is not judged at all.
+func TestCheckFairnessJudgedUpToAChange(t *testing.T) {
+	for _, c := range []struct {
+		clearMs    int
+		violations int
+		exempt     string
+	}{{350, 1, ""}, {250, 0, ""}, {105, 0, "partition or kind-wide limit changed before its turn could come"}} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+			limitChange{at: f.at(c.clearMs), limits: limits{present: true, fields: []string{"key"}, keyMax: 2}})
+		f.backlog(8, 100)
+		f.arrives(110, 650)
+		if got := f.found("fairness"); len(got) != c.violations {
+			t.Fatalf("cleared at %d ms: fairness violations %q, want %d", c.clearMs, got, c.violations)
+		}
+		if c.exempt != "" && check(f.r).coverage["fairness"].exempt[c.exempt] != 1 {
+			t.Fatalf("cleared at %d ms: exemptions %v", c.clearMs, check(f.r).coverage["fairness"].exempt)
+		}
+	}
+}
+
+// TestCheckFairnessArrivingInAChangeWindow: a per-kind limit of 2 is set
+// over a per-key one 20 ms before B's job arrives behind A's backlog: its
+// wait is judged from when every worker has heard of the change (50 ms
+// after it), not exempted. Starting at 650 ms after 4 of A's starts from
+// then, it was held back; at 250 ms, after 2, it was not.
+func TestCheckFairnessArrivingInAChangeWindow(t *testing.T) {
+	for _, c := range []struct {
+		startMs, want int
+	}{{650, 1}, {250, 0}} {
+		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 2})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+			limitChange{at: f.at(80), limits: limits{present: true, max: 2, fields: []string{"key"}, keyMax: 2}})
+		f.backlog(8, 100)
+		f.arrives(110, c.startMs)
+		if got := f.found("fairness"); len(got) != c.want {
+			t.Fatalf("started at %d ms: fairness violations %q, want %d", c.startMs, got, c.want)
+		}
+		if ex := check(f.r).coverage["fairness"].exempted(); ex != 0 {
+			t.Fatalf("started at %d ms: %d exempted", c.startMs, ex)
+		}
 	}
 }

@@ -177,6 +177,9 @@ type record struct {
 	// begin and end bound the observation: the first insert, and the
 	// moment every job had ended.
 	begin, end time.Time
+	// drainFrom is when the schedule ended and the harness's drain began
+	// (its own changes of limits: quiesce); zero when unknown.
+	drainFrom time.Time
 	// parkAfter is the longest park-after of the workers.
 	parkAfter time.Duration
 	// runsOf indexes runs by job (indexRuns).
@@ -477,4 +480,20 @@ func readRunLogs(dir string) ([]run, error) {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].start.Before(out[j].start) })
 	return out, nil
+}
+
+// inDrain reports whether a run fetched at fetch and started at start may
+// have followed limits only because of the drain's own changes of kind's
+// limits (after the schedule): both times are in the drain, past the
+// change window of every change the schedule made.
+func (r *record) inDrain(kind string, fetch, start time.Time) bool {
+	if r.drainFrom.IsZero() || fetch.Before(r.drainFrom) || start.Before(r.drainFrom) {
+		return false
+	}
+	for _, c := range r.limits[kind] {
+		if c.at.Before(r.drainFrom) && fetch.Before(c.at.Add(changeWindow)) {
+			return false
+		}
+	}
+	return true
 }

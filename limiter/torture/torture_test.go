@@ -127,6 +127,9 @@ type torture struct {
 	ops     []clientOp
 	samples []sample
 	vs      violations
+	// drainFrom is when the schedule ended and the drain's changes of
+	// limits began (quiesce; the database's clock).
+	drainFrom time.Time
 }
 
 // runSeed draws the seed's schedule, logs it, carries it out against two
@@ -214,6 +217,7 @@ func (x *torture) finish(clearAll [2]bool) *tally {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rec.drainFrom = x.drainFrom
 	if os.Getenv("TORTURE_DUMP") != "" {
 		dump(t, rec)
 	}
@@ -473,6 +477,13 @@ func (x *torture) replaceWorker(ctx context.Context, o op) {
 // sets a generous one) so that every job can end, waits until every job
 // has, and checks the limiter's books at rest.
 func (x *torture) quiesce(ctx context.Context, clearAll [2]bool) {
+	at, err := dbNow(ctx, x.pool)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	x.mu.Lock()
+	x.drainFrom = at
+	x.mu.Unlock()
 	for i, k := range []string{"a", "b"} {
 		kind := "torture." + k
 		if clearAll[i] {

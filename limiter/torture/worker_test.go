@@ -167,7 +167,11 @@ func (l *runLog) end(n int64, outcome string) error {
 // (heartbeat, reaper, dispatcher and all) working both torture kinds until
 // SIGTERM (a graceful stop) or SIGKILL.
 func workerMain(id string) int {
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if os.Getenv("TORTURE_DEBUG") != "" {
+		level = slog.LevelDebug // the limiter's trace of each job, for diagnosis
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	parkAfter, err := time.ParseDuration(os.Getenv(workerParkEnv))
 	if err != nil {
 		logger.Error("torture worker: bad park-after", "error", err)

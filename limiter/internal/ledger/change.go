@@ -15,7 +15,8 @@ const MaxResumeBatch = 5000
 // Change changes kind's limits in one transaction that holds the kind's
 // lock, exclusive: edit writes them (the caller's part: the row, its
 // sources, the declarations); the ledger then sets the keys of the kind's
-// slots and waiting jobs again when the partition changed, and, with no
+// slots and waiting jobs again when the partition changed (and takes back
+// every grant not claimed yet: it was given in the old lines' order), and, with no
 // limit left, lets every job of the line go (its leases, reservations and
 // row go with it); else it takes back the grants not claimed yet that the
 // new limits no longer allow, recounts, and gives the room to the front of
@@ -42,6 +43,11 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 			if err := tx.q.LedgerRepartition(tx.ctx, kind); err != nil {
 				return fmt.Errorf("set the keys of waiting jobs: %w", err)
 			}
+			// Grants not claimed yet were given in the old lines' order: they
+			// go back, and the round below gives the room in the new order.
+			if _, err := tx.q.LedgerRevokeAllGrants(tx.ctx, kind); err != nil {
+				return fmt.Errorf("take back grants: %w", err)
+			}
 		}
 		if c.Regime() == Unlimited {
 			out = newGranted()
@@ -66,8 +72,8 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 
 // settle recounts kind (under its exclusive lock), takes back the grants
 // not claimed yet that its limits no longer allow, of the kind and of each
-// key (their jobs wait in the line again), and runs a grant round over its
-// whole line.
+// key, slots and starts (their jobs wait in the line again), and runs a
+// grant round over its whole line.
 func (tx *Tx) settle(kind string) (*Granted, error) {
 	if err := tx.q.LedgerRecount(tx.ctx, kind); err != nil {
 		return nil, fmt.Errorf("recount: %w", err)
@@ -96,6 +102,13 @@ func (tx *Tx) settle(kind string) (*Granted, error) {
 		ids, err := tx.q.LedgerRevokeKeyGrants(tx.ctx, db.LedgerRevokeKeyGrantsParams{Kind: kind, KeyMax: c.KeyMax})
 		if err != nil {
 			return nil, fmt.Errorf("take back grants of keys: %w", err)
+		}
+		revoked += len(ids)
+	}
+	if c.RateMax > 0 {
+		ids, err := tx.q.LedgerRevokeRateGrants(tx.ctx, kind)
+		if err != nil {
+			return nil, fmt.Errorf("take back starts beyond the rate: %w", err)
 		}
 		revoked += len(ids)
 	}

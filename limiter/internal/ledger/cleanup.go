@@ -13,7 +13,8 @@ import (
 // kind's lock, exclusive: it frees the slots of jobs no longer running
 // (and grants whose job was cancelled, deleted, or not fetched within
 // reservedTTL), the leases not renewed within leaseTTL whose holder is not
-// a live worker, stale starts and waiters whose job no longer waits;
+// a live worker, stale starts, fetch marks no decision reads, and
+// waiters whose job no longer waits;
 // gives rows left without a key theirs; recounts; and gives the free room
 // to the front of the line (a kind without limits lets its line go, and
 // loses its row once nothing of it is left). It returns how many jobs it
@@ -51,6 +52,9 @@ func (l *Ledger) CleanUp(ctx context.Context, kind string, reservedTTL, leaseTTL
 		if _, err := tx.q.DeleteStaleStarts(tx.ctx, db.DeleteStaleStartsParams{Kind: kind, KeepMs: keep.Milliseconds(),
 			ReservedTtlMs: reservedTTL.Milliseconds()}); err != nil {
 			return fmt.Errorf("clean up stale starts: %w", err)
+		}
+		if err := tx.q.DeleteStaleFetches(tx.ctx, kind); err != nil {
+			return fmt.Errorf("clean up stale fetch marks: %w", err)
 		}
 		gone, err := tx.q.DeleteStaleWaiters(tx.ctx, kind)
 		if err != nil {

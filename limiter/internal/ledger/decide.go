@@ -168,6 +168,7 @@ type decided struct {
 	d        Decision
 	giveBack bool // it gives back what it holds (a grant, its place)
 	claim    bool // it claims its grant
+	restamp  bool // the start it holds is logged again, now
 	admit    bool // it takes a slot (or logs a start) now
 	// steal: it takes the slot reserved for a younger job of its line on
 	// its way (that one waits in the line again, resumed ahead).
@@ -301,7 +302,8 @@ func (k *kindDecision) keyOf(d *decided) *keyLine {
 		l := k.keys[keyRef{k.c.Kind, ""}]
 		if l == nil {
 			l = &keyLine{Kind: k.c.Kind, Front: k.line.Front, Ahead: k.line.Ahead, ReservedSlot: k.line.ReservedSlot,
-				ReservedStart: k.line.ReservedStart, Transit: k.line.Transit}
+				ReservedStart: k.line.ReservedStart, ReservedBoth: k.line.ReservedBoth, Transit: k.line.Transit, Fetched: k.line.Fetched,
+				Waiting: k.line.Waiting}
 			k.keys[keyRef{k.c.Kind, ""}] = l
 		}
 		return l
@@ -325,7 +327,7 @@ func (k *kindDecision) decide(ds []*decided) {
 			// Cancelled while it waited: it parks whatever it holds (its
 			// parking cancels it; what it holds is given back).
 			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
-		case d.Recheck && !k.holdsAll(h):
+		case d.Recheck && !k.holdsAll(h, ks):
 			// Decided before the limits now in force, not begun, and not
 			// holding what they ask: what it holds goes back and it is decided
 			// afresh, in this transaction (no younger job takes its slot
@@ -337,8 +339,12 @@ func (k *kindDecision) decide(ds []*decided) {
 			if h.SlotHeld {
 				d.d.Action = Slot
 			}
-			// A start reserved with its grant is logged now, as it starts.
+			// A start reserved with its grant is logged now, as it starts; one
+			// logged earlier in this attempt (a grant that crossed its wait,
+			// claimed then) is logged again now: a start counts in its window
+			// from when its job begins.
 			d.claim = h.StartReserved
+			d.restamp = h.StartHeld
 		case (h.SlotReserved || h.StartReserved) && k.c.Max < 0:
 			// Granted before the kind became a circuit breaker: the grant
 			// goes back, and the job parks (or, reserving, fails).
@@ -357,6 +363,11 @@ func (k *kindDecision) decide(ds []*decided) {
 			if h.SlotReserved {
 				d.d.Action = Slot
 			}
+			if ks.Waiting > d.ID {
+				// Younger jobs of its line waiting in workers were held behind
+				// its grant on its way: a grant round looks at the room left.
+				k.recheck = true
+			}
 		case h.SlotReserved || h.StartReserved:
 			// Part of a grant (its slot or its start went: a reaper, the
 			// safety net, limits changed since): it goes back, and the job is
@@ -370,12 +381,15 @@ func (k *kindDecision) decide(ds []*decided) {
 	}
 }
 
-// holdsAll reports whether a job holding h holds all the kind's limits ask
-// of a job that starts: a slot under a concurrency limit, a start under a
-// rate; never under a circuit breaker.
-func (k *kindDecision) holdsAll(h jobHolding) bool {
+// holdsAll reports whether a job holding h (ks: its key's line) holds all
+// the kind's limits ask of a job that starts: a slot under a concurrency
+// limit, within it (a limit lowered below the slots taken sends the slots
+// not begun on back to the line), a start under a rate; never under a
+// circuit breaker.
+func (k *kindDecision) holdsAll(h jobHolding, ks *keyLine) bool {
 	c := k.c
-	return c.Max >= 0 && (!c.Slotted() || h.SlotHeld || h.SlotReserved) && (c.RateMax == 0 || h.StartHeld || h.StartReserved)
+	over := (c.Max > 0 && c.Admitted > c.Max) || (c.KeyMax > 0 && ks.Slots > c.KeyMax)
+	return c.Max >= 0 && (!c.Slotted() || ((h.SlotHeld || h.SlotReserved) && !over)) && (c.RateMax == 0 || h.StartHeld || h.StartReserved)
 }
 
 // giveBack gives back, in the decision's counts, what d holds (its slot,
@@ -424,6 +438,11 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 		}
 		if c.KeyRate() {
 			ks.Starts++
+		}
+		if ks.Front > d.ID {
+			// Younger jobs of its line wait (behind it while it was fetched
+			// and not decided): a grant round looks at the room left.
+			k.recheck = true
 		}
 		return
 	}
@@ -488,7 +507,8 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 // reserved for the newest younger job of its line on its way (resumed, not
 // fetched yet, or fetched with it): its slot and its start, as d needs
 // them. Order is by job id within a line; the younger one waits in the
-// line again, resumed ahead. Never for a reservation (sluice run).
+// line again: parked, if it was not fetched yet, else resumed ahead
+// (LedgerStealGrants). Never for a reservation (sluice run).
 func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly bool) bool {
 	c := &k.c
 	if orderOnly || d.Reserve {
@@ -496,15 +516,22 @@ func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly 
 	}
 	switch reason {
 	case ReasonLimit, ReasonKeyLimit, ReasonRate, ReasonKeyRate:
+	case ReasonFIFO, ReasonKeyFIFO:
+		// Capacity holds it too (not orderOnly), and jobs wait ahead: of
+		// other keys, for the kind (the grant on its way was its key's
+		// turn, which its oldest job takes), but not of its own line.
+		if (ks.Front != 0 && ks.Front < d.ID) || (ks.Fetched != 0 && ks.Fetched < d.ID) {
+			return false
+		}
 	default:
 		return false
 	}
 	victim := int64(0)
 	switch {
 	case c.Slotted() && c.RateMax > 0:
-		if ks.ReservedSlot == ks.ReservedStart {
-			victim = ks.ReservedSlot
-		}
+		// The newest with both reserved (another may hold a start alone:
+		// granted while waiting in a worker, its slot its own).
+		victim = ks.ReservedBoth
 	case c.Slotted():
 		victim = ks.ReservedSlot
 	case c.RateMax > 0:
@@ -514,7 +541,7 @@ func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly 
 		return false
 	}
 	d.steal = victim
-	ks.ReservedSlot, ks.ReservedStart = 0, 0 // one a line a decision: the next newest is not known
+	ks.ReservedSlot, ks.ReservedStart, ks.ReservedBoth = 0, 0, 0 // one a line a decision: the next newest is not known
 	// What it held changes hands: the counts stay.
 	if c.Slotted() {
 		c.Admitted--
@@ -571,6 +598,11 @@ func (k *kindDecision) blocker(d *decided, ks *keyLine) (reason string, orderOnl
 		order = ReasonFIFO // jobs of the kind wait for the kind: the round goes across keys
 	case ks.Front != 0 && ks.Front < d.ID:
 		order = keyFIFO
+	case ks.Fetched != 0 && ks.Fetched < d.ID:
+		// An older job of its line, fetched by a worker, is being decided
+		// there: it goes first (the grant round after its decision gives
+		// this one its turn).
+		order = keyFIFO
 	}
 	switch {
 	case order == "" && capacity == "":
@@ -602,6 +634,8 @@ func (k *kindDecision) waitCap() int {
 
 // decideWrites gathers a decision's writes, kind by kind.
 type decideWrites struct {
+	decided []int64 // fetched jobs decided: their marks go
+	restamp []int64 // jobs whose starts are logged again
 	slots   db.LedgerInsertSlotsParams
 	steals  []int64
 	claims  []int64
@@ -617,12 +651,18 @@ type decideWrites struct {
 
 // add gathers what the decision of d writes, and counts it.
 func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
+	if !d.Reserve {
+		w.decided = append(w.decided, d.ID)
+	}
 	if d.giveBack {
 		w.forget = append(w.forget, d.ID)
 	}
 	key := d.h.Key
 	switch d.d.Action {
 	case Run, Slot:
+		if d.restamp {
+			w.restamp = append(w.restamp, d.ID)
+		}
 		switch {
 		case d.claim:
 			w.claims = append(w.claims, d.ID)
@@ -635,6 +675,12 @@ func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
 				if c.Slotted() {
 					tx.counts.addSlots(d.Kind, key, -1)
 				}
+				// The job it took the grant of waits again, parked or
+				// resumed ahead (LedgerStealGrants).
+				if key == "" {
+					tx.counts.setHasParked(d.Kind, true)
+				}
+				tx.counts.setWaiting(d.Kind, key, true)
 			}
 			if d.d.Action == Slot {
 				w.slots.JobIds, w.slots.Kinds, w.slots.Keys = append(w.slots.JobIds, d.ID), append(w.slots.Kinds, d.Kind),
@@ -654,6 +700,11 @@ func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
 			}
 			if d.h.Waiter {
 				w.unwait = append(w.unwait, d.ID)
+			}
+			if c.Keyed() && c.Regime() == KindWide {
+				// Its key was served now, as by a grant: its turn in the
+				// round across keys moves to the end.
+				tx.counts.served(d.Kind, key)
 			}
 		}
 	case Wait:
@@ -719,6 +770,11 @@ func (w *decideWrites) waitsOf(kind, worker string) *db.LedgerWaitParams {
 // write queues the decision's writes (they travel with the commit).
 func (w *decideWrites) write(tx *Tx) error {
 	ctx, q, worker := tx.ctx, tx.q, tx.l.worker
+	if len(w.decided) > 0 {
+		if err := q.LedgerUnmarkFetched(ctx, w.decided); err != nil {
+			return fmt.Errorf("unmark fetched jobs: %w", err)
+		}
+	}
 	if len(w.forget) > 0 {
 		if err := q.LedgerRelease(ctx, db.LedgerReleaseParams{JobIds: []int64{}, ForgetIds: w.forget, FromIds: []int64{},
 			ToIds: []int64{}, WorkerID: worker}); err != nil {
@@ -728,6 +784,11 @@ func (w *decideWrites) write(tx *Tx) error {
 	if len(w.steals) > 0 {
 		if err := q.LedgerStealGrants(ctx, w.steals); err != nil {
 			return fmt.Errorf("take grants for older jobs: %w", err)
+		}
+	}
+	if len(w.restamp) > 0 {
+		if err := q.LedgerClaimStarts(ctx, w.restamp); err != nil {
+			return fmt.Errorf("log starts again: %w", err)
 		}
 	}
 	if len(w.claims) > 0 {

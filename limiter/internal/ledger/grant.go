@@ -260,17 +260,21 @@ func (r *round) resumeAhead() {
 		perKey = min(int(c.KeyMax), Lookahead)
 	}
 	for _, l := range r.lines {
+		// The key's jobs waiting in a worker, or ahead already, take its
+		// budget first, wherever they stand in its line (one ahead already
+		// may be younger than a job parked since).
 		keyBudget := perKey
+		for _, e := range l.front {
+			if !e.Parked && !r.picked[e.JobID] {
+				keyBudget--
+			}
+		}
 		for i := range l.front {
 			e := &l.front[i]
 			if budget <= 0 || keyBudget <= 0 {
 				break
 			}
-			if r.picked[e.JobID] {
-				continue
-			}
-			if !e.Parked {
-				keyBudget-- // waiting in a worker, or ahead already
+			if r.picked[e.JobID] || !e.Parked {
 				continue
 			}
 			if !e.Ready {

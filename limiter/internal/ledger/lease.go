@@ -115,12 +115,18 @@ func (l *Ledger) RenewLease(ctx context.Context, kind string) (int32, error) {
 
 // PublishWaiting writes the jobs waiting in this worker for a leased slot
 // of kind to its lease row (for SQL, waiting_jobs; and for the other
-// holders, which let older jobs go first).
-func (l *Ledger) PublishWaiting(ctx context.Context, kind string, ids []int64) error {
+// holders, which let older jobs go first), and deletes the leased fetch
+// marks of unmark (jobs fetched since the last publication: those still
+// waiting are published now).
+func (l *Ledger) PublishWaiting(ctx context.Context, kind string, ids, unmark []int64) error {
 	if ids == nil {
 		ids = []int64{}
 	}
-	if err := db.New(l.pool).SetLeaseWaiting(ctx, db.SetLeaseWaitingParams{Kind: kind, WorkerID: l.worker, JobIds: ids}); err != nil {
+	if unmark == nil {
+		unmark = []int64{}
+	}
+	if err := db.New(l.pool).SetLeaseWaiting(ctx, db.SetLeaseWaitingParams{Kind: kind, WorkerID: l.worker, JobIds: ids,
+		UnmarkIds: unmark}); err != nil {
 		return fmt.Errorf("publish the jobs waiting for %s slots: %w", kind, err)
 	}
 	return nil

@@ -62,6 +62,16 @@ func running(t *testing.T, pool *pgxpool.Pool, kind, args, worker string, attemp
 	return ledger.Job{ID: id, Kind: kind, Args: []byte(args), FetchedAt: fetched, Attempt: attempt, Dispatched: true}
 }
 
+// queued inserts a job of kind with args in state (available, pending),
+// never fetched, and returns its id.
+func queued(t *testing.T, pool *pgxpool.Pool, kind, args, state string) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), `INSERT INTO river_job (args, kind, max_attempts, state, queue)
+		VALUES ($1, $2, 5, $3, 'default') RETURNING id`, args, kind, state).Scan(&id))
+	return id
+}
+
 // admitted is kind's count of slots and its slot rows.
 func admitted(t *testing.T, pool *pgxpool.Pool, kind string) (count, rows int) {
 	t.Helper()
@@ -192,6 +202,30 @@ func TestKeysNotServedGoInTheOrderTheyCame(t *testing.T) {
 	g, err := l.Release(context.Background(), ledger.Release{Ended: []ledger.Held{{ID: holder.ID, Kind: kind, Key: "a0"}}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, []int64{first.ID}, g.LocalOrder, "the slot goes to the key that came first")
+}
+
+// TestAKeyServedAtItsDecisionWaitsItsTurn: under a per-kind limit of 2
+// over keys, key A's first two jobs take the slots at their decision (A is
+// served), and A's third and then B's first wait. The slot that frees goes
+// to B, served never, although A began to wait first: round-robin across
+// keys counts a slot taken at a decision as a turn, as one granted.
+func TestAKeyServedAtItsDecisionWaitsItsTurn(t *testing.T) {
+	t.Parallel()
+	const kind = "test.servedatdecision"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 2, partition_fields = '{key}', key_max = 2")
+	a1 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-time.Second))
+	a2 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, l, a1, nil).Action)
+	require.Equal(t, ledger.Slot, decideOne(t, l, a2, nil).Action)
+	a3 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-500*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, l, a3, nil).Action, "the limit is full: it waits")
+	b1 := running(t, pool, kind, `{"key": "B"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Wait, decideOne(t, l, b1, nil).Action)
+
+	g, err := l.Release(context.Background(), ledger.Release{Ended: []ledger.Held{{ID: a1.ID, Kind: kind, Key: `"A"`}}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []int64{b1.ID}, g.LocalOrder, "the slot went to the key served at its decision, not to the key never served")
 }
 
 // TestDecideARetryAfresh: a job retried at once is fetched again before
@@ -448,14 +482,205 @@ func TestWaitingPublishedBeforeAnyLease(t *testing.T) {
 
 	fetched := time.Now().Add(-time.Second).Truncate(time.Millisecond)
 	job := running(t, pool, kind, `{}`, "w2", 1, fetched)
-	require.NoError(t, waiter.PublishWaiting(ctx, kind, []int64{job.ID}))
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, []int64{job.ID}, nil))
 	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.WithinDuration(t, fetched, st.OldestOther, time.Millisecond, "the holder does not see the job waiting in w2")
 
-	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil))
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil, nil))
 	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, st.OldestOther.IsZero(), "jobs no longer waiting still published")
 	require.Equal(t, 0, count(t, pool, `SELECT count(*) FROM concurrency_leases WHERE worker_id = 'w1' AND slots <> 2`))
+}
+
+// TestRepartitionTakesBackGrants: a grant not claimed yet was given in the
+// order of the lines it was given in; when the kind's partition changes
+// it goes back, and the room goes to the front of the new line: here an
+// older job that waited in its key's line while a younger job of another
+// key was granted its start.
+func TestRepartitionTakesBackGrants(t *testing.T) {
+	t.Parallel()
+	const kind = "test.repartition"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{tenant}', rate_max = 1, rate_period = '10 seconds', rate_per_key = true")
+	older := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now())
+	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason) VALUES ($1, $2, '"a"', 'w1', 'key_rate')`,
+		older.ID, kind)
+	younger := running(t, pool, kind, `{"tenant": "b"}`, "w1", 1, time.Now())
+	exec(t, pool, `UPDATE river_job SET state = 'available' WHERE id = $1`, younger.ID)
+	exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved) VALUES ($1, '"b"', $2, now(), true)`,
+		kind, younger.ID)
+
+	setLimits(t, l, kind, "partition_fields = NULL, rate_per_key = false")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, younger.ID),
+		"the younger job kept the grant of its old line")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id IS NULL`, younger.ID),
+		"the younger job does not wait in the line again")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, older.ID),
+		"the older job was not granted the start")
+}
+
+// TestAStartLoggedEarlierIsLoggedAgain: a job decided again that holds a
+// start logged earlier in its attempt (a grant that crossed its wait was
+// claimed then) runs, and its start is logged again: it counts in its
+// rate window from about when the job begins, not from its grant.
+func TestAStartLoggedEarlierIsLoggedAgain(t *testing.T) {
+	t.Parallel()
+	const kind = "test.restamp"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "rate_max = 2, rate_period = '10 seconds'")
+	job := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Second))
+	exec(t, pool, `UPDATE river_job SET attempted_at = now() - interval '1 second' WHERE id = $1`, job.ID)
+	exec(t, pool, `INSERT INTO concurrency_starts (kind, job_id, started_at) VALUES ($1, $2, now() - interval '500 milliseconds')`,
+		kind, job.ID)
+	require.Equal(t, ledger.Run, decideOne(t, l, job, nil).Action)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, job.ID), "a second start logged")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1
+		AND started_at > clock_timestamp() - interval '200 milliseconds'`, job.ID), "its start was not logged again")
+}
+
+// TestRecheckUnderALoweredLimit: jobs that took slots and have not begun
+// when their kind's limit is lowered below the slots taken are decided
+// again (Recheck): each gives its slot back and waits while the slots
+// taken exceed the new limit (here the first to be decided again); once
+// they fit, the others keep theirs.
+func TestRecheckUnderALoweredLimit(t *testing.T) {
+	t.Parallel()
+	const kind = "test.lowered.recheck"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 3")
+	var jobs []ledger.Job
+	for range 3 {
+		j := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Second))
+		require.Equal(t, ledger.Slot, decideOne(t, l, j, nil).Action)
+		jobs = append(jobs, j)
+	}
+	setLimits(t, l, kind, "max_concurrency = 2")
+	n, _ := admitted(t, pool, kind)
+	require.Equal(t, 3, n, "the slots taken stay counted")
+
+	youngest := jobs[2]
+	youngest.Recheck = true
+	d := decideOne(t, l, youngest, nil)
+	require.Equal(t, ledger.Wait, d.Action, "a job began on a slot beyond the lowered limit")
+	require.Equal(t, ledger.ReasonLimit, d.Reason)
+	n, _ = admitted(t, pool, kind)
+	require.Equal(t, 2, n, "its slot did not go back")
+
+	oldest := jobs[0]
+	oldest.Recheck = true
+	require.Equal(t, ledger.Slot, decideOne(t, l, oldest, nil).Action, "a job within the lowered limit lost its slot")
+}
+
+// TestLookaheadCountsAKeysJobsAheadAlready: under a per-key limit of 1,
+// key k1's slot is taken, a younger job of k1 was resumed ahead already,
+// and an older one parked since. When a slot of another key turns over,
+// the lookahead resumes no more of k1: the job ahead already uses its
+// budget, though it stands behind the parked one in the line.
+func TestLookaheadCountsAKeysJobsAheadAlready(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.lookaheadkey"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 3, partition_fields = '{key}', key_max = 1")
+	h0 := running(t, pool, kind, `{"key": "k0"}`, "w1", 1, time.Now())
+	h1 := running(t, pool, kind, `{"key": "k1"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, h0, nil).Action)
+	require.Equal(t, ledger.Slot, decideOne(t, l, h1, nil).Action)
+	parked := queued(t, pool, kind, `{"key": "k1"}`, "pending")
+	ahead := queued(t, pool, kind, `{"key": "k1"}`, "available")
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id)
+		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), 'key_limit', 'w1')`, parked, kind)
+	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, 'key_limit', true)`, ahead, kind)
+	exec(t, pool, `UPDATE concurrency_key_lines SET waiting = true WHERE kind = $1 AND key = sluice_partition_key('{"key": "k1"}', '{key}')`, kind)
+
+	_, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: h0.ID, Kind: kind, Key: `"k0"`}}}, nil)
+	require.NoError(t, err)
+	var state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, parked).Scan(&state))
+	require.Equal(t, "pending", state, "k1 had a job ahead already: the lookahead resumed another")
+}
+
+// TestARepartitionKeysTheStartsLogged: under a rate of 3 a minute over the
+// kind, two jobs of key a start; the rate becomes 2 a minute per key. The
+// starts logged before count in key a's window: a third job of a waits (or
+// parks), while one of key b starts.
+func TestARepartitionKeysTheStartsLogged(t *testing.T) {
+	t.Parallel()
+	const kind = "test.repartitionstarts"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "rate_max = 3, rate_period = interval '1 minute'")
+	for range 2 {
+		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+		require.Equal(t, ledger.Run, decideOne(t, l, j, nil).Action)
+	}
+	setLimits(t, l, kind, "partition_fields = '{key}', rate_max = 2, rate_per_key = true")
+	third := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+	require.NotEqual(t, ledger.Run, decideOne(t, l, third, nil).Action, "key a started a third job in a window of 2")
+	other := running(t, pool, kind, `{"key": "b"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Run, decideOne(t, l, other, nil).Action, "key b's window is empty")
+}
+
+// TestALoweredRateTakesBackGrants: a rate lowered, or made kind-wide,
+// while starts are reserved for resumed jobs (granted under the old rate,
+// not claimed yet) takes back the newest of them beyond the new rate's
+// room, the starts logged in its window counted (with the slots reserved
+// for them): their jobs wait in the line again, and the kind's counts
+// follow its rows. Seed 914198574: a per-key rate of 5/2s became 2/1s for
+// the kind while four keys each had a start reserved; all four started
+// within 40 ms.
+func TestALoweredRateTakesBackGrants(t *testing.T) {
+	t.Parallel()
+	const kind = "test.loweredrate"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 4, partition_fields = '{tenant}', key_max = 1, rate_max = 5, rate_period = '2 seconds', rate_per_key = true")
+	var granted []int64
+	for _, tenant := range []string{"a", "b", "c", "d"} {
+		id := queued(t, pool, kind, `{"tenant": "`+tenant+`"}`, "available")
+		exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, reserved, key) VALUES ($1, $2, true, $3)`, id, kind, `"`+tenant+`"`)
+		exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved) VALUES ($1, $2, $3, now(), true)`,
+			kind, `"`+tenant+`"`, id)
+		granted = append(granted, id)
+	}
+
+	setLimits(t, l, kind, "rate_max = 2, rate_period = '1 second', rate_per_key = false")
+	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE kind = $1`, kind),
+		"the starts reserved beyond the new rate were not taken back")
+	for i, id := range granted {
+		kept := count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND reserved`, id)
+		slot := count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND reserved`, id)
+		waits := count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id IS NULL`, id)
+		if i < 2 {
+			require.Equal(t, []int{1, 1, 0}, []int{kept, slot, waits}, "job %d (the oldest two keep their grants)", id)
+		} else {
+			require.Equal(t, []int{0, 0, 1}, []int{kept, slot, waits}, "job %d (the newest two wait in the line again)", id)
+		}
+	}
+	count0, rows := admitted(t, pool, kind)
+	require.Equal(t, rows, count0, "the kind's count follows its slot rows")
+	require.Equal(t, 2, rows)
+
+	// Per key: a start logged in the window counts.
+	const keyed = "test.loweredrate.key"
+	setLimits(t, l, keyed, "partition_fields = '{tenant}', rate_max = 3, rate_period = '10 seconds', rate_per_key = true")
+	started := running(t, pool, keyed, `{"tenant": "a"}`, "w1", 1, time.Now()).ID
+	exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved) VALUES ($1, '"a"', $2, now(), false)`,
+		keyed, started)
+	a := queued(t, pool, keyed, `{"tenant": "a"}`, "available")
+	b := queued(t, pool, keyed, `{"tenant": "b"}`, "available")
+	for _, j := range []struct {
+		id  int64
+		key string
+	}{{a, `"a"`}, {b, `"b"`}} {
+		exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved) VALUES ($1, $2, $3, now(), true)`,
+			keyed, j.key, j.id)
+	}
+	setLimits(t, l, keyed, "rate_max = 1")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, a),
+		"key a's window holds a start already: its reserved one was not taken back")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND key = '"a"'`, a))
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND reserved`, b),
+		"key b's reserved start, within its new rate, was taken back")
 }

@@ -34,6 +34,13 @@ type Limits struct {
 	RatePerKey bool
 }
 
+// SameSettings reports whether l and o set the same limits (their counts
+// aside).
+func (l Limits) SameSettings(o Limits) bool {
+	return l.Kind == o.Kind && l.Present == o.Present && l.Max == o.Max && slices.Equal(l.Fields, o.Fields) &&
+		l.KeyMax == o.KeyMax && l.RateMax == o.RateMax && l.RatePeriod == o.RatePeriod && l.RatePerKey == o.RatePerKey
+}
+
 // Regime is how a kind's limits are kept.
 type Regime int
 

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,7 +77,8 @@ func TestHandOverMovesTheSlot(t *testing.T) {
 // older one of the key waits in the same worker: the swap gives the older
 // one the slot (and the start logged with it) and puts the younger one in
 // the line in its place, the counts unchanged. A swap from a job that holds
-// no slot of this worker's, or to one that holds one, moves nothing.
+// no slot of this worker's, or one of another key, or to one that holds
+// one, moves nothing.
 func TestSwapGivesAHeldSlotToAnOlderJob(t *testing.T) {
 	t.Parallel()
 	const kind = "test.swap"
@@ -89,23 +91,84 @@ func TestSwapGivesAHeldSlotToAnOlderJob(t *testing.T) {
 	require.Equal(t, ledger.Wait, d.Action, "the key's slot is the younger job's")
 
 	other := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
-	ok, err := other.Swap(context.Background(), kind, younger.ID, older.ID, d.Reason)
+	out, err := other.Swap(context.Background(), kind, younger.ID, older.ID, d.Reason)
 	require.NoError(t, err)
-	require.False(t, ok, "another worker's slot does not move")
+	require.Equal(t, ledger.SwapNone, out, "another worker's slot does not move")
 
-	ok, err = l.Swap(context.Background(), kind, younger.ID, older.ID, d.Reason)
+	// A worker whose copy of the limits has no partition yet takes every
+	// job for one of one key: a slot of another key does not move.
+	elsewhere := running(t, pool, kind, `{"key": "m"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, elsewhere, nil).Action)
+	out, err = l.Swap(context.Background(), kind, elsewhere.ID, older.ID, d.Reason)
 	require.NoError(t, err)
-	require.True(t, ok)
+	require.Equal(t, ledger.SwapNone, out, "a slot of another key moved")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, elsewhere.ID))
+
+	out, err = l.Swap(context.Background(), kind, younger.ID, older.ID, d.Reason)
+	require.NoError(t, err)
+	require.Equal(t, ledger.SwapMoved, out)
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND worker_id = 'w1'`, older.ID))
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, older.ID), "the start went with the slot")
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id = 'w1' AND reason = $2`,
 		younger.ID, d.Reason), "the younger job waits in the line in this worker")
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1`, older.ID))
-	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1 AND key IS NOT NULL`, kind), "one slot of the key")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1 AND key IS NOT NULL AND job_id <> $2`,
+		kind, elsewhere.ID), "one slot of the key")
 
-	ok, err = l.Swap(context.Background(), kind, younger.ID, older.ID, d.Reason)
+	out, err = l.Swap(context.Background(), kind, younger.ID, older.ID, d.Reason)
 	require.NoError(t, err)
-	require.False(t, ok, "a job with no slot has none to give")
+	require.Equal(t, ledger.SwapNone, out, "a job with no slot has none to give")
+}
+
+// TestSwapGivesAHeldSlotBackToTheFront: when a job of the line older than
+// the one deciding waits elsewhere (parked, or waiting in another worker),
+// the younger job's held slot is not the deciding job's: the younger job
+// gives it back (its slot row and its start go, the counts fall by one)
+// and waits in the line, and a grant round gives the slot to the front.
+func TestSwapGivesAHeldSlotBackToTheFront(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, elsewhere := range []string{"parked", "waiting in w2"} {
+		t.Run(elsewhere, func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.swapback"
+			pool, l := newLedger(t, "w1")
+			w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+			setLimits(t, l, kind, "max_concurrency = 1, rate_max = 100, rate_period = interval '1 minute'")
+			front := running(t, pool, kind, `{}`, "w2", 1, time.Now().Add(-time.Second))
+			older := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+			younger := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+			require.Equal(t, ledger.Slot, decideOne(t, l, younger, nil).Action)
+			if elsewhere == "parked" {
+				exec(t, pool, `UPDATE river_job SET state = 'pending' WHERE id = $1`, front.ID)
+				exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id) VALUES ($1, $2, 'limit', 'w2')`,
+					front.ID, kind)
+				exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+			} else {
+				require.Equal(t, ledger.Wait, decideOne(t, w2, front, nil).Action, "the kind's slot is the younger job's")
+			}
+			d := decideOne(t, l, older, nil)
+			require.Equal(t, ledger.Wait, d.Action)
+
+			out, err := l.Swap(ctx, kind, younger.ID, older.ID, d.Reason)
+			require.NoError(t, err)
+			require.Equal(t, ledger.SwapGaveBack, out, "the held slot went to the deciding job past the front (%s)", elsewhere)
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind), "the slot was not given back")
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, younger.ID), "its start stayed")
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id = 'w1'`, younger.ID),
+				"the younger job does not wait in the line")
+			n, rows := admitted(t, pool, kind)
+			require.Zero(t, rows)
+			require.Zero(t, n, "the count kept the slot given back")
+
+			_, err = l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+			require.NoError(t, err)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, front.ID),
+				"the grant round did not give the slot to the front")
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id IN ($1, $2)`, older.ID, younger.ID),
+				"a job behind the front got the slot")
+		})
+	}
 }
 
 // TestCleanUpKeepsAFetchedJobsReservedStart: a parked job granted a start
@@ -171,4 +234,177 @@ func TestForgottenGivesBackItsStart(t *testing.T) {
 	require.Zero(t, rows, "its slot went")
 	require.Zero(t, n)
 	require.Equal(t, ledger.Slot, decideOne(t, l, job, nil).Action, "decided afresh, it takes the rate's one start")
+}
+
+// TestSwapGivesAHeldStartToAnOlderJob: under a per-key rate alone (1 a
+// minute), a younger job of the key took the key's start and has not
+// begun when an older one (a retry, fetched after it) decides and waits:
+// the swap moves the start to the older one (reserved, for it to claim as
+// it begins) and puts the younger one in the line. With an older job of
+// the key parked, the younger one gives the start back instead, for the
+// grant round to give the front.
+func TestSwapGivesAHeldStartToAnOlderJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, parkedOlder := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parked older %t", parkedOlder), func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.swapstart"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "partition_fields = '{key}', rate_max = 1, rate_period = interval '1 minute', rate_per_key = true")
+			var front int64
+			if parkedOlder {
+				front = queued(t, pool, kind, `{"key": "k"}`, "pending")
+				exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id)
+					VALUES ($1, $2, sluice_partition_key('{"key": "k"}', '{key}'), 'key_rate', 'w1')`, front, kind)
+			}
+			older := running(t, pool, kind, `{"key": "k"}`, "w1", 2, time.Now())
+			younger := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-time.Second))
+			if !parkedOlder {
+				require.Equal(t, ledger.Run, decideOne(t, l, younger, nil).Action, "the key's start is the younger job's")
+			} else {
+				// The line's front is parked: the younger job took its start
+				// before (a grant, say).
+				exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at)
+					VALUES ($1, sluice_partition_key('{"key": "k"}', '{key}'), $2, now())`, kind, younger.ID)
+			}
+			// The younger job holds the start in its worker, not begun: the
+			// older one waits (its window frees only in a minute), to take it.
+			older.HeldBehind = true
+			d := decideOne(t, l, older, nil)
+			require.Equal(t, ledger.Wait, d.Action, "the key's start is taken")
+
+			out, err := l.Swap(ctx, kind, younger.ID, older.ID, d.Reason)
+			require.NoError(t, err)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id = 'w1'`, younger.ID),
+				"the younger job does not wait in the line")
+			if parkedOlder {
+				require.Equal(t, ledger.SwapGaveBack, out)
+				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE kind = $1`, kind), "the start was not given back")
+				return
+			}
+			require.Equal(t, ledger.SwapMoved, out, "the start did not move to the older job")
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND reserved`, older.ID))
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, younger.ID))
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1`, older.ID))
+		})
+	}
+}
+
+// TestAStolenGrantNotFetchedParksAgain: under a limit of 1, a younger job
+// resumed with the kind's slot reserved for it and not fetched yet loses
+// it to an older job of the line decided meanwhile (a retry): the older
+// one takes the slot, and the younger one is parked again, its place
+// kept (not left available and waiting, a second resumed job for one
+// slot). Fetched already, it waits in the line as a job resumed ahead.
+func TestAStolenGrantNotFetchedParksAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, fetched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fetched %t", fetched), func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.stolen"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 1")
+			older := running(t, pool, kind, `{}`, "w1", 2, time.Now())
+			state := "available"
+			if fetched {
+				state = "running"
+			}
+			younger := queued(t, pool, kind, `{}`, state)
+			exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, admitted_at) VALUES ($1, $2, '', true, now())`,
+				younger, kind)
+			exec(t, pool, `UPDATE concurrency_limits SET admitted = 1 WHERE kind = $1`, kind)
+
+			require.Equal(t, ledger.Slot, decideOne(t, l, older, nil).Action, "the older job did not take the younger one's grant")
+			var got string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, younger).Scan(&got))
+			if fetched {
+				require.Equal(t, "running", got)
+				require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id IS NULL AND ahead`, younger))
+				return
+			}
+			require.Equal(t, "pending", got, "the younger job, its grant taken before it was fetched, is not parked again")
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = $1`, younger))
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1`, younger))
+			n, rows := admitted(t, pool, kind)
+			require.Equal(t, 1, rows)
+			require.Equal(t, 1, n, "the slot changed hands: the count stays")
+		})
+	}
+}
+
+// TestAStealFindsTheNewestJobWithBothReserved: under a per-kind limit and
+// a per-key rate, the newest job of the key with a start reserved was
+// granted while waiting in a worker (its slot its own, not reserved); an
+// older job with both a slot and a start reserved is on its way. A retry
+// older than both, held by the key's rate, takes the grant of the one on
+// its way, the newest with both reserved.
+func TestAStealFindsTheNewestJobWithBothReserved(t *testing.T) {
+	t.Parallel()
+	const kind = "test.stealboth"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 4, partition_fields = '{key}', rate_max = 2, rate_period = interval '1 minute', rate_per_key = true")
+	retry := running(t, pool, kind, `{"key": "k"}`, "w1", 2, time.Now())
+	onItsWay := queued(t, pool, kind, `{"key": "k"}`, "available")
+	waiting := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now())
+	key := `sluice_partition_key('{"key": "k"}', '{key}')`
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved, admitted_at)
+		VALUES ($1, $3, `+key+`, '', true, now()), ($2, $3, `+key+`, 'w1', false, now())`, onItsWay, waiting.ID, kind)
+	exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved)
+		VALUES ($1, `+key+`, $2, now(), true), ($1, `+key+`, $3, now(), true)`, kind, onItsWay, waiting.ID)
+	exec(t, pool, `UPDATE concurrency_limits SET admitted = 2 WHERE kind = $1`, kind)
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting) VALUES ($1, `+key+`, 2, false)`, kind)
+
+	require.Equal(t, ledger.Slot, decideOne(t, l, retry, nil).Action, "the retry did not take the grant of the job on its way")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, retry.ID))
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, onItsWay))
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND reserved`, waiting.ID),
+		"the start of the job granted in its worker was taken")
+}
+
+// TestAStealUnderAFullKindWithJobsParked: under a per-kind limit of 1
+// over keys, the kind's one slot is reserved for a younger job of key k on
+// its way, and a job of another key is parked (it waits for the kind).
+// An older job of k (a retry) fetched with the younger one takes its
+// grant: the grant was k's turn, and the older job of k goes first in it;
+// the younger one waits. With an older job of k parked, it does not.
+func TestAStealUnderAFullKindWithJobsParked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, olderParked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("older parked %t", olderParked), func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.stealfull"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
+			key := func(k string) string { return `sluice_partition_key('{"key": "` + k + `"}', '{key}')` }
+			if olderParked {
+				front := queued(t, pool, kind, `{"key": "k"}`, "pending")
+				exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id) VALUES ($1, $2, `+key("k")+`, 'limit', 'w1')`,
+					front, kind)
+			}
+			other := queued(t, pool, kind, `{"key": "o"}`, "pending")
+			exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id) VALUES ($1, $2, `+key("o")+`, 'limit', 'w1')`,
+				other, kind)
+			retry := running(t, pool, kind, `{"key": "k"}`, "w1", 2, time.Now())
+			younger := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now())
+			exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved, admitted_at)
+				VALUES ($1, $2, `+key("k")+`, '', true, now())`, younger.ID, kind)
+			exec(t, pool, `UPDATE concurrency_limits SET admitted = 1, has_parked = true WHERE kind = $1`, kind)
+			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting) VALUES ($1, `+key("k")+`, 1, false), ($1, `+key("o")+`, 0, true)`, kind)
+			exec(t, pool, `UPDATE river_job SET metadata = '{"sluice_parking": {}}' WHERE id = $1`, younger.ID)
+			retry.Dispatched, younger.Dispatched = false, false
+
+			out, err := l.Decide(ctx, []ledger.Job{retry, younger}, nil, time.Second)
+			require.NoError(t, err)
+			if olderParked {
+				require.NotEqual(t, ledger.Slot, out.Decisions[0].Action, "the retry took the grant past an older job of its key parked")
+				return
+			}
+			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the retry did not take the grant of the younger job of its key")
+			require.NotEqual(t, ledger.Slot, out.Decisions[1].Action)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, retry.ID))
+		})
+	}
 }

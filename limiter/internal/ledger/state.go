@@ -40,7 +40,10 @@ type kindLine struct {
 	Front         int64 `json:"front"`
 	ReservedSlot  int64 `json:"reserved_slot"`
 	ReservedStart int64 `json:"reserved_start"`
+	ReservedBoth  int64 `json:"reserved_both"` // the newest job with both a slot and a start reserved
 	Transit       int64 `json:"transit"`
+	Fetched       int64 `json:"fetched"`
+	Waiting       int64 `json:"waiting"`
 	Ahead         int   `json:"ahead"`
 	Starts        int32 `json:"starts"`
 	FreesInMs     int64 `json:"frees_in_ms"`
@@ -55,7 +58,10 @@ type keyLine struct {
 	Slots         int32  `json:"slots"`
 	ReservedSlot  int64  `json:"reserved_slot"`
 	ReservedStart int64  `json:"reserved_start"`
+	ReservedBoth  int64  `json:"reserved_both"` // the newest job with both a slot and a start reserved
 	Transit       int64  `json:"transit"`
+	Fetched       int64  `json:"fetched"` // the oldest job fetched by a worker and not decided yet (0: none)
+	Waiting       int64  `json:"waiting"` // the oldest job waiting in a worker without a grant (0: none)
 	Front         int64  `json:"front"`
 	Ahead         int    `json:"ahead"`
 	Starts        int32  `json:"starts"`

@@ -37,10 +37,16 @@ type View struct {
 	// its oldest job waiting in its line other than in this worker (0:
 	// none): no younger job is handed a slot in memory ahead of them.
 	OldestParked, OldestReserved, OldestOtherLine int64
+	// Heard is the count of limit changes the worker had heard when the
+	// keeper began to read it (Queue.Heard).
+	Heard uint64
 }
 
-// fresh reports whether v was read within ViewFresh of now.
-func (v View) fresh(now time.Time) bool { return !v.At.IsZero() && now.Sub(v.At) <= ViewFresh }
+// fresh reports whether v was read within ViewFresh of now, and after the
+// last change of limits the worker heard (heard).
+func (v View) fresh(now time.Time, heard uint64) bool {
+	return !v.At.IsZero() && now.Sub(v.At) <= ViewFresh && v.Heard >= heard
+}
 
 // overLimit reports whether the kind's slots taken exceed its limit (it was
 // lowered): no spare slot is used; they drain as jobs end.
@@ -56,7 +62,10 @@ type Lease struct {
 	// windowAt: slots not needed for a whole linger go back.
 	minSpare int
 	windowAt time.Time
-	view     View
+	// heard is the count of limit changes the worker has heard (Heard): a
+	// view read before the last is not fresh.
+	heard uint64
+	view  View
 }
 
 // usable is how many leased slots the worker may use: no more than the
@@ -100,6 +109,17 @@ func (l *Lease) noticeSpare() { l.minSpare = min(l.minSpare, l.Leased-l.InUse) }
 // was fetched more than FetchTolerance before it.
 func (l *Lease) letsGo(fetched time.Time) bool {
 	return l.view.OldestOther.IsZero() || !fetched.After(l.view.OldestOther.Add(FetchTolerance))
+}
+
+// Heard is told that the worker heard a change of limits (gen: its count
+// of them since it started): the keeper's view, read before it, is not
+// fresh any more, so no slot is handed over in memory by it (GiveLine,
+// GiveLeased) nor taken at once (TakeLeased) until the keeper reads the
+// kind again.
+func (q *Queue) Heard(gen uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.lease.heard = max(q.lease.heard, gen)
 }
 
 // SetView stores the keeper's view of the kind. When the leased path
@@ -162,6 +182,50 @@ func (q *Queue) openLocked(fast bool) bool {
 	return true
 }
 
+// NoteLeasedMarks records jobs of the queue (in it already) whose fetch
+// marked them as waiting for a leased slot: the keeper's next publication
+// of what waits takes the marks away (TakeLeasedMarks).
+func (q *Queue) NoteLeasedMarks(ids []int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.leasedMarks = append(q.leasedMarks, ids...)
+}
+
+// TakeLeasedMarks returns the jobs NoteLeasedMarks recorded, and forgets
+// them.
+func (q *Queue) TakeLeasedMarks() []int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.leasedMarks
+	q.leasedMarks = nil
+	return out
+}
+
+// HasLeasedMarks reports whether NoteLeasedMarks recorded jobs not taken
+// yet.
+func (q *Queue) HasLeasedMarks() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.leasedMarks) > 0
+}
+
+// LeasedPath reports whether the leased path of the kind is open in this
+// worker as far as it knows (see TakeLeased), and how many leased slots it
+// could give at once to jobs fetched now (0 when the keeper's view is not
+// fresh): the fetch marks the jobs beyond them as waiting for a leased
+// slot.
+func (q *Queue) LeasedPath(now time.Time) (open bool, spare int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.openLocked(true) {
+		return false, 0
+	}
+	if !q.lease.view.fresh(now, q.lease.heard) {
+		return true, 0
+	}
+	return true, max(q.lease.usable()-q.lease.InUse, 0)
+}
+
 // TakeLeased decides Deciding job id on the leased path: it works on a
 // leased slot now if one is spare and no job goes before it (here, or,
 // fetched earlier, in another worker), or it is Queued for one. It returns
@@ -183,7 +247,7 @@ func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (wor
 	// It takes a slot at once only on a fresh view of the kind (of the
 	// jobs waiting in other workers, of its line): else the keeper serves
 	// it once it read one.
-	known := q.lease.view.fresh(now)
+	known := q.lease.view.fresh(now, q.lease.heard)
 	if first && known && q.lease.InUse < q.lease.usable() && q.lease.letsGo(j.Fetched) {
 		q.workLocked(j, LeasedSlot)
 		q.serveLocked()
@@ -198,9 +262,10 @@ func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (wor
 
 // GiveLeased gives a leased slot that freed (a job that ended on one) to
 // the job at the front of the queue Queued for one, if the leased path is
-// open, the worker keeps within its share and the kind's limit, and no job
-// fetched earlier waits in another worker; else the slot is given up (the
-// keeper gives it back, for the line or another worker). It returns the job
+// open (in this worker too: no job of the kind waits in the line here), the
+// worker keeps within its share and the kind's limit, and no job fetched
+// earlier waits in another worker; else the slot is given up (the keeper
+// gives it back, for the line or another worker). It returns the job
 // that got it (nil: none).
 func (q *Queue) GiveLeased() *Job {
 	q.mu.Lock()
@@ -209,10 +274,15 @@ func (q *Queue) GiveLeased() *Job {
 	switch {
 	case l.InUse >= l.Leased:
 		return nil // the slot was lost (the lease expired, or the limit went)
-	case l.view.OffPath || l.view.overLimit():
+	case l.view.OffPath || l.view.overLimit() || !q.openLocked(true):
+		// The path is closed (here: a job of the kind waits in the line,
+		// which the database counts the slot against), or the limit was
+		// lowered: the slot goes back, for the line's grant round.
 		l.Leased--
 		l.ToReturn++
 		return nil
+	case l.view.Heard < l.heard:
+		return nil // a change came since the keeper looked: it serves the slot once it looked again
 	}
 	j := q.frontLocked(Queued)
 	if l.overShare() && (j == nil || !l.first(j.Fetched)) {
@@ -245,7 +315,7 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	v := q.lease.view
-	if !v.fresh(now) || v.Keyed || v.Limit <= 0 || v.overLimit() {
+	if !v.fresh(now, q.lease.heard) || v.Keyed || v.Limit <= 0 || v.overLimit() {
 		return nil
 	}
 	j := q.frontLocked(Lined)

@@ -84,8 +84,12 @@ type Job struct {
 	ahead  bool
 	reason string
 	// early: a grant came while it was deciding (its decision to wait and
-	// the grant crossed): it does not wait, it is decided again.
-	early bool
+	// the grant crossed), holding earlySlot (earlyClaimed: its start was
+	// logged already): a decision to wait lets it start with that grant
+	// (Line); any other decision finds the grant in the ledger.
+	early        bool
+	earlySlot    Slot
+	earlyClaimed bool
 	// heldSlot is what a Held job holds; swapping: it is to give it to an
 	// older job of its key (SwapFor), and stays Held until Swapped.
 	heldSlot Slot
@@ -110,6 +114,14 @@ func (j *Job) Stamp(n uint64) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.heard = n
+}
+
+// Restamp raises the count Stamp recorded to n (never lowers it): the
+// changes heard up to n left the job's kind as its decision read it.
+func (j *Job) Restamp(n uint64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.heard = max(j.heard, n)
 }
 
 // Stamped is the count Stamp recorded.
@@ -197,11 +209,59 @@ type Queue struct {
 	jobs  map[int64]*Job
 	order []*Job // the jobs not working, in line order
 	lease Lease
+	// leasedMarks are jobs whose fetch marked them waiting for a leased
+	// slot, not published since (NoteLeasedMarks).
+	leasedMarks []int64
+	// byFetch: the kind's jobs start in fetch order (a per-kind limit
+	// alone), not in job-id order within a key (SetByFetch).
+	byFetch bool
 }
 
-// NewQueue returns the queue of kind, empty.
+// NewQueue returns the queue of kind, empty, its jobs of a key starting
+// in job-id order.
 func NewQueue(kind string) *Queue {
 	return &Queue{kind: kind, jobs: map[int64]*Job{}}
+}
+
+// SetByFetch says whether the kind's jobs start in fetch order (a per-kind
+// limit alone: an older job fetched later holds no job back) or in job-id
+// order within a key (a per-key limit or a rate).
+func (q *Queue) SetByFetch(byFetch bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.byFetch != byFetch {
+		q.byFetch = byFetch
+		q.releaseHeldLocked()
+	}
+}
+
+// aheadLocked reports whether o, of j's key, is to be waited for by j
+// while it decides: in fetch order (a per-kind limit alone), fetched
+// before it and older (the ledger's line is in job-id order: a younger job
+// fetched first waits there behind j, and must not hold j back here); in
+// job-id order, fetched before it or older; q.mu is held.
+func (q *Queue) aheadLocked(o, j *Job) bool {
+	if q.byFetch {
+		return q.precedesLocked(o, j)
+	}
+	return o.Key == j.Key && (o.before(j) || o.ID < j.ID)
+}
+
+// precedesLocked reports whether o, of j's key, begins before j: in fetch
+// order (a per-kind limit alone: fetched before it, or in the same fetch,
+// and older; a job older but fetched later, a retry, or younger but
+// fetched first, goes in either order) or in job-id order. Unlike
+// aheadLocked it is a strict order (no two jobs precede each other), so
+// that jobs held for the jobs that precede them never wait for each other;
+// q.mu is held.
+func (q *Queue) precedesLocked(o, j *Job) bool {
+	if o.Key != j.Key {
+		return false
+	}
+	if q.byFetch {
+		return o.before(j) && o.ID < j.ID
+	}
+	return o.ID < j.ID
 }
 
 // Kind is the queue's kind.
@@ -263,7 +323,7 @@ func (q *Queue) removeLocked(j *Job) {
 // slot, is Held until none is; q.mu is held.
 func (q *Queue) blockedLocked(j *Job) bool {
 	for _, o := range q.jobs {
-		if o != j && o.Key == j.Key && (o.state == Deciding || o.state == Queued) && (o.ID < j.ID || o.before(j)) {
+		if o != j && (o.state == Deciding || o.state == Queued) && q.aheadLocked(o, j) {
 			return true
 		}
 	}
@@ -287,7 +347,7 @@ func (q *Queue) releaseHeldLocked() {
 	for again := true; again; {
 		again = false
 		for _, j := range q.order {
-			if j.state == Held && !j.swapping && !q.blockedLocked(j) {
+			if j.state == Held && !j.swapping && !q.blockedLocked(j) && !q.olderNotBegunLocked(j) {
 				q.workLocked(j, j.heldSlot)
 				j.notify(Granted)
 				again = true // the order changed
@@ -332,10 +392,12 @@ func (q *Queue) workLocked(j *Job, slot Slot) {
 }
 
 // Begin is asked as a Working job is about to begin its work: it begins
-// (true), or, when an older job of its key fetched since it was given its
-// slot is deciding here, it is Held again (holding that slot, not a leased
-// one) until none is, so that the older job's decision may take the slot
-// (SwapFor) rather than park behind it (false: it waits for its wake).
+// (true), or it is Held again (holding its slot, not a leased one; false:
+// it waits for its wake): while an older job of its key fetched since it
+// was given its slot is deciding here, so that the older job's decision
+// may take the slot (SwapFor) rather than park behind it; and while an
+// older job of its key here holds its slot and has not begun (on its way
+// to River's executor), so that the two begin in their order.
 func (q *Queue) Begin(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -346,13 +408,25 @@ func (q *Queue) Begin(id int64) bool {
 	case j.state != Working:
 		return false // held back meanwhile (a swap took its slot): it waits
 	}
-	if !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && q.blockedLocked(j) {
+	if !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && (q.blockedLocked(j) || q.olderNotBegunLocked(j)) {
 		j.state, j.heldSlot, j.held = Held, j.slot, true
 		q.insertLocked(j)
 		return false
 	}
 	j.begun = true
+	q.releaseHeldLocked() // a younger job of its key held for it begins now
 	return true
+}
+
+// olderNotBegunLocked reports whether an older job of j's key here holds
+// its slot (Working, or Held) and has not begun; q.mu is held.
+func (q *Queue) olderNotBegunLocked(j *Job) bool {
+	for _, o := range q.jobs {
+		if o != j && (o.state == Working || o.state == Held) && !o.begun && q.precedesLocked(o, j) {
+			return true
+		}
+	}
+	return false
 }
 
 // Undecide makes a Working job that has not begun, and holds no slot or a
@@ -375,7 +449,7 @@ func (q *Queue) Undecide(id int64) bool {
 // Line makes a Deciding job Lined (its decision: it waits in the line, held
 // for reason; ahead: it came ahead of a free slot), and closes the leased
 // path (Close). It returns false when the job is not Deciding, or was
-// granted while deciding (it is decided again).
+// granted while deciding (it starts with that grant instead).
 func (q *Queue) Line(id int64, ahead bool, reason string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -384,8 +458,15 @@ func (q *Queue) Line(id int64, ahead bool, reason string) bool {
 		return false
 	}
 	if j.early {
-		// Granted while deciding: the ledger knows what it holds.
+		// Granted while deciding: the grant came after its decision to wait
+		// (the decision would have found one given before), so it is this
+		// wait's: the job starts with it.
 		j.early = false
+		j.granted = !j.earlyClaimed
+		if q.startLocked(j, j.earlySlot) {
+			j.notify(Granted)
+		}
+		q.serveLocked()
 		return false
 	}
 	j.state, j.ahead, j.reason = Lined, j.ahead || ahead, reason
@@ -407,29 +488,32 @@ func (q *Queue) HeldBehind(id int64) bool {
 		return false
 	}
 	for _, o := range q.jobs {
-		if swappable(o, x) {
+		if q.swappableLocked(o, x) {
 			return true
 		}
 	}
 	return false
 }
 
-// swappable reports whether o, a job of x's key younger than x, holds a
-// slot of the line it has not begun on (Held, or Working and not begun)
-// that x may take (SwapFor); q.mu is held.
-func swappable(o, x *Job) bool {
-	if o == x || o.swapping || o.Key != x.Key || o.ID <= x.ID {
+// swappableLocked reports whether o, a job of x's key that x precedes
+// (precedesLocked), holds a slot of the line (or, under a rate alone, a
+// start) it has not begun on (Held, or Working and not begun) that x may
+// take (SwapFor); q.mu is held.
+func (q *Queue) swappableLocked(o, x *Job) bool {
+	if o == x || o.swapping || !q.precedesLocked(x, o) {
 		return false
 	}
 	// A Working job with a wake not read yet is on its way to begin: it is
-	// left to begin.
-	return (o.state == Held && o.heldSlot == LineSlot) || (o.state == Working && !o.begun && o.slot == LineSlot && len(o.wake) == 0)
+	// left to begin. One that holds no slot may hold a start (under a rate
+	// alone): the ledger moves it if it does.
+	return (o.state == Held && o.heldSlot != LeasedSlot) ||
+		(o.state == Working && !o.begun && o.slot != LeasedSlot && len(o.wake) == 0)
 }
 
 // SwapFor is asked before a Deciding job is put in the line (its decision:
 // it waits): it returns the youngest job of its key here, younger than it,
-// that holds a slot of the line it has not begun on (Held, or Working and
-// not begun: it is Held from now), which is to give that slot to it
+// that holds a slot of the line (or a start) it has not begun on (Held, or
+// Working and not begun: it is Held from now), which is to give that to it
 // (Swapped), so that no job starts while an older one of its key waits in
 // the line; nil when there is none, or the job is not Deciding, or a grant
 // crossed its decision. The job returned stays Held until Swapped.
@@ -442,7 +526,7 @@ func (q *Queue) SwapFor(id int64) *Job {
 	}
 	var y *Job
 	for _, o := range q.jobs {
-		if swappable(o, x) && (y == nil || y.before(o)) {
+		if q.swappableLocked(o, x) && (y == nil || y.before(o)) {
 			y = o // the last in line order: the youngest
 		}
 	}
@@ -459,23 +543,28 @@ func (q *Queue) SwapFor(id int64) *Job {
 
 // Swapped ends a swap that SwapFor began between job to (Deciding, to wait
 // in the line, held for reason; ahead: it came ahead of a free slot) and
-// from (Held): when the ledger moved the slot (ok), to works with it (or
-// is Held while a job of its key ahead of it decides) and from waits in
-// the line in its place without a deadline (as a job resumed ahead),
-// woken (Relined); else to is put in the line (as
-// Line) and from is Held as before. It reports whether to was put in the
-// line and the leased path closed (as Line).
-func (q *Queue) Swapped(to, from int64, ok, ahead bool, reason string) (lined bool) {
+// from (Held): when the ledger moved the slot (moved), to works with it
+// (or is Held while a job of its key ahead of it decides) and from waits
+// in the line in its place without a deadline (as a job resumed ahead),
+// woken (Relined); when from gave the slot back (gaveBack: an older job of
+// the line waits elsewhere), from waits so and to is put in the line (as
+// Line); else to is put in the line and from is Held as before. It reports
+// whether to was put in the line and the leased path closed (as Line).
+func (q *Queue) Swapped(to, from int64, moved, gaveBack, ahead bool, reason string) (lined bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	x, y := q.jobs[to], q.jobs[from]
 	if y != nil {
 		y.swapping = false
+		if gaveBack && y.state == Held {
+			y.state, y.heldSlot, y.reason, y.granted, y.ahead = Lined, NoSlot, reason, false, true
+			y.notify(Relined)
+		}
 	}
 	switch {
-	case ok && x != nil && y != nil:
+	case moved && x != nil && y != nil:
 		x.granted = true
-		q.startLocked(x, LineSlot)
+		q.startLocked(x, y.heldSlot) // a slot of the line, or none (a start)
 		// It waits as a job resumed ahead does, as long as it takes: it is
 		// next of its key once the older one is through, and parking it
 		// would undo the grant or resume that brought it here.
@@ -520,16 +609,16 @@ func (q *Queue) Leave(id int64) bool {
 // Grant ends the wait of a Lined job with a grant of the ledger: it works,
 // holding slot, or is Held while a job of its key ahead of it here
 // decides. It returns false when the job is not Lined: one Deciding (its
-// wait ended meanwhile, or its decision to wait is not applied yet) is
-// decided again instead of waiting (Line refuses it), and its decision
-// finds the grant. startClaimed: a start reserved with the grant was
-// logged already (Granted is false: nothing is left to claim).
+// wait ended meanwhile, or its decision to wait is not applied yet) keeps
+// the grant: a decision to wait lets it start with it (Line), any other
+// finds it in the ledger. startClaimed: a start reserved with the grant
+// was logged already (Granted is false: nothing is left to claim).
 func (q *Queue) Grant(id int64, slot Slot, startClaimed bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
 	if j != nil && j.state == Deciding {
-		j.early = true
+		j.early, j.earlySlot, j.earlyClaimed = true, slot, startClaimed
 	}
 	if j == nil || j.state != Lined {
 		return false

@@ -32,6 +32,9 @@ type model struct {
 	now time.Time
 	// early are the jobs granted while deciding, not decided since.
 	early map[int64]bool
+	// gen counts the changes of limits heard (the views read since carry
+	// it).
+	gen uint64
 }
 
 // events are the alphabet: jobs 1 and 2 come in one fetch, job 3 in a
@@ -78,10 +81,10 @@ func events() []event {
 					return ""
 				}
 				m.q.mu.Lock()
-				blocked := !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && m.q.blockedLocked(j)
+				blocked := !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && (m.q.blockedLocked(j) || m.q.olderNotBegunLocked(j))
 				m.q.mu.Unlock()
 				if began := m.q.Begin(id); began == blocked {
-					return fmt.Sprintf("job %d: Begin answered %v with an older job of its key deciding: %v", id, began, blocked)
+					return fmt.Sprintf("job %d: Begin answered %v with an older job of its key deciding, or not begun: %v", id, began, blocked)
 				}
 				if blocked && j.State() != Held {
 					return fmt.Sprintf("job %d held back as it began is %s", id, j.State())
@@ -100,18 +103,25 @@ func events() []event {
 				return ""
 			}},
 			event{fmt.Sprintf("line %d", id), func(m *model) string {
-				if m.q.Line(id, false, "limit") && m.early[id] {
-					return fmt.Sprintf("job %d, granted while deciding, waits in the line", id)
+				deciding := m.deciding(id)
+				lined := m.q.Line(id, false, "limit")
+				if msg := m.checkEarly(id, deciding, lined); msg != "" {
+					return msg
 				}
 				delete(m.early, id)
 				return ""
 			}},
-			event{fmt.Sprintf("line or swap %d", id), func(m *model) string { return m.lineOrSwap(id, true) }},
-			event{fmt.Sprintf("line or swap (ledger refuses) %d", id), func(m *model) string { return m.lineOrSwap(id, false) }},
+			event{fmt.Sprintf("line or swap %d", id), func(m *model) string { return m.lineOrSwap(id, swapMoved) }},
+			event{fmt.Sprintf("line or swap (ledger refuses) %d", id), func(m *model) string { return m.lineOrSwap(id, swapRefused) }},
+			event{fmt.Sprintf("line or swap (slot given back) %d", id), func(m *model) string { return m.lineOrSwap(id, swapGaveBack) }},
 			event{fmt.Sprintf("take leased %d", id), func(m *model) string {
 				before := m.front()
-				if works, _ := m.q.TakeLeased(id, true, 2, m.now); works && before != id {
+				works, _ := m.q.TakeLeased(id, true, 2, m.now)
+				if works && before != id {
 					return fmt.Sprintf("job %d took a leased slot while job %d was ahead", id, before)
+				}
+				if works && m.q.lease.view.Heard < m.q.lease.heard {
+					return fmt.Sprintf("job %d took a leased slot at once on a view read before a change of limits heard", id)
 				}
 				return ""
 			}},
@@ -139,19 +149,24 @@ func events() []event {
 	}
 	out = append(out,
 		event{"view open", func(m *model) string {
-			m.q.SetView(View{At: m.now, Limit: 2, Admitted: 1})
+			m.q.SetView(View{At: m.now, Heard: m.gen, Limit: 2, Admitted: 1})
 			return ""
 		}},
 		event{"view parked 1", func(m *model) string {
-			m.q.SetView(View{At: m.now, Limit: 2, Admitted: 1, OldestParked: 1})
+			m.q.SetView(View{At: m.now, Heard: m.gen, Limit: 2, Admitted: 1, OldestParked: 1})
 			return ""
 		}},
 		event{"view off path", func(m *model) string {
-			for _, id := range m.q.SetView(View{At: m.now, Limit: 2, OffPath: true}) {
+			for _, id := range m.q.SetView(View{At: m.now, Heard: m.gen, Limit: 2, OffPath: true}) {
 				if j := m.q.Get(id); j == nil || j.state != Deciding {
 					return fmt.Sprintf("job %d sent to the ledger is not deciding", id)
 				}
 			}
+			return ""
+		}},
+		event{"hear a change of limits", func(m *model) string {
+			m.gen++
+			m.q.Heard(m.gen)
 			return ""
 		}},
 		event{"lease 1", func(m *model) string {
@@ -172,16 +187,50 @@ func events() []event {
 	return out
 }
 
+// deciding reports whether job id is Deciding.
+func (m *model) deciding(id int64) bool {
+	j := m.q.Get(id)
+	return j != nil && j.State() == Deciding
+}
+
+// checkEarly checks a decision to wait of job id applied (Line; deciding:
+// the job was Deciding; lined: it waits in the line): a job granted while
+// deciding never waits, it starts with its grant (Working, or Held behind
+// a job of its key ahead of it).
+func (m *model) checkEarly(id int64, deciding, lined bool) string {
+	if !m.early[id] || !deciding {
+		return ""
+	}
+	if lined {
+		return fmt.Sprintf("job %d, granted while deciding, waits in the line", id)
+	}
+	if j := m.q.Get(id); j != nil && j.State() != Working && j.State() != Held {
+		return fmt.Sprintf("job %d, granted while deciding, is %s after its decision to wait", id, j.State())
+	}
+	return ""
+}
+
+// The ledger's answers to a swap (lineOrSwap).
+const (
+	swapMoved = iota
+	swapRefused
+	swapGaveBack
+)
+
 // lineOrSwap puts job id in the line as the limiter does (SwapFor first;
-// ok: the ledger moves the slot) and checks the outcome: a swap leaves the
-// held job waiting in the line, told so, and the older one with its slot;
+// the ledger's answer: moved, refused, or gave back) and checks the
+// outcome: a swap leaves the held job waiting in the line, told so, and
+// the older one with its slot; a slot given back (an older job waits
+// elsewhere) leaves both waiting in the line, the held one told so;
 // without one (or refused), the job waits in the line as Line has it; and,
 // the swap done, no job held with a slot of the line goes after it.
-func (m *model) lineOrSwap(id int64, ok bool) string {
+func (m *model) lineOrSwap(id int64, answer int) string {
 	y := m.q.SwapFor(id)
 	if y == nil {
-		if m.q.Line(id, false, "limit") && m.early[id] {
-			return fmt.Sprintf("job %d, granted while deciding, waits in the line", id)
+		deciding := m.deciding(id)
+		lined := m.q.Line(id, false, "limit")
+		if msg := m.checkEarly(id, deciding, lined); msg != "" {
+			return msg
 		}
 		delete(m.early, id)
 		return ""
@@ -189,9 +238,24 @@ func (m *model) lineOrSwap(id int64, ok bool) string {
 	if m.early[id] {
 		return fmt.Sprintf("job %d, granted while deciding, takes job %d's slot", id, y.ID)
 	}
-	m.q.Swapped(id, y.ID, ok, false, "limit")
+	m.q.Swapped(id, y.ID, answer == swapMoved, answer == swapGaveBack, false, "limit")
 	x := m.q.Get(id)
-	if !ok {
+	if answer == swapGaveBack {
+		if y.State() != Lined || x.State() != Lined {
+			return fmt.Sprintf("job %d gave its slot back for an older job elsewhere: it is %s, and job %d is %s, not both in the line",
+				y.ID, y.State(), id, x.State())
+		}
+		select {
+		case o := <-y.wake:
+			if o != Relined {
+				return fmt.Sprintf("job %d gave its slot back and was told %d", y.ID, o)
+			}
+		default:
+			return fmt.Sprintf("job %d gave its slot back and was not told", y.ID)
+		}
+		return ""
+	}
+	if answer == swapRefused {
 		if y.State() != Held && y.State() != Working {
 			return fmt.Sprintf("job %d, its slot kept (the ledger refused the swap), is %s", y.ID, y.State())
 		}
@@ -246,6 +310,9 @@ func (m *model) checkGiven(j *Job, state State) string {
 	}
 	m.q.mu.Lock()
 	defer m.q.mu.Unlock()
+	if v := m.q.lease.view; v.Heard < m.q.lease.heard {
+		return fmt.Sprintf("job %d was given a slot in memory on a view read before a change of limits heard", j.ID)
+	}
 	for _, o := range m.q.order {
 		if o.before(j) && (o.state == Deciding || o.state == state) {
 			return fmt.Sprintf("job %d was given a slot while job %d (%s) went before it", j.ID, o.ID, o.state)
@@ -298,8 +365,8 @@ func (m *model) invariants() string {
 		if j.state == Working && j.slot == LeasedSlot {
 			inUse++
 		}
-		if j.state == Held && !q.blockedLocked(j) {
-			return fmt.Sprintf("job %d is held with no job of its key ahead of it deciding or queued", id)
+		if j.state == Held && !q.blockedLocked(j) && !q.olderNotBegunLocked(j) {
+			return fmt.Sprintf("job %d is held with no job of its key ahead of it deciding or queued, nor older and not begun", id)
 		}
 	}
 	for i := 1; i < len(q.order); i++ {
@@ -316,7 +383,7 @@ func (m *model) invariants() string {
 		return fmt.Sprintf("%d leased slots in use, %d jobs work on one", q.lease.InUse, inUse)
 	}
 	if len(q.order) > 0 && q.order[0].state == Queued && q.lease.InUse < q.lease.usable() && q.lease.letsGo(q.order[0].Fetched) &&
-		q.lease.view.fresh(m.now) {
+		q.lease.view.fresh(m.now, q.lease.heard) {
 		return fmt.Sprintf("a leased slot is spare while job %d waits for one at the front", q.order[0].ID)
 	}
 	return ""
@@ -366,4 +433,172 @@ func describe(alphabet []event, seq []int) string {
 		names[i] = alphabet[e].name
 	}
 	return strings.Join(names, ", ")
+}
+
+// TestOlderJobBeginsFirst: two jobs of a key given slots of the line begin
+// in job-id order, whichever of their goroutines gets there first: the
+// younger one is held until the older one begins (or leaves), then
+// begins. A job of another key is not held.
+func TestOlderJobBeginsFirst(t *testing.T) {
+	now := time.Now()
+	for _, leaves := range []bool{false, true} {
+		q := NewQueue("k")
+		q.Fetch([]Fetched{{ID: 1, Key: "a", Fetched: now}, {ID: 2, Key: "a", Fetched: now}, {ID: 3, Key: "b", Fetched: now}})
+		for id := int64(1); id <= 3; id++ {
+			if !q.Work(id, LineSlot) {
+				t.Fatalf("job %d not given its slot", id)
+			}
+		}
+		if q.Begin(2) {
+			t.Fatal("job 2 began before job 1 of its key, which holds its slot and has not begun")
+		}
+		if !q.Begin(3) {
+			t.Fatal("job 3 held back behind a job of another key")
+		}
+		if leaves {
+			if q.End(1) != LineSlot {
+				t.Fatal("job 1 did not end holding its slot")
+			}
+		} else if !q.Begin(1) {
+			t.Fatal("job 1 held back")
+		}
+		j := q.Get(2)
+		select {
+		case <-j.Wake():
+		default:
+			t.Fatal("job 2 not woken once job 1 began or left")
+		}
+		if j.State() != Working || !q.Begin(2) {
+			t.Fatalf("job 2 did not begin after job 1 (%s)", j.State())
+		}
+	}
+}
+
+// TestJobsFetchedOutOfOrderNeverWaitForEachOther: a job fetched first with
+// the higher id and one fetched after with the lower id, both given their
+// slots and about to begin, never wait for each other: in job-id order
+// (a per-key limit or a rate) the older one begins first; in fetch order
+// (a per-kind limit alone) neither waits for the other (a job waits there
+// only for one fetched before it and older, as the ledger's line, in
+// job-id order, never has the older one wait for the younger).
+func TestJobsFetchedOutOfOrderNeverWaitForEachOther(t *testing.T) {
+	now := time.Now()
+	for _, byFetch := range []bool{false, true} {
+		q := NewQueue("k")
+		q.SetByFetch(byFetch)
+		q.Fetch([]Fetched{{ID: 2, Key: "a", Fetched: now}})
+		q.Fetch([]Fetched{{ID: 1, Key: "a", Fetched: now.Add(time.Millisecond)}})
+		q.Work(2, NoSlot)
+		q.Work(1, NoSlot)
+		if byFetch {
+			if !q.Begin(1) || !q.Begin(2) {
+				t.Fatal("byFetch: a job held back behind one fetched before it but younger, or after it but older")
+			}
+			continue
+		}
+		if q.Begin(2) {
+			t.Fatal("job 2 began before job 1")
+		}
+		if !q.Begin(1) {
+			t.Fatal("job 1 held back: the two wait for each other")
+		}
+		if j := q.Get(2); j.State() != Working || !q.Begin(2) {
+			t.Fatal("job 2 did not begin after job 1")
+		}
+	}
+}
+
+// TestAYoungerJobDecidingFirstHoldsNoOlderOne: in fetch order (a per-kind
+// limit alone), a younger job fetched first and deciding (the ledger has
+// it wait behind the older one) does not hold back the older job, fetched
+// after it and given its slot; an older job fetched first does.
+func TestAYoungerJobDecidingFirstHoldsNoOlderOne(t *testing.T) {
+	now := time.Now()
+	for _, olderFirst := range []bool{false, true} {
+		q := NewQueue("k")
+		q.SetByFetch(true)
+		first, second := int64(9), int64(3)
+		if olderFirst {
+			first, second = 3, 9
+		}
+		q.Fetch([]Fetched{{ID: first, Key: "", Fetched: now}})
+		q.Fetch([]Fetched{{ID: second, Key: "", Fetched: now.Add(time.Millisecond)}})
+		q.Work(second, LineSlot)
+		began := q.Begin(second)
+		if began == olderFirst {
+			t.Fatalf("job %d (fetched after job %d, which is deciding) began: %v", second, first, began)
+		}
+	}
+}
+
+// TestNoSlotHandedOverOnAViewBeforeAChange: after the worker hears a change
+// of limits, a slot that frees is not handed over in memory on the view the
+// keeper read before it (the change may be a rate, a breaker, a partition):
+// not a leased slot to a job waiting for one, nor a slot of the line to a
+// job waiting in the line. Once the keeper has read the kind again, the
+// spare leased slot goes to the waiting job.
+func TestNoSlotHandedOverOnAViewBeforeAChange(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 2, Heard: 0})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
+	q.Leased(1)
+	if works, ok := q.TakeLeased(1, true, 2, now); !works || !ok {
+		t.Fatal("job 1 did not take the leased slot")
+	}
+	if works, ok := q.TakeLeased(2, true, 2, now); works || !ok {
+		t.Fatal("job 2 is not waiting for a leased slot")
+	}
+	q.Heard(1)
+	if q.End(1) != LeasedSlot {
+		t.Fatal("job 1 did not end on its leased slot")
+	}
+	if j := q.GiveLeased(); j != nil {
+		t.Fatalf("job %d was handed a leased slot on a view read before the change", j.ID)
+	}
+	q.SetView(View{At: now, Limit: 2, Heard: 1})
+	if j := q.Get(2); j.State() != Working || j.Slot() != LeasedSlot {
+		t.Fatalf("job 2, once the kind was read again, is %s", j.State())
+	}
+
+	line := NewQueue("k")
+	line.SetByFetch(true)
+	line.SetView(View{At: now, Limit: 2, Heard: 0})
+	line.Fetch([]Fetched{{ID: 3, Fetched: now}, {ID: 4, Fetched: now}})
+	line.Work(3, LineSlot)
+	line.Line(4, false, "limit")
+	line.Heard(1)
+	if line.End(3) != LineSlot {
+		t.Fatal("job 3 did not end on its slot of the line")
+	}
+	if j := line.GiveLine(now); j != nil {
+		t.Fatalf("job %d was handed a slot of the line on a view read before the change", j.ID)
+	}
+}
+
+// TestALeasedSlotGoesBackWhileAJobWaitsInTheLine: a leased slot that frees
+// while a job of the kind waits in the line in this worker goes back (the
+// database counts it taken, and the line's grant round is what gives it
+// to the waiting job), rather than stay spare for the next job fetched.
+func TestALeasedSlotGoesBackWhileAJobWaitsInTheLine(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 2})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
+	q.Leased(1)
+	if works, _ := q.TakeLeased(1, true, 2, now); !works {
+		t.Fatal("job 1 did not take the leased slot")
+	}
+	q.Line(2, false, "limit")
+	if q.End(1) != LeasedSlot {
+		t.Fatal("job 1 did not end on its leased slot")
+	}
+	if j := q.GiveLeased(); j != nil {
+		t.Fatalf("job %d was given the leased slot", j.ID)
+	}
+	if n := q.Returning(now, time.Hour, false); n != 1 {
+		t.Fatalf("%d leased slots go back while job 2 waits in the line, want 1", n)
+	}
 }

@@ -1,0 +1,177 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+)
+
+// TestAJobFetchedElsewhereGoesFirst: a job of a line fetched by another
+// worker and not decided yet (marked by its fetch) holds up the younger
+// jobs of its line: a decision makes a younger one wait, and a grant round
+// gives it nothing, until the older one's decision (which takes the mark
+// away and asks for a round). A mark older than two seconds holds nothing
+// up. Under a per-key limit (the key's line) and a per-kind limit alone
+// (the kind's).
+func TestAJobFetchedElsewhereGoesFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		kind, set, args, key, reason string
+	}{
+		{"test.fetched.key", "partition_fields = '{tenant}', key_max = 2", `{"tenant": "a"}`, `"a"`, ledger.ReasonKeyFIFO},
+		{"test.fetched.kind", "max_concurrency = 2", `{}`, "", ledger.ReasonFIFO},
+	} {
+		t.Run(c.kind, func(t *testing.T) {
+			t.Parallel()
+			pool, w1 := newLedger(t, "w1")
+			w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+			setLimits(t, w1, c.kind, c.set)
+			older := running(t, pool, c.kind, c.args, "w1", 1, time.Now().Add(-100*time.Millisecond))
+			younger := running(t, pool, c.kind, c.args, "w2", 1, time.Now())
+			require.NoError(t, w1.MarkFetched(ctx, pool, []ledger.Fetched{{ID: older.ID, Kind: c.kind, Key: c.key}}))
+
+			d := decideOne(t, w2, younger, nil)
+			require.Equal(t, ledger.Wait, d.Action, "the younger job started before the older one's decision")
+			require.Equal(t, c.reason, d.Reason)
+			_, err := w2.Release(ctx, ledger.Release{Rounds: []string{c.kind}}, nil)
+			require.NoError(t, err)
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, younger.ID),
+				"a grant round granted the younger job past the older one not decided yet")
+
+			out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+			require.NoError(t, err)
+			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the older job: room")
+			require.Contains(t, out.Recheck, c.kind, "a younger job waits with room left: a grant round is due")
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, older.ID),
+				"its decision left its mark")
+			_, err = w2.Release(ctx, ledger.Release{Rounds: []string{c.kind}}, nil)
+			require.NoError(t, err)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND worker_id = 'w2'`,
+				younger.ID), "the younger job was not granted its turn")
+
+			// A mark older than two seconds holds nothing up.
+			exec(t, pool, `DELETE FROM concurrency_executions WHERE kind = $1`, c.kind)
+			exec(t, pool, `UPDATE concurrency_limits SET admitted = 0 WHERE kind = $1 AND admitted IS NOT NULL`, c.kind)
+			exec(t, pool, `UPDATE concurrency_key_lines SET slots = 0 WHERE kind = $1`, c.kind)
+			stale := running(t, pool, c.kind, c.args, "w1", 1, time.Now())
+			next := running(t, pool, c.kind, c.args, "w2", 1, time.Now())
+			require.NoError(t, w1.MarkFetched(ctx, pool, []ledger.Fetched{{ID: stale.ID, Kind: c.kind, Key: c.key}}))
+			exec(t, pool, `UPDATE concurrency_fetches SET fetched_at = now() - interval '3 seconds' WHERE job_id = $1`, stale.ID)
+			require.Equal(t, ledger.Slot, decideOne(t, w2, next, nil).Action, "a stale mark held a job up")
+		})
+	}
+}
+
+// TestAJobGrantedOnItsWayGoesFirst: under a rate per key, a job of the key
+// resumed with a start reserved for it (on its way to a worker) goes
+// before a younger job of its key fetched meanwhile: that one waits in the
+// line, and the older one's claim of its start asks for the grant round
+// that gives the younger one its turn.
+func TestAJobGrantedOnItsWayGoesFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.onitsway"
+	pool, w1 := newLedger(t, "w1")
+	w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, w1, kind, "partition_fields = '{tenant}', rate_max = 3, rate_period = '1 second', rate_per_key = true")
+	older := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now())
+	exec(t, pool, `UPDATE river_job SET state = 'available' WHERE id = $1`, older.ID)
+	exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at, reserved) VALUES ($1, '"a"', $2, now(), true)`,
+		kind, older.ID)
+	younger := running(t, pool, kind, `{"tenant": "a"}`, "w2", 1, time.Now())
+
+	d := decideOne(t, w2, younger, nil)
+	require.Equal(t, ledger.Wait, d.Action, "the younger job started before the older one on its way")
+	require.Equal(t, ledger.ReasonKeyFIFO, d.Reason)
+
+	exec(t, pool, `UPDATE river_job SET state = 'running', attempted_at = now() WHERE id = $1`, older.ID)
+	older.FetchedAt = time.Now()
+	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Run, out.Decisions[0].Action, "the older job claims its start")
+	require.Contains(t, out.Recheck, kind, "a younger job waits behind the claimed grant: a grant round is due")
+	_, err = w2.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, younger.ID),
+		"the younger job was not granted its turn")
+}
+
+// TestALeasedMarkWaitsUntilPublished: a first attempt on the leased path
+// marked leased by its fetch counts, for the other workers' leases, as
+// waiting for a leased slot from its fetch on (before its worker's keeper
+// publishes what waits there), and its worker's publication takes the mark
+// away. A leased mark holds up no decision of the line.
+func TestALeasedMarkWaitsUntilPublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.leasedmark"
+	pool, holder := newLedger(t, "w1")
+	waiter := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, holder, kind, "max_concurrency = 3")
+	granted, _, _, err := holder.Lease(ctx, kind, 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, granted)
+
+	fetched := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	job := running(t, pool, kind, `{}`, "w2", 1, fetched)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, waiter.MarkFetched(ctx, tx, []ledger.Fetched{{ID: job.ID, Kind: kind, Leased: true}}))
+	require.NoError(t, tx.Commit(ctx))
+	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.False(t, st.OldestOther.IsZero(), "the holder does not see the job its fetch marked waiting in w2")
+	require.Zero(t, st.OldestOtherLine, "a leased mark counted as a job of the line")
+
+	younger := running(t, pool, kind, `{}`, "w1", 2, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, holder, younger, nil).Action, "a leased mark held up a decision of the line")
+
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil, []int64{job.ID}))
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, job.ID), "the publication left the mark")
+	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, st.OldestOther.IsZero(), "a job published as no longer waiting still counts")
+}
+
+// TestAJobLetGoGoesFirst: a job waiting in a worker's line when its kind's
+// limits are cleared is let go (its place goes, its worker decides it
+// again), and is marked fetched and not decided again: when a limit comes
+// back before that decision, a younger job of the kind that another worker
+// decides waits behind it, and the older one's decision takes the mark
+// away.
+func TestAJobLetGoGoesFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.letgo"
+	pool, w1 := newLedger(t, "w1")
+	w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, w1, kind, "partition_fields = '{tenant}', key_max = 1")
+	holder := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now().Add(-200*time.Millisecond))
+	require.Equal(t, ledger.Slot, decideOne(t, w1, holder, nil).Action)
+	older := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now().Add(-100*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, w1, older, nil).Action, "the key's slot is taken")
+
+	setLimits(t, w1, kind, "partition_fields = NULL, key_max = NULL")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE kind = $1`, kind), "the line was not let go")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1 AND worker_id = 'w1'`, older.ID),
+		"the job let go in w1 is not marked")
+	setLimits(t, w1, kind, "max_concurrency = 5")
+
+	younger := running(t, pool, kind, `{"tenant": "b"}`, "w2", 1, time.Now())
+	d := decideOne(t, w2, younger, nil)
+	require.Equal(t, ledger.Wait, d.Action, "the younger job started before the job let go was decided again")
+	require.Equal(t, ledger.ReasonFIFO, d.Reason)
+
+	older.FetchedAt = time.Now()
+	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the job let go: room")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, older.ID),
+		"its decision left its mark")
+	require.Contains(t, out.Recheck, kind, "a younger job waits with room left: a grant round is due")
+}
