@@ -973,6 +973,30 @@ func (q *Queries) LedgerLineLeft(ctx context.Context, kind string) (bool, error)
 	return left, err
 }
 
+const ledgerLockChanges = `-- name: LedgerLockChanges :exec
+SELECT CASE WHEN $1::boolean THEN pg_advisory_xact_lock(s.h)::text ELSE pg_advisory_xact_lock_shared(s.h)::text END
+FROM (SELECT hashtextextended('sluice.limit_change:' || k.kind, 0) AS h
+      FROM unnest($2::text[]) AS k(kind)
+      ORDER BY k.kind OFFSET 0) AS s
+`
+
+type LedgerLockChangesParams struct {
+	Exclusive bool     `json:"exclusive"`
+	Kinds     []string `json:"kinds"`
+}
+
+// Takes the kinds' change locks (kinds sorted; shared, or exclusive with
+// exclusive): transaction-level advisory locks on
+// hashtextextended('sluice.limit_change:' || kind, 0). A change of limits
+// (ledger.Change) takes its kind's exclusive; a fetch that parks the jobs
+// behind long lines (LedgerParkAhead, the statement after this one, whose
+// snapshot then sees every change committed) takes them shared, so that
+// the two never interleave, while decisions and grants never wait for it.
+func (q *Queries) LedgerLockChanges(ctx context.Context, arg LedgerLockChangesParams) error {
+	_, err := q.db.Exec(ctx, ledgerLockChanges, arg.Exclusive, arg.Kinds)
+	return err
+}
+
 const ledgerLockKeys = `-- name: LedgerLockKeys :exec
 INSERT INTO concurrency_key_lines (kind, key)
 SELECT k.kind, k.key
@@ -1051,6 +1075,171 @@ func (q *Queries) LedgerMarkFetched(ctx context.Context, arg LedgerMarkFetchedPa
 		arg.Leaseds,
 	)
 	return err
+}
+
+const ledgerParkAhead = `-- name: LedgerParkAhead :many
+WITH p AS (
+    SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS kind,
+           unnest($4::text[]) AS key, unnest($5::text[]) AS reason
+),
+moved AS (
+    UPDATE river_job j
+    SET state = 'pending',
+        metadata = j.metadata || jsonb_build_object('sluice_parking',
+            COALESCE(CASE WHEN (j.metadata->'sluice_parking'->>'attempt')::integer = j.attempt
+                          THEN j.metadata->'sluice_parking' END,
+                     jsonb_build_object('attempt', j.attempt, 'first_at', now(), 'parks', 0))
+            || jsonb_build_object('parked_at', now(), 'reason', p.reason,
+                                  'parks', COALESCE((j.metadata->'sluice_parking'->>'parks')::integer, 0) + 1))
+    FROM p
+    WHERE j.id = ANY($2::bigint[]) AND j.id = p.job_id AND j.state = 'available'
+    RETURNING j.id, p.kind, p.key, p.reason
+)
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+SELECT m.id, m.kind, m.reason, $1::text, NULLIF(m.key, '')
+FROM moved m
+ON CONFLICT (job_id) DO NOTHING
+RETURNING job_id
+`
+
+type LedgerParkAheadParams struct {
+	WorkerID string   `json:"worker_id"`
+	JobIds   []int64  `json:"job_ids"`
+	Kinds    []string `json:"kinds"`
+	Keys     []string `json:"keys"`
+	Reasons  []string `json:"reasons"`
+}
+
+// Parks the jobs LedgerParkAheadPick picked (job_ids, with their kinds,
+// keys and reasons in step; key ” for none), never fetched: each goes to
+// pending untouched (its attempt stays), its parking recorded as a
+// fetch's is (metadata sluice_parking, concurrency_parked_jobs). Returns
+// the jobs parked.
+func (q *Queries) LedgerParkAhead(ctx context.Context, arg LedgerParkAheadParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, ledgerParkAhead,
+		arg.WorkerID,
+		arg.JobIds,
+		arg.Kinds,
+		arg.Keys,
+		arg.Reasons,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var job_id int64
+		if err := rows.Scan(&job_id); err != nil {
+			return nil, err
+		}
+		items = append(items, job_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const ledgerParkAheadPick = `-- name: LedgerParkAheadPick :many
+WITH lim AS (
+    SELECT l.kind, l.partition_fields AS fields, c.cap
+    FROM concurrency_limits l
+    JOIN (SELECT unnest($1::text[]) AS kind, unnest($2::integer[]) AS cap) AS c ON c.kind = l.kind
+    WHERE l.max_concurrency <> 0 OR l.key_max IS NOT NULL OR l.rate_max IS NOT NULL
+),
+front AS (
+    SELECT j.id, j.kind, sluice_partition_key(j.args, lim.fields) AS key, lim.cap
+    FROM river_job j JOIN lim ON lim.kind = j.kind
+    WHERE j.state = 'available' AND j.queue = $3::text AND j.scheduled_at <= now()
+      AND NOT j.metadata ? 'cancel_attempted_at'
+    ORDER BY j.priority, j.scheduled_at, j.id
+    LIMIT $4::integer
+    FOR UPDATE OF j SKIP LOCKED
+),
+behind AS (
+    SELECT f.id, f.kind, f.key,
+           CASE WHEN f.key IS NULL
+                THEN (SELECT p.reason FROM concurrency_parked_jobs p
+                      WHERE p.kind = f.kind AND p.key IS NULL AND p.job_id < f.id ORDER BY p.job_id DESC LIMIT 1)
+                ELSE (SELECT p.reason FROM concurrency_parked_jobs p
+                      WHERE p.kind = f.kind AND p.key = f.key AND p.job_id < f.id ORDER BY p.job_id DESC LIMIT 1)
+           END AS before
+    FROM front f
+    WHERE CASE WHEN f.key IS NULL
+               THEN (SELECT count(*) FROM (SELECT 1 FROM concurrency_parked_jobs p
+                                           WHERE p.kind = f.kind AND p.key IS NULL AND p.job_id < f.id LIMIT f.cap) x)
+               ELSE (SELECT count(*) FROM (SELECT 1 FROM concurrency_parked_jobs p
+                                           WHERE p.kind = f.kind AND p.key = f.key AND p.job_id < f.id LIMIT f.cap) x)
+          END >= f.cap
+      AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.id)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.id)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = f.id)
+)
+SELECT b.id, b.kind, COALESCE(b.key, '')::text AS key,
+       (CASE WHEN b.before IN ('key_limit', 'key_fifo', 'key_rate') THEN 'key_fifo'
+             WHEN b.before = 'breaker' THEN 'breaker'
+             ELSE 'fifo' END)::text AS reason
+FROM behind b
+ORDER BY b.id
+`
+
+type LedgerParkAheadPickParams struct {
+	Kinds   []string `json:"kinds"`
+	Caps    []int32  `json:"caps"`
+	Queue   string   `json:"queue"`
+	MaxJobs int32    `json:"max_jobs"`
+}
+
+type LedgerParkAheadPickRow struct {
+	ID     int64  `json:"id"`
+	Kind   string `json:"kind"`
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+}
+
+// Picks, before River's fetch and in its transaction, the next available
+// jobs of queue (the first max_jobs of limited kinds in River's fetch
+// order: priority, scheduled_at, id, locked for the transaction; jobs
+// another holds are skipped) whose line already has at least its kind's
+// wait cap of older jobs parked (kinds and caps in step; the cap is the
+// decision's own: a job fetched behind that many parks at once), with the
+// reason of their parking: the line of the job parked before each (a
+// key's, key_fifo, or the kind's, fifo; breaker under a breaker). Jobs
+// resumed ahead or granted (a waiter, a reserved slot or start) are not of
+// the backlog. The transaction holds the kinds' change locks
+// (LedgerLockChanges, shared): no change of limits runs meanwhile, and a
+// kind whose limits were cleared picks nothing. LedgerParkAhead parks them.
+// The parked jobs of a key's line by the index on (kind, key, job_id); of
+// an unpartitioned kind's by the one on (kind, job_id).
+func (q *Queries) LedgerParkAheadPick(ctx context.Context, arg LedgerParkAheadPickParams) ([]*LedgerParkAheadPickRow, error) {
+	rows, err := q.db.Query(ctx, ledgerParkAheadPick,
+		arg.Kinds,
+		arg.Caps,
+		arg.Queue,
+		arg.MaxJobs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []*LedgerParkAheadPickRow
+	for rows.Next() {
+		var i LedgerParkAheadPickRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Kind,
+			&i.Key,
+			&i.Reason,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, &i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const ledgerParkDispatched = `-- name: LedgerParkDispatched :exec

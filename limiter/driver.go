@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,10 +22,10 @@ import (
 // a job of another key inserted behind it is fetched soon.
 const maxFetchThrough = 16
 
-// maxStartHeld is how long a fetch that fetches again for the jobs that
-// parked may hold a job it keeps that could start: then River gets what
-// the fetch has, and the queue's producer is woken to fetch again.
-const maxStartHeld = 200 * time.Millisecond
+// parkAheadScan is how many available jobs of limited kinds, at the front
+// of River's fetch order, a fetch looks at to park those behind long lines
+// before it fetches (ledger.ParkAhead).
+const parkAheadScan = 500
 
 // Driver returns River's pgx driver d with the limiter deciding the jobs
 // of kinds (the kinds the client works) that each fetch brings, together
@@ -34,7 +35,7 @@ const maxStartHeld = 200 * time.Millisecond
 // it the middleware decides each job alone, in the order Go schedules
 // their goroutines. Every other call of the driver is River's own.
 func (l *Limiter) Driver(d *riverpgxv5.Driver, kinds []string) riverdriver.Driver[pgx.Tx] {
-	return &fetchDriver{Driver: d, l: l, kinds: slices.Clone(kinds)}
+	return &fetchDriver{Driver: d, l: l, kinds: slices.Clone(kinds), parking: map[string]bool{}}
 }
 
 // fetchDriver is River's pgx driver whose executors decide what they fetch.
@@ -42,6 +43,28 @@ type fetchDriver struct {
 	*riverpgxv5.Driver
 	l     *Limiter
 	kinds []string
+
+	mu      sync.Mutex
+	parking map[string]bool // queues whose last fetch parked jobs
+}
+
+// parks reports whether queue's last fetch parked jobs: its next one parks
+// the jobs behind long lines first.
+func (d *fetchDriver) parks(queue string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.parking[queue]
+}
+
+// parked records whether a fetch of queue parked jobs.
+func (d *fetchDriver) parked(queue string, any bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if any {
+		d.parking[queue] = true
+	} else {
+		delete(d.parking, queue)
+	}
 }
 
 // GetExecutor returns River's executor, watched.
@@ -56,33 +79,38 @@ type fetchExecutor struct {
 }
 
 // JobGetAvailable fetches as River does, at most what the fetch gate lets
-// in, and has the limiter decide the jobs of limited kinds. The jobs that
-// parked leave the result; while a full fetch lost jobs to parking, it
-// fetches again (River fetches again at once only after a full fetch), up
-// to maxFetchThrough times, or until a job it keeps has been able to
-// start for maxStartHeld, or at once when that job's start was logged in
-// a rate window: then it returns and wakes the queue's producer to fetch
-// again.
+// in, and has the limiter decide the jobs of limited kinds. After a fetch
+// that parked jobs, the next one first parks the available jobs behind
+// long lines (fetch), so that it reaches the jobs behind them. The jobs
+// that parked leave the result; while a full fetch lost jobs to parking
+// and none it keeps can start yet, it fetches again (River fetches again
+// at once only after a full fetch), up to maxFetchThrough times: a job
+// that can start is never held for more fetches (it would start after
+// younger jobs of its kind that other workers fetched since). When it
+// stops with jobs parked it wakes the queue's producer to fetch again.
 func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, error) {
 	l := e.d.l
 	params = l.gate.admit(ctx, params)
 	want := params.MaxToLock
 	out := &riverdriver.JobGetAvailableResult{}
-	var startable time.Time // when a job kept could first start
+	parkedAny := false
+	defer func() { e.d.parked(params.Queue, parkedAny) }()
 	for range maxFetchThrough {
 		p := *params
 		p.MaxToLock = want - len(out.Jobs)
-		res, leased, err := e.fetch(ctx, &p)
+		res, leased, ahead, err := e.fetch(ctx, &p, parkedAny || e.d.parks(params.Queue))
 		if err != nil {
 			if len(out.Jobs) > 0 {
 				return out, nil // River gets what it has; the error comes back at its next fetch
 			}
 			return res, err
 		}
+		parkedAny = parkedAny || ahead > 0
 		if res == nil || len(res.Jobs) == 0 {
 			break
 		}
 		parked := l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)
+		parkedAny = parkedAny || len(parked) > 0
 		l.noteLeasedMarks(leased)
 		for _, job := range res.Jobs {
 			if parked[job.ID] {
@@ -99,11 +127,7 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 		if len(res.Jobs) < p.MaxToLock || len(parked) == 0 || l.isStopped() {
 			break
 		}
-		now, logged := l.startsNow(ctx, out.Jobs)
-		if startable.IsZero() && now {
-			startable = time.Now()
-		}
-		if logged || (!startable.IsZero() && time.Since(startable) >= maxStartHeld) {
+		if l.startsNow(out.Jobs) {
 			// River gets the jobs that can start now, without waiting for
 			// more fetches; its producer is woken to fetch again for those
 			// that parked.
@@ -115,33 +139,20 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 }
 
 // startsNow reports whether a job of jobs (fetched, not parked) starts as
-// soon as River runs it: no limit, or decided to work; and logged, whether
-// one of those is of a kind under a rate, whose window counted its start
-// at its decision (it must not be held back). Jobs that wait in the worker
-// lose nothing while the fetch fetches again.
-func (l *Limiter) startsNow(ctx context.Context, jobs []*rivertype.JobRow) (now, logged bool) {
-	var working []string // the limited kinds of jobs decided to work
+// soon as River runs it: no limit, or decided to work (granted a slot
+// since included). Jobs that wait in the worker lose nothing while the
+// fetch fetches again.
+func (l *Limiter) startsNow(jobs []*rivertype.JobRow) bool {
 	for _, job := range jobs {
 		q := l.queues.get(job.Kind)
 		if q == nil {
-			now = true
-			continue
+			return true
 		}
 		if j := q.Get(job.ID); j == nil || j.State() == local.Working {
-			now = true
-			if j != nil && !slices.Contains(working, job.Kind) {
-				working = append(working, job.Kind)
-			}
+			return true
 		}
 	}
-	if len(working) > 0 {
-		for _, lim := range l.limits.guess(ctx, working) {
-			if lim.RateMax > 0 {
-				return true, true
-			}
-		}
-	}
-	return now, false
+	return false
 }
 
 // fetch fetches as River does. While a kind the client works is limited
@@ -152,32 +163,44 @@ func (l *Limiter) startsNow(ctx context.Context, jobs []*rivertype.JobRow) (now,
 // kind whose leased path is open in this worker (the worker's memory
 // decides it) is marked leased: for the other workers' leases it waits,
 // until this worker's lease keeper publishes what waits; those are
-// returned for the keeper (noteLeasedMarks).
-func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, []ledger.Fetched, error) {
+// returned for the keeper (noteLeasedMarks). With parkAhead (the last
+// fetch parked jobs), the same transaction first parks the available jobs
+// behind long lines (ledger.ParkAhead; how many it returns).
+func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAvailableParams, parkAhead bool) (*riverdriver.JobGetAvailableResult, []ledger.Fetched, int, error) {
 	l := e.d.l
 	limited := l.markedKinds(ctx, e.d.kinds)
 	if len(limited) == 0 {
 		res, err := e.Executor.JobGetAvailable(ctx, params)
-		return res, nil, err
+		return res, nil, 0, err
 	}
 	tx, err := e.Executor.Begin(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("begin the fetch: %w", err)
+		return nil, nil, 0, fmt.Errorf("begin the fetch: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op once committed
+	var ahead []int64
+	t0 := time.Now()
+	if parkAhead {
+		if ahead, err = l.ledger.ParkAhead(ctx, e.d.UnwrapTx(tx), params.Queue, limited, parkAheadScan); err != nil {
+			return nil, nil, 0, err
+		}
+	}
 	res, err := tx.JobGetAvailable(ctx, params)
 	if err != nil {
-		return nil, nil, fmt.Errorf("fetch: %w", err)
+		return nil, nil, 0, fmt.Errorf("fetch: %w", err)
 	}
 	var marks []ledger.Fetched
 	if res != nil {
 		marks = l.toMark(res, limited)
 		if err := l.ledger.MarkFetched(ctx, e.d.UnwrapTx(tx), marks); err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, fmt.Errorf("commit the fetch: %w", err)
+		return nil, nil, 0, fmt.Errorf("commit the fetch: %w", err)
+	}
+	if len(ahead) > 0 {
+		l.trace("parked ahead", "queue", params.Queue, "jobs", len(ahead), "took", time.Since(t0))
 	}
 	leased := marks[:0]
 	for _, m := range marks {
@@ -185,7 +208,7 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 			leased = append(leased, m)
 		}
 	}
-	return res, leased, nil
+	return res, leased, len(ahead), nil
 }
 
 // noteLeasedMarks tells the kinds' queues of the jobs their fetch marked

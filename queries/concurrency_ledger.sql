@@ -30,6 +30,19 @@ FROM (SELECT hashtextextended('sluice.limit_row:' || k.kind, 0) AS h, k.shared
       FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(shared)::boolean[]) AS shared) AS k
       ORDER BY k.kind OFFSET 0) AS s;
 
+-- name: LedgerLockChanges :exec
+-- Takes the kinds' change locks (kinds sorted; shared, or exclusive with
+-- exclusive): transaction-level advisory locks on
+-- hashtextextended('sluice.limit_change:' || kind, 0). A change of limits
+-- (ledger.Change) takes its kind's exclusive; a fetch that parks the jobs
+-- behind long lines (LedgerParkAhead, the statement after this one, whose
+-- snapshot then sees every change committed) takes them shared, so that
+-- the two never interleave, while decisions and grants never wait for it.
+SELECT CASE WHEN sqlc.arg(exclusive)::boolean THEN pg_advisory_xact_lock(s.h)::text ELSE pg_advisory_xact_lock_shared(s.h)::text END
+FROM (SELECT hashtextextended('sluice.limit_change:' || k.kind, 0) AS h
+      FROM unnest(sqlc.arg(kinds)::text[]) AS k(kind)
+      ORDER BY k.kind OFFSET 0) AS s;
+
 -- name: LedgerLockKeys :exec
 -- Takes the rows of the keys (kinds and keys in step, sorted by kind,
 -- then key), making those missing: a key's row is its lock under per-key
@@ -1247,3 +1260,88 @@ SET kind = EXCLUDED.kind, key = EXCLUDED.key, worker_id = EXCLUDED.worker_id, fe
 -- name: LedgerUnmarkFetched :exec
 -- Jobs decided: their marks as fetched and not decided go.
 DELETE FROM concurrency_fetches WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);
+
+-- name: LedgerParkAheadPick :many
+-- Picks, before River's fetch and in its transaction, the next available
+-- jobs of queue (the first max_jobs of limited kinds in River's fetch
+-- order: priority, scheduled_at, id, locked for the transaction; jobs
+-- another holds are skipped) whose line already has at least its kind's
+-- wait cap of older jobs parked (kinds and caps in step; the cap is the
+-- decision's own: a job fetched behind that many parks at once), with the
+-- reason of their parking: the line of the job parked before each (a
+-- key's, key_fifo, or the kind's, fifo; breaker under a breaker). Jobs
+-- resumed ahead or granted (a waiter, a reserved slot or start) are not of
+-- the backlog. The transaction holds the kinds' change locks
+-- (LedgerLockChanges, shared): no change of limits runs meanwhile, and a
+-- kind whose limits were cleared picks nothing. LedgerParkAhead parks them.
+WITH lim AS (
+    SELECT l.kind, l.partition_fields AS fields, c.cap
+    FROM concurrency_limits l
+    JOIN (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(caps)::integer[]) AS cap) AS c ON c.kind = l.kind
+    WHERE l.max_concurrency <> 0 OR l.key_max IS NOT NULL OR l.rate_max IS NOT NULL
+),
+front AS (
+    SELECT j.id, j.kind, sluice_partition_key(j.args, lim.fields) AS key, lim.cap
+    FROM river_job j JOIN lim ON lim.kind = j.kind
+    WHERE j.state = 'available' AND j.queue = sqlc.arg(queue)::text AND j.scheduled_at <= now()
+      AND NOT j.metadata ? 'cancel_attempted_at'
+    ORDER BY j.priority, j.scheduled_at, j.id
+    LIMIT sqlc.arg(max_jobs)::integer
+    FOR UPDATE OF j SKIP LOCKED
+),
+-- The parked jobs of a key's line by the index on (kind, key, job_id); of
+-- an unpartitioned kind's by the one on (kind, job_id).
+behind AS (
+    SELECT f.id, f.kind, f.key,
+           CASE WHEN f.key IS NULL
+                THEN (SELECT p.reason FROM concurrency_parked_jobs p
+                      WHERE p.kind = f.kind AND p.key IS NULL AND p.job_id < f.id ORDER BY p.job_id DESC LIMIT 1)
+                ELSE (SELECT p.reason FROM concurrency_parked_jobs p
+                      WHERE p.kind = f.kind AND p.key = f.key AND p.job_id < f.id ORDER BY p.job_id DESC LIMIT 1)
+           END AS before
+    FROM front f
+    WHERE CASE WHEN f.key IS NULL
+               THEN (SELECT count(*) FROM (SELECT 1 FROM concurrency_parked_jobs p
+                                           WHERE p.kind = f.kind AND p.key IS NULL AND p.job_id < f.id LIMIT f.cap) x)
+               ELSE (SELECT count(*) FROM (SELECT 1 FROM concurrency_parked_jobs p
+                                           WHERE p.kind = f.kind AND p.key = f.key AND p.job_id < f.id LIMIT f.cap) x)
+          END >= f.cap
+      AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.id)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.id)
+      AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = f.id)
+)
+SELECT b.id, b.kind, COALESCE(b.key, '')::text AS key,
+       (CASE WHEN b.before IN ('key_limit', 'key_fifo', 'key_rate') THEN 'key_fifo'
+             WHEN b.before = 'breaker' THEN 'breaker'
+             ELSE 'fifo' END)::text AS reason
+FROM behind b
+ORDER BY b.id;
+
+-- name: LedgerParkAhead :many
+-- Parks the jobs LedgerParkAheadPick picked (job_ids, with their kinds,
+-- keys and reasons in step; key '' for none), never fetched: each goes to
+-- pending untouched (its attempt stays), its parking recorded as a
+-- fetch's is (metadata sluice_parking, concurrency_parked_jobs). Returns
+-- the jobs parked.
+WITH p AS (
+    SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,
+           unnest(sqlc.arg(keys)::text[]) AS key, unnest(sqlc.arg(reasons)::text[]) AS reason
+),
+moved AS (
+    UPDATE river_job j
+    SET state = 'pending',
+        metadata = j.metadata || jsonb_build_object('sluice_parking',
+            COALESCE(CASE WHEN (j.metadata->'sluice_parking'->>'attempt')::integer = j.attempt
+                          THEN j.metadata->'sluice_parking' END,
+                     jsonb_build_object('attempt', j.attempt, 'first_at', now(), 'parks', 0))
+            || jsonb_build_object('parked_at', now(), 'reason', p.reason,
+                                  'parks', COALESCE((j.metadata->'sluice_parking'->>'parks')::integer, 0) + 1))
+    FROM p
+    WHERE j.id = ANY(sqlc.arg(job_ids)::bigint[]) AND j.id = p.job_id AND j.state = 'available'
+    RETURNING j.id, p.kind, p.key, p.reason
+)
+INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+SELECT m.id, m.kind, m.reason, sqlc.arg(worker_id)::text, NULLIF(m.key, '')
+FROM moved m
+ON CONFLICT (job_id) DO NOTHING
+RETURNING job_id;

@@ -27,6 +27,10 @@ const MaxResumeBatch = 5000
 func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) error, then func(tx *Tx, lim Limits) error) (*Granted, error) {
 	var out *Granted
 	err := l.runOn(ctx, []lock{{kind: kind}}, true, func(tx *Tx) error {
+		// No fetch parks jobs behind the kind's lines meanwhile (ParkAhead).
+		if err := tx.q.LedgerLockChanges(tx.ctx, db.LedgerLockChangesParams{Exclusive: true, Kinds: []string{kind}}); err != nil {
+			return fmt.Errorf("lock out parkings ahead: %w", err)
+		}
 		before, err := tx.readLimits([]string{kind})
 		if err != nil {
 			return err

@@ -616,21 +616,8 @@ func (k *kindDecision) blocker(d *decided, ks *keyLine) (reason string, orderOnl
 }
 
 // waitCap is how many jobs of a key (of the kind, without a partition) may
-// wait in the workers: four times the slots or starts they wait for, within
-// [minWaitCap, maxWaitCap].
-func (k *kindDecision) waitCap() int {
-	c := k.c
-	unit := c.Max
-	switch {
-	case c.Keyed() && c.KeyMax > 0:
-		unit = c.KeyMax
-	case c.Keyed() && c.KeyRate():
-		unit = c.RateMax
-	case unit <= 0:
-		unit = c.RateMax
-	}
-	return min(max(4*int(unit), minWaitCap), maxWaitCap)
-}
+// wait in the workers (Limits.WaitCap).
+func (k *kindDecision) waitCap() int { return k.c.WaitCap() }
 
 // decideWrites gathers a decision's writes, kind by kind.
 type decideWrites struct {

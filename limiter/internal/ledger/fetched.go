@@ -40,3 +40,44 @@ func (l *Ledger) MarkFetched(ctx context.Context, tx db.DBTX, jobs []Fetched) er
 	}
 	return nil
 }
+
+// ParkAhead parks, on tx (the transaction of River's fetch, before it),
+// the next available jobs of queue, at most scan of limits' kinds looked
+// at in River's fetch order, that a decision at their fetch would park
+// because their line is long already: at least their kind's WaitCap of
+// older jobs of the line are parked. Each joins its line, parked, without
+// being fetched; the fetch after it reaches the jobs behind them. It
+// waits for a change of the kinds' limits under way (Change), and a change
+// waits for it. It returns the jobs parked.
+func (l *Ledger) ParkAhead(ctx context.Context, tx db.DBTX, queue string, limits map[string]Limits, scan int) ([]int64, error) {
+	if len(limits) == 0 {
+		return nil, nil
+	}
+	pick := db.LedgerParkAheadPickParams{Queue: queue, MaxJobs: int32(scan)}
+	for kind, lim := range limits {
+		pick.Kinds, pick.Caps = append(pick.Kinds, kind), append(pick.Caps, int32(lim.WaitCap()))
+	}
+	q := db.New(tx)
+	// Every change of the kinds' limits committed, none under way, before
+	// the pick's snapshot.
+	if err := q.LedgerLockChanges(ctx, db.LedgerLockChangesParams{Kinds: pick.Kinds}); err != nil {
+		return nil, fmt.Errorf("wait for changes of limits: %w", err)
+	}
+	picked, err := q.LedgerParkAheadPick(ctx, pick)
+	if err != nil {
+		return nil, fmt.Errorf("pick the jobs behind long lines: %w", err)
+	}
+	if len(picked) == 0 {
+		return nil, nil
+	}
+	p := db.LedgerParkAheadParams{WorkerID: l.worker}
+	for _, j := range picked {
+		p.JobIds, p.Kinds, p.Keys, p.Reasons = append(p.JobIds, j.ID), append(p.Kinds, j.Kind), append(p.Keys, j.Key),
+			append(p.Reasons, j.Reason)
+	}
+	parked, err := q.LedgerParkAhead(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("park the jobs behind long lines: %w", err)
+	}
+	return parked, nil
+}

@@ -175,3 +175,80 @@ func TestAJobLetGoGoesFirst(t *testing.T) {
 		"its decision left its mark")
 	require.Contains(t, out.Recheck, kind, "a younger job waits with room left: a grant round is due")
 }
+
+// TestParkAheadParksTheBacklogBehindALongLine: before a fetch, the
+// available jobs of a key whose line has its wait cap of older jobs parked
+// are parked, never fetched (their attempt untouched), in their key's line;
+// a key with a shorter line, a job resumed ahead (a waiter) and jobs of
+// other keys are left to the fetch. A change of the kind's limits waits
+// for a parking under way, and a kind whose limits were cleared parks
+// nothing.
+func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.ahead"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{tenant}', key_max = 1")
+	lim := ledger.Limits{Kind: kind, Present: true, Fields: []string{"tenant"}, KeyMax: 1}
+	limits := map[string]ledger.Limits{kind: lim}
+	park := func(tenant string, n int) {
+		for range n {
+			id := queued(t, pool, kind, `{"tenant": "`+tenant+`"}`, "pending")
+			exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key) VALUES ($1, $2, 'key_limit', 'w0', $3)`,
+				id, kind, `"`+tenant+`"`)
+		}
+	}
+	park("a", lim.WaitCap())
+	park("c", lim.WaitCap()-1)
+	var behindA, others []int64
+	for i := range 6 {
+		switch i % 3 {
+		case 0:
+			behindA = append(behindA, queued(t, pool, kind, `{"tenant": "a"}`, "available"))
+		case 1:
+			others = append(others, queued(t, pool, kind, `{"tenant": "b"}`, "available"))
+		default:
+			others = append(others, queued(t, pool, kind, `{"tenant": "c"}`, "available"))
+		}
+	}
+	waiter := queued(t, pool, kind, `{"tenant": "a"}`, "available")
+	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, reason, ahead) VALUES ($1, $2, '"a"', 'key_limit', true)`, waiter, kind)
+	others = append(others, waiter)
+
+	// A change of limits waits for the parking's transaction.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	parked, err := l.ParkAhead(ctx, tx, "default", limits, 100)
+	require.NoError(t, err)
+	changed := make(chan struct{})
+	go func() {
+		defer close(changed)
+		setLimits(t, l, kind, "key_max = 2")
+	}()
+	select {
+	case <-changed:
+		_ = tx.Rollback(ctx)
+		t.Fatal("a change of limits ran while a parking ahead was under way")
+	case <-time.After(200 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	<-changed
+
+	require.ElementsMatch(t, behindA, parked, "the jobs behind a's long line, and only those, park")
+	require.Equal(t, len(behindA), count(t, pool, `SELECT count(*) FROM river_job j JOIN concurrency_parked_jobs p ON p.job_id = j.id
+		WHERE j.id = ANY($1) AND j.state = 'pending' AND j.attempt = 0 AND p.key = '"a"' AND p.reason = 'key_fifo'
+		  AND (j.metadata->'sluice_parking'->>'parks')::int = 1`, behindA), "parked in a's line, never fetched")
+	require.Equal(t, len(others), count(t, pool, `SELECT count(*) FROM river_job WHERE id = ANY($1) AND state = 'available'`, others),
+		"a job of a shorter line, of another key, or resumed ahead was parked")
+
+	// With the limits cleared, nothing parks.
+	more := queued(t, pool, kind, `{"tenant": "a"}`, "available")
+	setLimits(t, l, kind, "partition_fields = NULL, key_max = NULL")
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+		SELECT id, kind, 'key_limit', 'w0', '"a"' FROM river_job WHERE kind = $1 AND state = 'pending' LIMIT 8
+		ON CONFLICT DO NOTHING`, kind)
+	parked, err = l.ParkAhead(ctx, pool, "default", limits, 100)
+	require.NoError(t, err)
+	require.Empty(t, parked, "a kind whose limits were cleared parked jobs")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'available'`, more))
+}

@@ -79,6 +79,23 @@ func (l Limits) Regime() Regime {
 	return KindWide
 }
 
+// WaitCap is how many jobs of a key (of the kind, without a partition)
+// may wait in the workers: four times the slots or starts they wait for,
+// within [minWaitCap, maxWaitCap]. A job fetched behind that many of its
+// line parks at once.
+func (l Limits) WaitCap() int {
+	unit := l.Max
+	switch {
+	case l.Keyed() && l.KeyMax > 0:
+		unit = l.KeyMax
+	case l.Keyed() && l.KeyRate():
+		unit = l.RateMax
+	case unit <= 0:
+		unit = l.RateMax
+	}
+	return min(max(4*int(unit), minWaitCap), maxWaitCap)
+}
+
 // Keyed reports whether l partitions the kind.
 func (l Limits) Keyed() bool { return l.Fields != nil }
 
