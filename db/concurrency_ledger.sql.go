@@ -973,27 +973,17 @@ func (q *Queries) LedgerLineLeft(ctx context.Context, kind string) (bool, error)
 	return left, err
 }
 
-const ledgerLockChanges = `-- name: LedgerLockChanges :exec
-SELECT CASE WHEN $1::boolean THEN pg_advisory_xact_lock(s.h)::text ELSE pg_advisory_xact_lock_shared(s.h)::text END
-FROM (SELECT hashtextextended('sluice.limit_change:' || k.kind, 0) AS h
-      FROM unnest($2::text[]) AS k(kind)
-      ORDER BY k.kind OFFSET 0) AS s
+const ledgerLockChange = `-- name: LedgerLockChange :exec
+SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_change:' || $1::text, 0))::text
 `
 
-type LedgerLockChangesParams struct {
-	Exclusive bool     `json:"exclusive"`
-	Kinds     []string `json:"kinds"`
-}
-
-// Takes the kinds' change locks (kinds sorted; shared, or exclusive with
-// exclusive): transaction-level advisory locks on
-// hashtextextended('sluice.limit_change:' || kind, 0). A change of limits
-// (ledger.Change) takes its kind's exclusive; a fetch that parks the jobs
-// behind long lines (LedgerParkAhead, the statement after this one, whose
-// snapshot then sees every change committed) takes them shared, so that
-// the two never interleave, while decisions and grants never wait for it.
-func (q *Queries) LedgerLockChanges(ctx context.Context, arg LedgerLockChangesParams) error {
-	_, err := q.db.Exec(ctx, ledgerLockChanges, arg.Exclusive, arg.Kinds)
+// Takes kind's change lock, exclusive: the transaction-level advisory lock
+// on hashtextextended('sluice.limit_change:' || kind, 0), which a change
+// of limits (ledger.Change) holds, and which a fetch that parks the jobs
+// behind long lines holds shared (LedgerTryLockChanges): the two never
+// interleave, while decisions and grants never take it.
+func (q *Queries) LedgerLockChange(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, ledgerLockChange, kind)
 	return err
 }
 
@@ -1208,8 +1198,9 @@ type LedgerParkAheadPickRow struct {
 // key's, key_fifo, or the kind's, fifo; breaker under a breaker). Jobs
 // resumed ahead or granted (a waiter, a reserved slot or start) are not of
 // the backlog. The transaction holds the kinds' change locks
-// (LedgerLockChanges, shared): no change of limits runs meanwhile, and a
-// kind whose limits were cleared picks nothing. LedgerParkAhead parks them.
+// (LedgerTryLockChanges, shared): no change of limits runs meanwhile, and
+// a kind whose limits were cleared picks nothing. LedgerParkAhead parks
+// them.
 // The parked jobs of a key's line by the index on (kind, key, job_id); of
 // an unpartitioned kind's by the one on (kind, job_id).
 func (q *Queries) LedgerParkAheadPick(ctx context.Context, arg LedgerParkAheadPickParams) ([]*LedgerParkAheadPickRow, error) {
@@ -2070,6 +2061,37 @@ func (q *Queries) LedgerSwapSlot(ctx context.Context, arg LedgerSwapSlotParams) 
 		&i.Key,
 	)
 	return &i, err
+}
+
+const ledgerTryLockChanges = `-- name: LedgerTryLockChanges :many
+SELECT k.kind::text
+FROM (SELECT DISTINCT unnest($1::text[]) AS kind ORDER BY 1) AS k
+WHERE pg_try_advisory_xact_lock_shared(hashtextextended('sluice.limit_change:' || k.kind, 0))
+`
+
+// Takes the kinds' change locks shared (LedgerLockChange) where no change
+// of limits holds or waits for one, without waiting, and returns those
+// kinds: a fetch parks the jobs behind long lines of those only
+// (LedgerParkAheadPick, the statement after this one, whose snapshot then
+// sees every change committed), and never waits for a change.
+func (q *Queries) LedgerTryLockChanges(ctx context.Context, kinds []string) ([]string, error) {
+	rows, err := q.db.Query(ctx, ledgerTryLockChanges, kinds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var k_kind string
+		if err := rows.Scan(&k_kind); err != nil {
+			return nil, err
+		}
+		items = append(items, k_kind)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const ledgerUnmarkFetched = `-- name: LedgerUnmarkFetched :exec

@@ -13,7 +13,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
-	"github.com/sluice-dev/sluice/limiter/internal/local"
 )
 
 // maxFetchThrough is how many times one of River's fetches fetches again
@@ -45,10 +44,11 @@ type fetchDriver struct {
 	kinds []string
 
 	mu      sync.Mutex
-	parking map[string]bool // queues whose last fetch parked jobs
+	parking map[string]bool // queues whose last fetch parked jobs for a long line
 }
 
-// parks reports whether queue's last fetch parked jobs: its next one parks
+// parks reports whether queue's last fetch parked jobs for a long line
+// (ledger.Decision.LongLine, or ahead of the fetch): its next one parks
 // the jobs behind long lines first.
 func (d *fetchDriver) parks(queue string) bool {
 	d.mu.Lock()
@@ -56,7 +56,7 @@ func (d *fetchDriver) parks(queue string) bool {
 	return d.parking[queue]
 }
 
-// parked records whether a fetch of queue parked jobs.
+// parked records whether a fetch of queue parked jobs for a long line.
 func (d *fetchDriver) parked(queue string, any bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -80,20 +80,23 @@ type fetchExecutor struct {
 
 // JobGetAvailable fetches as River does, at most what the fetch gate lets
 // in, and has the limiter decide the jobs of limited kinds. After a fetch
-// that parked jobs, the next one first parks the available jobs behind
-// long lines (fetch), so that it reaches the jobs behind them. The jobs
-// that parked leave the result; while a full fetch lost jobs to parking
-// and none it keeps can start yet, it fetches again (River fetches again
-// at once only after a full fetch), up to maxFetchThrough times: a job
-// that can start is never held for more fetches (it would start after
-// younger jobs of its kind that other workers fetched since). When it
-// stops with jobs parked it wakes the queue's producer to fetch again.
+// that parked jobs because their line was long already, the next one
+// first parks the available jobs behind long lines (fetch), so that it
+// reaches the jobs behind them. The jobs
+// that parked leave the result; while a full fetch parked every job it
+// fetched, it fetches again (River fetches again at once only after a
+// full fetch), up to maxFetchThrough times. Once it keeps a job it hands
+// River what it has: a job that can start, or is granted a slot while the
+// fetch went on, would start after younger jobs of its kind that other
+// workers fetched since. When it stops with jobs parked it wakes the
+// queue's producer to fetch again.
 func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver.JobGetAvailableParams) (*riverdriver.JobGetAvailableResult, error) {
 	l := e.d.l
 	params = l.gate.admit(ctx, params)
 	want := params.MaxToLock
 	out := &riverdriver.JobGetAvailableResult{}
-	parkedAny := false
+	parkedAny := false // jobs parked for a long line, at this fetch or ahead of it
+	more := false      // the last fetch was full and jobs of it parked
 	defer func() { e.d.parked(params.Queue, parkedAny) }()
 	for range maxFetchThrough {
 		p := *params
@@ -107,10 +110,11 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 		}
 		parkedAny = parkedAny || ahead > 0
 		if res == nil || len(res.Jobs) == 0 {
+			more = false
 			break
 		}
-		parked := l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)
-		parkedAny = parkedAny || len(parked) > 0
+		parked, longLine := l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)
+		parkedAny = parkedAny || longLine
 		l.noteLeasedMarks(leased)
 		for _, job := range res.Jobs {
 			if parked[job.ID] {
@@ -124,35 +128,18 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 				out.DecodeErrors[job.ID] = err
 			}
 		}
-		if len(res.Jobs) < p.MaxToLock || len(parked) == 0 || l.isStopped() {
+		more = len(res.Jobs) == p.MaxToLock && len(parked) > 0 && !l.isStopped()
+		if !more || len(out.Jobs) > 0 {
+			// River gets the jobs kept without waiting for more fetches (one
+			// that can start, or is granted meanwhile, would start after
+			// younger jobs of its kind that other workers fetched since).
 			break
 		}
-		if l.startsNow(out.Jobs) {
-			// River gets the jobs that can start now, without waiting for
-			// more fetches; its producer is woken to fetch again for those
-			// that parked.
-			l.gate.wake(params.Queue)
-			break
-		}
+	}
+	if more {
+		l.gate.wake(params.Queue) // its producer fetches again for the jobs that parked
 	}
 	return out, nil
-}
-
-// startsNow reports whether a job of jobs (fetched, not parked) starts as
-// soon as River runs it: no limit, or decided to work (granted a slot
-// since included). Jobs that wait in the worker lose nothing while the
-// fetch fetches again.
-func (l *Limiter) startsNow(jobs []*rivertype.JobRow) bool {
-	for _, job := range jobs {
-		q := l.queues.get(job.Kind)
-		if q == nil {
-			return true
-		}
-		if j := q.Get(job.ID); j == nil || j.State() == local.Working {
-			return true
-		}
-	}
-	return false
 }
 
 // fetch fetches as River does. While a kind the client works is limited
@@ -164,8 +151,9 @@ func (l *Limiter) startsNow(jobs []*rivertype.JobRow) bool {
 // decides it) is marked leased: for the other workers' leases it waits,
 // until this worker's lease keeper publishes what waits; those are
 // returned for the keeper (noteLeasedMarks). With parkAhead (the last
-// fetch parked jobs), the same transaction first parks the available jobs
-// behind long lines (ledger.ParkAhead; how many it returns).
+// fetch parked jobs for a long line), the same transaction first parks the
+// available jobs behind long lines (ledger.ParkAhead; how many it
+// returns).
 func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAvailableParams, parkAhead bool) (*riverdriver.JobGetAvailableResult, []ledger.Fetched, int, error) {
 	l := e.d.l
 	limited := l.markedKinds(ctx, e.d.kinds)
@@ -289,9 +277,9 @@ func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[stri
 // fetched decides the fetched jobs of kinds (those of limited kinds) and
 // returns those that parked. A decision that fails leaves its jobs to the
 // middleware.
-func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeErrs map[int64]error, kinds []string) map[int64]bool {
+func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeErrs map[int64]error, kinds []string) (parked map[int64]bool, longLine bool) {
 	if l.ignoreLimits || l.neverPark || l.isStopped() {
-		return nil
+		return nil, false
 	}
 	mine := make([]*rivertype.JobRow, 0, len(jobs))
 	for _, job := range jobs {
@@ -300,16 +288,17 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 		}
 	}
 	if len(mine) == 0 {
-		return nil
+		return nil, false
 	}
 	gone, err := l.admit(ctx, mine, false)
 	if err != nil {
 		l.logger.Warn("concurrency limits: fetched jobs not decided at their fetch; deciding them in the middleware", "error", err)
 	}
-	parked := map[int64]bool{}
+	parked = map[int64]bool{}
 	for id, d := range gone {
 		if d.Action == ledger.Parked || d.Action == ledger.StepBack {
 			parked[id] = true
+			longLine = longLine || d.LongLine
 		}
 	}
 	// What goes to River undecided (no limit now) is decided in the
@@ -321,5 +310,5 @@ func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeE
 		}
 	}
 	l.strays.add(undecided)
-	return parked
+	return parked, longLine
 }

@@ -30,18 +30,23 @@ FROM (SELECT hashtextextended('sluice.limit_row:' || k.kind, 0) AS h, k.shared
       FROM (SELECT unnest(sqlc.arg(kinds)::text[]) AS kind, unnest(sqlc.arg(shared)::boolean[]) AS shared) AS k
       ORDER BY k.kind OFFSET 0) AS s;
 
--- name: LedgerLockChanges :exec
--- Takes the kinds' change locks (kinds sorted; shared, or exclusive with
--- exclusive): transaction-level advisory locks on
--- hashtextextended('sluice.limit_change:' || kind, 0). A change of limits
--- (ledger.Change) takes its kind's exclusive; a fetch that parks the jobs
--- behind long lines (LedgerParkAhead, the statement after this one, whose
--- snapshot then sees every change committed) takes them shared, so that
--- the two never interleave, while decisions and grants never wait for it.
-SELECT CASE WHEN sqlc.arg(exclusive)::boolean THEN pg_advisory_xact_lock(s.h)::text ELSE pg_advisory_xact_lock_shared(s.h)::text END
-FROM (SELECT hashtextextended('sluice.limit_change:' || k.kind, 0) AS h
-      FROM unnest(sqlc.arg(kinds)::text[]) AS k(kind)
-      ORDER BY k.kind OFFSET 0) AS s;
+-- name: LedgerLockChange :exec
+-- Takes kind's change lock, exclusive: the transaction-level advisory lock
+-- on hashtextextended('sluice.limit_change:' || kind, 0), which a change
+-- of limits (ledger.Change) holds, and which a fetch that parks the jobs
+-- behind long lines holds shared (LedgerTryLockChanges): the two never
+-- interleave, while decisions and grants never take it.
+SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_change:' || sqlc.arg(kind)::text, 0))::text;
+
+-- name: LedgerTryLockChanges :many
+-- Takes the kinds' change locks shared (LedgerLockChange) where no change
+-- of limits holds or waits for one, without waiting, and returns those
+-- kinds: a fetch parks the jobs behind long lines of those only
+-- (LedgerParkAheadPick, the statement after this one, whose snapshot then
+-- sees every change committed), and never waits for a change.
+SELECT k.kind::text
+FROM (SELECT DISTINCT unnest(sqlc.arg(kinds)::text[]) AS kind ORDER BY 1) AS k
+WHERE pg_try_advisory_xact_lock_shared(hashtextextended('sluice.limit_change:' || k.kind, 0));
 
 -- name: LedgerLockKeys :exec
 -- Takes the rows of the keys (kinds and keys in step, sorted by kind,
@@ -1272,8 +1277,9 @@ DELETE FROM concurrency_fetches WHERE job_id = ANY(sqlc.arg(job_ids)::bigint[]);
 -- key's, key_fifo, or the kind's, fifo; breaker under a breaker). Jobs
 -- resumed ahead or granted (a waiter, a reserved slot or start) are not of
 -- the backlog. The transaction holds the kinds' change locks
--- (LedgerLockChanges, shared): no change of limits runs meanwhile, and a
--- kind whose limits were cleared picks nothing. LedgerParkAhead parks them.
+-- (LedgerTryLockChanges, shared): no change of limits runs meanwhile, and
+-- a kind whose limits were cleared picks nothing. LedgerParkAhead parks
+-- them.
 WITH lim AS (
     SELECT l.kind, l.partition_fields AS fields, c.cap
     FROM concurrency_limits l

@@ -197,10 +197,11 @@ func TestTortureRateSetOnIdleWorkers(t *testing.T) {
 // per-kind limit of 4 and a per-key limit of 4; tenant A inserts 400 jobs
 // of 50 ms, and while they fill the worker's River slots (waiting in it),
 // tenant B inserts 5 jobs in one insert. Round-robin across keys lets B's
-// jobs in at once, one per turn: at most a few of A's jobs start between
-// B's insert and B's last finish (its 5 turns and the kind's limit in
-// flight), not A's backlog. The fairness check judges the same from the
-// record.
+// jobs in at once, one per turn: B is fetched within the README's 2 s of
+// its insert (A's backlog, ahead of it in River's fetch order, parks ahead
+// of the fetch), and at most a few of A's jobs start between B's fetch
+// and B's last finish (its 5 turns and the kind's limit in flight), not
+// A's backlog. The fairness check judges the same from the record.
 func TestTortureFairnessBehindABacklog(t *testing.T) {
 	x := newTorture(t, 910)
 	defer x.close()

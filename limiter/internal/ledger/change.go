@@ -28,7 +28,7 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 	var out *Granted
 	err := l.runOn(ctx, []lock{{kind: kind}}, true, func(tx *Tx) error {
 		// No fetch parks jobs behind the kind's lines meanwhile (ParkAhead).
-		if err := tx.q.LedgerLockChanges(tx.ctx, db.LedgerLockChangesParams{Exclusive: true, Kinds: []string{kind}}); err != nil {
+		if err := tx.q.LedgerLockChange(tx.ctx, kind); err != nil {
 			return fmt.Errorf("lock out parkings ahead: %w", err)
 		}
 		before, err := tx.readLimits([]string{kind})

@@ -96,6 +96,10 @@ type Decision struct {
 	// Ahead: it waits without a deadline: it came ahead of a free slot,
 	// and its place in the line is the line's.
 	Ahead bool
+	// LongLine: it parked at its fetch because its line was long already
+	// (the wait cap of jobs ahead of it): the jobs behind it park too, and
+	// can before they are fetched (ParkAhead).
+	LongLine bool
 }
 
 // Decided is what a decision did.
@@ -485,7 +489,7 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 		// Its line is long already: it parks now rather than hold one of
 		// this worker's River slots, which a job of another key could start
 		// on, for longer than its park-after time.
-		d.d.Action = Parked
+		d.d.Action, d.d.LongLine = Parked, true
 	case freesIn > k.parkAfter:
 		d.d.Action = Parked // its window frees after its wait would end
 	default:

@@ -46,22 +46,32 @@ func (l *Ledger) MarkFetched(ctx context.Context, tx db.DBTX, jobs []Fetched) er
 // at in River's fetch order, that a decision at their fetch would park
 // because their line is long already: at least their kind's WaitCap of
 // older jobs of the line are parked. Each joins its line, parked, without
-// being fetched; the fetch after it reaches the jobs behind them. It
-// waits for a change of the kinds' limits under way (Change), and a change
-// waits for it. It returns the jobs parked.
+// being fetched; the fetch after it reaches the jobs behind them. A kind
+// whose limits are being changed (Change) is left to the next fetch (a
+// fetch never waits for a change), and a change waits for a parking under
+// way. It returns the jobs parked.
 func (l *Ledger) ParkAhead(ctx context.Context, tx db.DBTX, queue string, limits map[string]Limits, scan int) ([]int64, error) {
 	if len(limits) == 0 {
 		return nil, nil
 	}
-	pick := db.LedgerParkAheadPickParams{Queue: queue, MaxJobs: int32(scan)}
-	for kind, lim := range limits {
-		pick.Kinds, pick.Caps = append(pick.Kinds, kind), append(pick.Caps, int32(lim.WaitCap()))
+	kinds := make([]string, 0, len(limits))
+	for kind := range limits {
+		kinds = append(kinds, kind)
 	}
 	q := db.New(tx)
-	// Every change of the kinds' limits committed, none under way, before
-	// the pick's snapshot.
-	if err := q.LedgerLockChanges(ctx, db.LedgerLockChangesParams{Kinds: pick.Kinds}); err != nil {
-		return nil, fmt.Errorf("wait for changes of limits: %w", err)
+	// The kinds no change of limits holds or waits for: every change of
+	// theirs committed before the pick's snapshot, none runs until the
+	// fetch's transaction ends. The others wait for the next fetch.
+	free, err := q.LedgerTryLockChanges(ctx, kinds)
+	if err != nil {
+		return nil, fmt.Errorf("lock out changes of limits: %w", err)
+	}
+	if len(free) == 0 {
+		return nil, nil
+	}
+	pick := db.LedgerParkAheadPickParams{Queue: queue, MaxJobs: int32(scan)}
+	for _, kind := range free {
+		pick.Kinds, pick.Caps = append(pick.Kinds, kind), append(pick.Caps, int32(limits[kind].WaitCap()))
 	}
 	picked, err := q.LedgerParkAheadPick(ctx, pick)
 	if err != nil {

@@ -181,8 +181,9 @@ func TestAJobLetGoGoesFirst(t *testing.T) {
 // are parked, never fetched (their attempt untouched), in their key's line;
 // a key with a shorter line, a job resumed ahead (a waiter) and jobs of
 // other keys are left to the fetch. A change of the kind's limits waits
-// for a parking under way, and a kind whose limits were cleared parks
-// nothing.
+// for a parking under way, a parking never waits for a change (it parks
+// nothing of the kind meanwhile), and a kind whose limits were cleared
+// parks nothing.
 func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -215,10 +216,25 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, reason, ahead) VALUES ($1, $2, '"a"', 'key_limit', true)`, waiter, kind)
 	others = append(others, waiter)
 
+	// While a change of the kind's limits is under way, a fetch parks
+	// nothing of the kind, at once: it never waits for a change.
+	change, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = change.Rollback(ctx) }() // a failure below must not leave the pool waiting for it
+	_, err = change.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_change:' || $1::text, 0))`, kind)
+	require.NoError(t, err)
+	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	parked, err := l.ParkAhead(waitCtx, pool, "default", limits, 100)
+	cancel()
+	require.NoError(t, err, "a parking ahead waited for a change of limits")
+	require.Empty(t, parked, "jobs parked while the kind's limits were being changed")
+	require.NoError(t, change.Rollback(ctx))
+
 	// A change of limits waits for the parking's transaction.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	parked, err := l.ParkAhead(ctx, tx, "default", limits, 100)
+	defer func() { _ = tx.Rollback(ctx) }()
+	parked, err = l.ParkAhead(ctx, tx, "default", limits, 100)
 	require.NoError(t, err)
 	changed := make(chan struct{})
 	go func() {
@@ -227,7 +243,6 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	}()
 	select {
 	case <-changed:
-		_ = tx.Rollback(ctx)
 		t.Fatal("a change of limits ran while a parking ahead was under way")
 	case <-time.After(200 * time.Millisecond):
 	}
