@@ -65,7 +65,9 @@ func readSample(ctx context.Context, pool *pgxpool.Pool) (sample, error) {
 // its way to its job, a release in the background, an idle leased slot).
 // A worker killed holds its slots until the reaper frees them: its runs
 // ended at the kill, and jobs it had fetched, count as near for
-// rescueTime after it. The limit row's count equals its slot rows and
+// rescueTime after it. A job resumed with a grant that a change of its
+// kind's limits took back before it ran counts as near until the change's
+// commit. The limit row's count equals its slot rows and
 // leased slots in every sample (one snapshot). Every sample of a limited
 // kind is judged.
 func checkAccounting(r *record, vs *violations, cov coverage) {
@@ -163,19 +165,82 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 			sure++
 		}
 	}
-	// Jobs fetched by a worker killed within rescueTime before t wait for
-	// the reaper, with whatever slot they were granted.
+	// Jobs fetched by a worker killed before they began wait for the
+	// reaper, with whatever slot they were granted: near while fetched
+	// within slotLag before t or slotLead after it, until rescueTime after
+	// the kill.
 	for _, id := range r.kindJobs(kind) {
 		if key != "" && r.jobs[id].args.Key != key {
 			continue
 		}
-		if w, ok := r.waitingAt(id, t); ok && w.how == "fetched" {
-			if k := r.killedAt(w.worker); !k.IsZero() && !k.After(t) && t.Before(k.Add(rescueTime)) {
-				near++
-			}
+		if r.fetchedByKilledNear(id, t) || r.resumedAndTakenBackNear(kind, id, t) {
+			near++
 		}
 	}
 	return sure, near
+}
+
+// resumedAndTakenBackNear reports whether job id of kind was resumed (made
+// available from pending) with a grant on its way to it, within slotLead
+// after t, and its kind's limits changed (the change's transaction began)
+// before it ran: it went back to pending without running, its grant taken
+// back by the change, which holds it until its commit, slotLag before t
+// at the earliest.
+func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) bool {
+	cs := r.changes[id]
+	for i, c := range cs {
+		if !r.isResume(id, c) || !c.at.Before(t.Add(slotLead)) {
+			continue
+		}
+		back := time.Time{} // its return to pending, without a run
+		for _, d := range cs[i+1:] {
+			if d.to == "pending" {
+				back = d.at
+				break
+			}
+			if d.to != "running" {
+				break
+			}
+		}
+		if back.IsZero() || r.startedSince(id, c.at, back) {
+			continue
+		}
+		for _, l := range r.limits[kind] {
+			if !l.began.IsZero() && !l.began.Before(c.at) && l.began.Before(back) && l.at.After(t.Add(-slotLag)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fetchedByKilledNear reports whether job id was fetched, and had not
+// begun, at some time within slotLag before t or slotLead after it, by a
+// worker killed before the job began there, less than slotLead after t (a
+// job that holds a slot begins within slotLead: one held longer before
+// the kill is not excused) and less than rescueTime before it.
+func (r *record) fetchedByKilledNear(id int64, t time.Time) bool {
+	cs := r.changes[id]
+	for i, c := range cs {
+		if c.to != "running" {
+			continue
+		}
+		k := r.killedAt(c.client)
+		if k.IsZero() || k.Before(c.at) || !t.Before(k.Add(rescueTime)) || !k.Before(t.Add(slotLead)) || r.startedSince(id, c.at, k) {
+			continue // not killed while it held this fetch, or it began there (its run is counted)
+		}
+		until := k.Add(rescueTime) // fetched until the reaper's rescue
+		if i+1 < len(cs) {
+			if cs[i+1].at.Before(k) {
+				continue // its fetch ended before the kill
+			}
+			until = cs[i+1].at
+		}
+		if c.at.Before(t.Add(slotLead)) && until.After(t.Add(-slotLag)) {
+			return true
+		}
+	}
+	return false
 }
 
 // describeSlots describes the slot rows of kind (of key partition, unless
@@ -190,7 +255,8 @@ func (r *record) describeSlots(s sample, kind, partition string) string {
 		if e.Worker != nil {
 			w = *e.Worker
 		}
-		out = append(out, fmt.Sprintf("job %d (reserved %v, worker %q): %s", e.Job, e.Reserved, w, r.history(e.Job)))
+		out = append(out, fmt.Sprintf("job %d (reserved %v, worker %q): %s; limiter's rows: %s", e.Job, e.Reserved, w,
+			r.history(e.Job), r.lineAt(e.Job, s.at)))
 	}
 	return strings.Join(out, "; ")
 }

@@ -61,8 +61,9 @@ func (r *record) tightened(kind string, t0, t1 time.Time) bool {
 // were tightened meanwhile or the worker that fetched it stopped or died;
 // and at no moment do more resumed jobs of a kind wait unstarted than its
 // limits let start plus the lookahead (per kind, and per key), under a
-// rate too. Jobs resumed under earlier limits (before the last change)
-// wait on, and are not counted against the new ones. Every resume is
+// rate too. Jobs resumed under earlier limits (before the last change
+// began: a resume in its transaction follows it) wait on, and are not
+// counted against the new ones. Every resume is
 // judged; one when every limit was cleared (nothing holds the job) is
 // exempt.
 func checkHerd(r *record, vs *violations, cov coverage) {
@@ -121,7 +122,7 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 				kindCap = max(kindCap, capPlus(min(l.kindCap(), kindRateCap(l)), ahead))
 				keyCap = max(keyCap, capPlus(min(l.keyCap(), keyRateCap(l)), keyAhead))
 			}
-			regimeAt := r.lastChange(kind, e.at)
+			regimeAt := r.regimeSince(kind, e.at)
 			n, nKey := 0, 0
 			key := r.jobs[e.job].args.Key
 			for id, at := range set {

@@ -158,15 +158,21 @@ func (r *record) changedBetween(kind string, t0, t1 time.Time) bool {
 	return false
 }
 
-// lastChange is when kind's limits last changed at or before t (zero:
-// never).
-func (r *record) lastChange(kind string, t time.Time) time.Time {
+// regimeSince is when the limits in force for kind's decisions at t came:
+// the beginning of the last change whose transaction had begun by t (it
+// acts on its limits from then: a resume in it follows them), else of the
+// last change committed by t (zero: none).
+func (r *record) regimeSince(kind string, t time.Time) time.Time {
 	var at time.Time
 	for _, c := range r.limits[kind] {
-		if c.at.After(t) {
+		from := c.began
+		if from.IsZero() {
+			from = c.at
+		}
+		if from.After(t) {
 			break
 		}
-		at = c.at
+		at = from
 	}
 	return at
 }

@@ -1073,3 +1073,95 @@ func TestCheckFairnessArrivingInAChangeWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckAccountingJobFetchedByAWorkerKilledSoon: a job fetched by w2
+// at 1000 ms holds a slot of the kind; w2 is killed at 1020 ms, before the
+// job began. A sample at 1010 ms (the kill within slotLead after it) counts
+// the slot as near; when w2 is killed only at 4000 ms, a sample at 2500 ms
+// does not: a job that holds a slot begins within slotLead.
+func TestCheckAccountingJobFetchedByAWorkerKilledSoon(t *testing.T) {
+	for _, c := range []struct {
+		fetch, kill, sample int
+		found               bool
+	}{
+		{1000, 1020, 1010, false},
+		{1000, 1020, 1500, false}, // after the kill, until the reaper
+		{1000, 4000, 2500, true},  // held 1.5 s before the sample, and on
+	} {
+		f := newFakeRecord(limits{max: 2})
+		f.worker("w2")
+		f.job(1, "")
+		f.fetched(1, "w2", c.fetch)
+		f.r.workers = append(f.r.workers, workerEvent{worker: "w2", what: "kill", at: f.at(c.kill)})
+		f.state(1, "running", "retryable", c.kill+600) // rescued
+		f.r.samples = []sample{{at: f.at(c.sample), counted: map[string]int{"torture.a": 1}, rows: map[string]int{"torture.a": 1}}}
+		got := f.found("accounting")
+		if (len(got) > 0) != c.found {
+			t.Errorf("fetched at %d ms, killed at %d ms, sampled at %d ms: accounting violations %q, want found %v",
+				c.fetch, c.kill, c.sample, got, c.found)
+		}
+	}
+}
+
+// TestCheckAccountingResumedGrantTakenBack: job 1, parked, is resumed at
+// 500 ms with a grant, fetched at 700 ms, and parked again at 900 ms
+// without running: a change of limits that began at 650 ms (committed at
+// 800 ms) took its grant back. A sample at 600 ms counts its slot as near.
+// Without the change, the same record is a slot no job stood for.
+func TestCheckAccountingResumedGrantTakenBack(t *testing.T) {
+	for _, changed := range []bool{true, false} {
+		f := newFakeRecord(limits{max: 2})
+		f.job(1, "")
+		f.state(1, "available", "running", 1)
+		f.state(1, "running", "pending", 2)
+		f.state(1, "pending", "available", 500)
+		f.fetched(1, "w1", 700)
+		f.state(1, "running", "pending", 900)
+		if changed {
+			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(800), began: f.at(650),
+				limits: limits{present: true, max: 3}})
+		}
+		f.r.samples = []sample{{at: f.at(600), counted: map[string]int{"torture.a": 1}, rows: map[string]int{"torture.a": 1}}}
+		if got := f.found("accounting"); (len(got) > 0) == changed {
+			t.Errorf("limits changed %v: accounting violations %q", changed, got)
+		}
+	}
+}
+
+// TestCheckHerdCountsResumesFromTheChangesBeginning: under a limit of 1
+// and a rate (no lookahead), job 1 is resumed at 500 ms and parked again
+// (a change of limits that began at 600 ms took its grant back, committed
+// at 800 ms); the change's own transaction resumes job 3 at 700 ms under
+// the new limits. Job 1 was resumed under the earlier limits and is not
+// counted against the new ones: no herd. Job 4, resumed at 750 ms too, is
+// one more than the new limits allow.
+func TestCheckHerdCountsResumesFromTheChangesBeginning(t *testing.T) {
+	for _, extra := range []bool{false, true} {
+		f := newFakeRecord(limits{max: 1, rateMax: 1, ratePeriod: time.Second})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(800), began: f.at(600),
+			limits: limits{present: true, max: 1, rateMax: 1, ratePeriod: 2 * time.Second}})
+		for _, id := range []int64{1, 3, 4} {
+			if id == 4 && !extra {
+				continue
+			}
+			f.job(id, "")
+			f.state(id, "available", "running", 1)
+			f.state(id, "running", "pending", 2)
+		}
+		f.state(1, "pending", "available", 500)
+		f.fetched(1, "w1", 550)
+		f.state(1, "running", "pending", 900)
+		f.state(1, "pending", "available", 5000)
+		f.ran(1, 5001, 10, "ok")
+		f.state(3, "pending", "available", 700)
+		f.ran(3, 1000, 10, "ok")
+		if extra {
+			f.state(4, "pending", "available", 750)
+			f.ran(4, 3000, 10, "ok")
+		}
+		got := f.found("herd")
+		if (len(got) > 0) != extra {
+			t.Errorf("job 4 resumed too: %v; herd violations %q", extra, got)
+		}
+	}
+}
