@@ -269,6 +269,7 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 			out, err := l.ledger.Swap(ctx, d.Kind, y.ID, d.Job, d.Reason)
 			cancel()
+			l.trace("swap", "job_id", d.Job, "held_job_id", y.ID, "outcome", int(out))
 			if err != nil {
 				l.logger.Warn("concurrency limits: a held slot not handed to an older job; it waits in the line", "kind", d.Kind,
 					"job_id", d.Job, "held_job_id", y.ID, "error", err)

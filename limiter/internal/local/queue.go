@@ -503,11 +503,11 @@ func (q *Queue) swappableLocked(o, x *Job) bool {
 	if o == x || o.swapping || !q.precedesLocked(x, o) {
 		return false
 	}
-	// A Working job with a wake not read yet is on its way to begin: it is
-	// left to begin. One that holds no slot may hold a start (under a rate
-	// alone): the ledger moves it if it does.
-	return (o.state == Held && o.heldSlot != LeasedSlot) ||
-		(o.state == Working && !o.begun && o.slot != LeasedSlot && len(o.wake) == 0)
+	// A Working job with a wake not read yet (a grant, just given) has not
+	// begun either: a wake sent next replaces the one not read (notify).
+	// One that holds no slot may hold a start (under a rate alone): the
+	// ledger moves it if it does.
+	return (o.state == Held && o.heldSlot != LeasedSlot) || (o.state == Working && !o.begun && o.slot != LeasedSlot)
 }
 
 // SwapFor is asked before a Deciding job is put in the line (its decision:

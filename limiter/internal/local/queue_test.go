@@ -531,6 +531,41 @@ func TestAYoungerJobDecidingFirstHoldsNoOlderOne(t *testing.T) {
 	}
 }
 
+// TestAGrantNotReadYetIsSwapped: a job of a key granted a slot of the
+// line whose goroutine has not read the grant yet has not begun: an older
+// job of its key deciding here (a retry fetched since, say) is held behind
+// it and takes its slot (SwapFor), and the younger one is told it waits in
+// the line again, the grant it had not read replaced.
+func TestAGrantNotReadYetIsSwapped(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 9, Key: "a", Fetched: now}})
+	if !q.Line(9, false, "limit") || !q.Grant(9, LineSlot, false) {
+		t.Fatal("job 9 was not lined and granted")
+	}
+	y := q.Get(9)
+	if len(y.wake) != 1 || y.State() != Working {
+		t.Fatalf("job 9 granted is %s with %d wakes, not Working with its grant not read", y.State(), len(y.wake))
+	}
+	q.Fetch([]Fetched{{ID: 3, Key: "a", Fetched: now.Add(time.Millisecond)}})
+	if !q.HeldBehind(3) {
+		t.Fatal("job 3 is not held behind job 9, which was granted and has not begun")
+	}
+	if got := q.SwapFor(3); got == nil || got.ID != 9 {
+		t.Fatalf("SwapFor(3) = %v, not job 9", got)
+	}
+	q.Swapped(3, 9, true, false, false, "limit")
+	if x := q.Get(3); x.State() != Working || x.Slot() != LineSlot {
+		t.Fatalf("job 3 took job 9's slot and is %s with slot %d", x.State(), x.Slot())
+	}
+	if y.State() != Lined {
+		t.Fatalf("job 9 gave its slot and is %s, not in the line", y.State())
+	}
+	if o := <-y.wake; o != Relined || len(y.wake) != 0 {
+		t.Fatalf("job 9 was told %d (and %d more), not Relined alone", o, len(y.wake))
+	}
+}
+
 // TestNoSlotHandedOverOnAViewBeforeAChange: after the worker hears a change
 // of limits, a slot that frees is not handed over in memory on the view the
 // keeper read before it (the change may be a rate, a breaker, a partition):
