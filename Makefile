@@ -26,13 +26,14 @@ run: build ## migrate the database and start a worker (DATABASE_URL, its databas
 		echo "make run: the other commands need it too: export DATABASE_URL=\"\$$(scripts/pg.sh database-url sluice)\""; \
 		./$(BIN) migrate up && exec ./$(BIN) worker'
 
-test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/); the limiter's torture test last, alone
-	@$(PG) with-server env GO=$(GO) scripts/test.sh $(TESTFLAGS)
+test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/); the torture test's runs against real workers are make torture's
+	@$(PG) with-server $(GO) test -count=1 $(TESTFLAGS) ./...
 
 # TORTURE_DURATION (a Go duration) sets the budget; TORTURE_SEED=N replays one
-# seed; TORTURE_WORKER_LOGS=DIR keeps each worker process's log there.
-torture: ## run the limiter's torture test: seeded random schedules against real workers for TORTURE_DURATION (default 10m), every promise checked, with the coverage table
-	@$(PG) with-server env TORTURE_DURATION=$${TORTURE_DURATION:-10m} $(GO) test -count=1 -timeout 0 -v -run '^TestTorture$$' ./limiter/torture/
+# seed, alone (no scenarios); TORTURE_WORKER_LOGS=DIR keeps each worker
+# process's log there.
+torture: ## run the limiter's torture test: its scenarios, then seeded random schedules against real workers for TORTURE_DURATION (default 10m), every promise checked, with the coverage table
+	@$(PG) with-server env TORTURE=1 TORTURE_DURATION=$${TORTURE_DURATION:-10m} $(GO) test -count=1 -timeout 0 -v -run '$(if $(TORTURE_SEED),^TestTorture$$,^TestTorture)' ./limiter/torture/
 
 torture-corpus: ## run every seed of the torture test that ever caught a bug (limiter/torture/corpus_test.go)
 	@$(PG) with-server env TORTURE_CORPUS=1 $(GO) test -count=1 -timeout 0 -v -run '^TestTortureCorpus$$' ./limiter/torture/

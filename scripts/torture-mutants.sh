@@ -18,6 +18,8 @@
 # only by another check), 2 on bad usage. The database comes from
 # TEST_DATABASE_URL, as for make test (make torture-mutants sets it).
 set -euo pipefail
+# The torture package runs against real workers only when asked.
+export TORTURE=1
 
 root=$(git rev-parse --show-toplevel)
 cd "$root"

@@ -78,7 +78,7 @@ type schedule struct {
 	parks []time.Duration
 	ops   []op
 	// quiesceClear, per kind (a, b): at the end, clear every limit (true)
-	// or clear the per-key and rate limits and set a per-kind limit of 20.
+	// or set a per-kind limit of 20, then clear the per-key and rate limits.
 	quiesceClear [2]bool
 }
 

@@ -46,6 +46,22 @@ const (
 	sampleEvery = 200 * time.Millisecond
 )
 
+// requireTorture skips a run against real worker processes unless it was
+// asked for: make torture sets TORTURE=1 (TORTURE_SEED, TORTURE_DURATION
+// and TORTURE_CORPUS ask too). Those runs search the limiter for bugs, with
+// random schedules and timing tolerances; make test runs the package's
+// deterministic tests (the checks on hand-written records, the schedule
+// drawn from its seed). See the README's Tests section.
+func requireTorture(t *testing.T) {
+	t.Helper()
+	for _, v := range []string{"TORTURE", "TORTURE_SEED", "TORTURE_DURATION", "TORTURE_CORPUS"} {
+		if os.Getenv(v) != "" {
+			return
+		}
+	}
+	t.Skip("runs against real worker processes under make torture (TORTURE=1)")
+}
+
 // seedFromEnv is TORTURE_SEED, if set.
 func seedFromEnv(t *testing.T) (uint64, bool) {
 	s := os.Getenv("TORTURE_SEED")
@@ -65,6 +81,7 @@ func seedFromEnv(t *testing.T) (uint64, bool) {
 // prints what each check judged and exempted, and fails a check that
 // exempted too much (starved). TORTURE_SEED runs that seed alone.
 func TestTorture(t *testing.T) {
+	requireTorture(t)
 	budget := defaultBudget
 	if s := os.Getenv("TORTURE_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -156,6 +173,7 @@ func runSeed(t *testing.T, seed uint64) *tally {
 // tables, River's client and a limiter for the test's own calls. No
 // worker runs yet.
 func newTorture(t *testing.T, seed uint64) *torture {
+	requireTorture(t)
 	ctx := context.Background()
 	x := &torture{t: t, seed: seed, url: testdb.New(t), runsDir: t.TempDir(), jobs: map[int64]*job{}, tally: newTally(),
 		slots: 16}
@@ -492,11 +510,14 @@ func (x *torture) quiesce(ctx context.Context, clearAll [2]bool) {
 			}
 			continue
 		}
-		if _, err := x.lim.ClearLimits(ctx, kind, limiter.Facets{PerKey: true, Rate: true}); err != nil {
-			x.t.Errorf("clear %s: %v", kind, err)
-		}
+		// The per-kind limit first: the kind never goes without a limit
+		// between the two changes (which would let its line go, free, for
+		// the limit to take back a moment later).
 		if err := x.lim.SetConcurrency(ctx, kind, 20); err != nil {
 			x.t.Errorf("limit %s: %v", kind, err)
+		}
+		if _, err := x.lim.ClearLimits(ctx, kind, limiter.Facets{PerKey: true, Rate: true}); err != nil {
+			x.t.Errorf("clear %s: %v", kind, err)
 		}
 	}
 	deadline := time.Now().Add(quiescenceTimeout)
