@@ -225,15 +225,19 @@ func TestPropertyUnderLoad(t *testing.T) {
 		// 3b. No run carries a rolled-back enqueue's args.
 		require.False(t, rolled[r.start.Seq], "job %d ran with the args of rolled-back enqueue %d", r.start.Job, r.start.Seq)
 	}
-	onKilled := map[int64]bool{} // jobs the killed worker ran: rescued, they may run again late
+	// The enqueues the killed worker ran (ended or cut short): rescued,
+	// their jobs may run them again late, on the other worker. A rescued
+	// job that waits again (retryable) takes later enqueues' args by
+	// replace, and its run with those counts.
+	onKilled := map[int64]bool{}
 	for _, r := range byRun {
 		if r.start.Worker == "load-1" {
-			onKilled[r.start.Job] = true
+			onKilled[r.start.Seq] = true
 		}
 	}
 	for _, r := range byRun {
 		k := r.start.Kind + "/" + r.start.Key
-		if !onKilled[r.start.Job] && r.start.At > lastRun[k].At {
+		if r.start.Worker != "load-1" && !onKilled[r.start.Seq] && r.start.At > lastRun[k].At {
 			lastRun[k] = r.start
 		}
 	}
