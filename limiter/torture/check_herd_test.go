@@ -86,11 +86,19 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 				cov.judge("herd")
 				events = append(events, event{at: c.at, job: id, in: true})
 				// It leaves the resumed set at its next start, or at its next
-				// change other than its fetch.
+				// change other than its fetch: a parking from its fetch up to
+				// parkCompletion before River shows it (the worker decided it
+				// then, and the line went on).
 				out := r.nextStart(id, c.at)
-				for _, d := range cs[i+1:] {
+				for j, d := range cs[i+1:] {
 					if d.to != "running" && (out.IsZero() || d.at.Before(out)) {
 						out = d.at
+						if d.to == "pending" && d.from == "running" && j > 0 {
+							out = d.at.Add(-parkCompletion)
+							if fetch := cs[i+j].at; out.Before(fetch) {
+								out = fetch
+							}
+						}
 						break
 					}
 				}

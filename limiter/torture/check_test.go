@@ -76,6 +76,11 @@ const (
 	// the job's completion not yet written: River works a job at least
 	// once, and such a job runs again.
 	completionWindow = time.Second
+	// parkCompletion is how long before River shows a job pending its
+	// worker may have parked it: River's batch completer writes a job's
+	// end every 50 ms or so (later on a loaded machine), and the parking
+	// goes with it.
+	parkCompletion = 100 * time.Millisecond
 	// slotLead and slotLag bound how long a slot may be counted before its
 	// job starts (a grant on its way: a resumed job fetched, a claim) and
 	// after it ends (its release, written in the background; an idle

@@ -1165,3 +1165,36 @@ func TestCheckHerdCountsResumesFromTheChangesBeginning(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckHerdParkingSeenLate: under a limit of 1 and a rate (no
+// lookahead), job 1 is resumed at 500 ms, in a change lowering the limit
+// from 2 (begun at 450 ms, committed at 700 ms), fetched at 600 ms and
+// parked again (its limits lowered: no finding for the parking itself);
+// River shows it pending at 800 ms, its worker having parked it up to
+// parkCompletion before. Job 2, resumed at 750 ms, is not resumed beside
+// it; resumed at 650 ms, it is.
+func TestCheckHerdParkingSeenLate(t *testing.T) {
+	for _, c := range []struct {
+		resume int
+		found  bool
+	}{{750, false}, {650, true}} {
+		f := newFakeRecord(limits{max: 2, rateMax: 1, ratePeriod: time.Second})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(700), began: f.at(450),
+			limits: limits{present: true, max: 1, rateMax: 1, ratePeriod: time.Second}})
+		for _, id := range []int64{1, 2} {
+			f.job(id, "")
+			f.state(id, "available", "running", 1)
+			f.state(id, "running", "pending", 2)
+		}
+		f.state(1, "pending", "available", 500)
+		f.fetched(1, "w1", 600)
+		f.state(1, "running", "pending", 800)
+		f.state(1, "pending", "available", 3000)
+		f.ran(1, 3001, 10, "ok")
+		f.state(2, "pending", "available", c.resume)
+		f.ran(2, 1000, 10, "ok")
+		if got := f.found("herd"); (len(got) > 0) != c.found {
+			t.Errorf("job 2 resumed at %d ms: herd violations %q, want found %v", c.resume, got, c.found)
+		}
+	}
+}
