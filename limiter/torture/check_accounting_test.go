@@ -182,8 +182,9 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 
 // resumedAndTakenBackNear reports whether job id of kind was resumed (made
 // available from pending) with a grant on its way to it, within slotLead
-// after t, and its kind's limits changed (the change's transaction began)
-// before it ran: it went back to pending without running, its grant taken
+// after t, and a change of its kind's limits began less than slotLead
+// after the resume (a grant leads to a start within slotLead) and before
+// the job ran: it went back to pending without running, its grant taken
 // back by the change, which holds it until its commit, slotLag before t
 // at the earliest.
 func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) bool {
@@ -206,7 +207,8 @@ func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) boo
 			continue
 		}
 		for _, l := range r.limits[kind] {
-			if !l.began.IsZero() && !l.began.Before(c.at) && l.began.Before(back) && l.at.After(t.Add(-slotLag)) {
+			if !l.began.IsZero() && !l.began.Before(c.at) && l.began.Before(back) && l.began.Before(c.at.Add(slotLead)) &&
+				l.at.After(t.Add(-slotLag)) {
 				return true
 			}
 		}

@@ -1104,26 +1104,31 @@ func TestCheckAccountingJobFetchedByAWorkerKilledSoon(t *testing.T) {
 }
 
 // TestCheckAccountingResumedGrantTakenBack: job 1, parked, is resumed at
-// 500 ms with a grant, fetched at 700 ms, and parked again at 900 ms
-// without running: a change of limits that began at 650 ms (committed at
-// 800 ms) took its grant back. A sample at 600 ms counts its slot as near.
-// Without the change, the same record is a slot no job stood for.
+// 500 ms with a grant, fetched at 700 ms, and parked again without
+// running: a change of limits that began at 650 ms (committed at 800 ms)
+// took its grant back. A sample at 600 ms counts its slot as near.
+// Without the change, the same record is a slot no job stood for; so is
+// one whose change began 1.1 s after the resume (a grant leads to a start
+// within slotLead).
 func TestCheckAccountingResumedGrantTakenBack(t *testing.T) {
-	for _, changed := range []bool{true, false} {
+	for _, c := range []struct {
+		began, at int // the change (0: none)
+		found     bool
+	}{{650, 800, false}, {0, 0, true}, {1600, 1700, true}} {
 		f := newFakeRecord(limits{max: 2})
 		f.job(1, "")
 		f.state(1, "available", "running", 1)
 		f.state(1, "running", "pending", 2)
 		f.state(1, "pending", "available", 500)
 		f.fetched(1, "w1", 700)
-		f.state(1, "running", "pending", 900)
-		if changed {
-			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(800), began: f.at(650),
+		f.state(1, "running", "pending", max(900, c.at+100))
+		if c.began != 0 {
+			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(c.at), began: f.at(c.began),
 				limits: limits{present: true, max: 3}})
 		}
 		f.r.samples = []sample{{at: f.at(600), counted: map[string]int{"torture.a": 1}, rows: map[string]int{"torture.a": 1}}}
-		if got := f.found("accounting"); (len(got) > 0) == changed {
-			t.Errorf("limits changed %v: accounting violations %q", changed, got)
+		if got := f.found("accounting"); (len(got) > 0) != c.found {
+			t.Errorf("change began at %d ms: accounting violations %q, want found %v", c.began, got, c.found)
 		}
 	}
 }
