@@ -204,9 +204,12 @@ func startWorker(t testing.TB, url, runsDir, id string, parkAfter time.Duration,
 	var stderr io.Writer = &w.log
 	if dir := os.Getenv("TORTURE_WORKER_LOGS"); dir != "" {
 		// Each worker's log in a file of its own too, for diagnosis.
-		f, err := os.Create(dir + "/" + id + ".log")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatalf("TORTURE_WORKER_LOGS: %v", err)
+		}
+		f, err := os.Create(filepath.Join(dir, id+".log"))
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("TORTURE_WORKER_LOGS: %v", err)
 		}
 		t.Cleanup(func() { _ = f.Close() })
 		stderr = io.MultiWriter(&w.log, f)
