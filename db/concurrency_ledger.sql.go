@@ -1504,12 +1504,18 @@ starts AS (
     SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
     FROM river_job j
     WHERE s.kind = $1 AND j.id = s.job_id
+),
+fetches AS (
+    UPDATE concurrency_fetches f
+    SET key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE f.kind = $1 AND j.id = f.job_id
 )
 DELETE FROM concurrency_key_lines kl WHERE kl.kind = $1
 `
 
-// Sets the keys of kind's slots, logged starts, waiting and parked jobs
-// from their River rows and the kind's partition_fields (NULL: none), after
+// Sets the keys of kind's slots, logged starts, waiting, parked and
+// fetched jobs from their River rows and the kind's partition_fields (NULL: none), after
 // the partition changed (so that a rate per key counts the starts made
 // before, in its first window), and starts the round afresh: the keys'
 // rows go (LedgerRecount makes them again).
@@ -2092,6 +2098,40 @@ func (q *Queries) LedgerTryLockChanges(ctx context.Context, kinds []string) ([]s
 		return nil, err
 	}
 	return items, nil
+}
+
+const ledgerUnleaseFetches = `-- name: LedgerUnleaseFetches :exec
+WITH lim AS (
+    SELECT l.partition_fields FROM concurrency_limits l WHERE l.kind = $1
+),
+published AS (
+    SELECT w.job_id, l.worker_id FROM concurrency_leases l, unnest(l.waiting) AS w(job_id)
+    WHERE l.kind = $1
+),
+marked AS (
+    UPDATE concurrency_fetches f
+    SET leased = false, key = sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim))
+    FROM river_job j
+    WHERE f.kind = $1 AND f.leased AND j.id = f.job_id
+)
+INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, leased)
+SELECT j.id, j.kind, sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim)), p.worker_id,
+       COALESCE(j.attempted_at, now()), false
+FROM published p JOIN river_job j ON j.id = p.job_id AND j.kind = $1 AND j.state = 'running'
+ON CONFLICT (job_id) DO UPDATE SET leased = false, key = EXCLUDED.key
+`
+
+// After a change that takes kind off the leased path (a per-kind limit
+// alone no more): the jobs its workers fetched and hold waiting for a
+// leased slot, published (concurrency_leases.waiting) or marked leased and
+// not published yet, count as fetched and not decided, keyed by the kind's
+// partition now, so that no worker's decision or grant round lets a
+// younger job of their lines start before their own worker decides them
+// (its decision takes the mark away; a mark counts for two seconds after
+// the job's fetch).
+func (q *Queries) LedgerUnleaseFetches(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, ledgerUnleaseFetches, kind)
+	return err
 }
 
 const ledgerUnmarkFetched = `-- name: LedgerUnmarkFetched :exec

@@ -43,6 +43,14 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 			return err
 		}
 		c := after[kind]
+		if before[kind].Regime() == Leased && c.Regime() != Leased {
+			// The jobs waiting for a leased slot go to the line, each decided
+			// by its worker once it hears of the change: until then they are
+			// older jobs fetched and not decided, for every worker.
+			if err := tx.q.LedgerUnleaseFetches(tx.ctx, kind); err != nil {
+				return fmt.Errorf("mark the jobs waiting for leased slots: %w", err)
+			}
+		}
 		if !slices.Equal(before[kind].Fields, c.Fields) {
 			if err := tx.q.LedgerRepartition(tx.ctx, kind); err != nil {
 				return fmt.Errorf("set the keys of waiting jobs: %w", err)

@@ -267,3 +267,48 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	require.Empty(t, parked, "a kind whose limits were cleared parked jobs")
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'available'`, more))
 }
+
+// TestJobsWaitingForLeasedSlotsGoFirstAfterAChange: under a per-kind limit
+// alone, worker w2 holds an older job waiting for a leased slot (published
+// in its lease row, or only marked leased by its fetch); the kind then
+// gets a per-key limit (off the leased path). Until w2 decides the older
+// job, a younger job of its key that w1 fetched waits in the line behind
+// it, and a grant round gives it nothing; once w2 decided it, it goes
+// first.
+func TestJobsWaitingForLeasedSlotsGoFirstAfterAChange(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, published := range []bool{true, false} {
+		kind := "test.unlease.marked"
+		if published {
+			kind = "test.unlease.published"
+		}
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			pool, w1 := newLedger(t, "w1")
+			w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+			setLimits(t, w1, kind, "max_concurrency = 2")
+			older := running(t, pool, kind, `{"tenant": "a"}`, "w2", 1, time.Now().Add(-200*time.Millisecond))
+			if published {
+				exec(t, pool, `INSERT INTO concurrency_leases (kind, worker_id, slots, waiting) VALUES ($1, 'w2', 0, ARRAY[$2::bigint])`,
+					kind, older.ID)
+			} else {
+				require.NoError(t, w2.MarkFetched(ctx, pool, []ledger.Fetched{{ID: older.ID, Kind: kind, Leased: true}}))
+			}
+			setLimits(t, w1, kind, "max_concurrency = 0, partition_fields = '{tenant}', key_max = 1")
+
+			younger := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now())
+			d := decideOne(t, w1, younger, nil)
+			require.Equal(t, ledger.Wait, d.Action, "the younger job started before the older one, waiting for a leased slot, was decided")
+			require.Equal(t, ledger.ReasonKeyFIFO, d.Reason)
+			_, err := w1.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+			require.NoError(t, err)
+			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, younger.ID),
+				"a grant round granted the younger job past the older one not decided yet")
+
+			out, err := w2.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+			require.NoError(t, err)
+			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the older job goes first")
+		})
+	}
+}
