@@ -63,6 +63,25 @@ func (f *fakeRecord) fetched(id int64, worker string, ms int) {
 	f.r.changes[id] = append(f.r.changes[id], change{job: id, from: "available", to: "running", client: worker, at: f.at(ms)})
 }
 
+// parked adds jobs ids, fetched at 1 ms and parked at 2 ms.
+func (f *fakeRecord) parked(ids ...int64) {
+	for _, id := range ids {
+		f.job(id, "")
+		f.state(id, "available", "running", 1)
+		f.state(id, "running", "pending", 2)
+	}
+}
+
+// reparked records job id resumed at ms, fetched at fetchMs and parked
+// again at parkMs, then resumed and run at 5 s.
+func (f *fakeRecord) reparked(id int64, ms, fetchMs, parkMs int) {
+	f.state(id, "pending", "available", ms)
+	f.fetched(id, "w1", fetchMs)
+	f.state(id, "running", "pending", parkMs)
+	f.state(id, "pending", "available", 5000)
+	f.ran(id, 5001, 10, "ok")
+}
+
 // started records an execution of job id on worker from ms to ms+dur (its
 // fetch recorded apart), completed.
 func (f *fakeRecord) started(id int64, worker string, ms, dur int) {
@@ -1116,9 +1135,7 @@ func TestCheckAccountingResumedGrantTakenBack(t *testing.T) {
 		found     bool
 	}{{650, 800, false}, {0, 0, true}, {1600, 1700, true}} {
 		f := newFakeRecord(limits{max: 2})
-		f.job(1, "")
-		f.state(1, "available", "running", 1)
-		f.state(1, "running", "pending", 2)
+		f.parked(1)
 		f.state(1, "pending", "available", 500)
 		f.fetched(1, "w1", 700)
 		f.state(1, "running", "pending", max(900, c.at+100))
@@ -1145,19 +1162,11 @@ func TestCheckHerdCountsResumesFromTheChangesBeginning(t *testing.T) {
 		f := newFakeRecord(limits{max: 1, rateMax: 1, ratePeriod: time.Second})
 		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(800), began: f.at(600),
 			limits: limits{present: true, max: 1, rateMax: 1, ratePeriod: 2 * time.Second}})
-		for _, id := range []int64{1, 3, 4} {
-			if id == 4 && !extra {
-				continue
-			}
-			f.job(id, "")
-			f.state(id, "available", "running", 1)
-			f.state(id, "running", "pending", 2)
+		f.parked(1, 3)
+		if extra {
+			f.parked(4)
 		}
-		f.state(1, "pending", "available", 500)
-		f.fetched(1, "w1", 550)
-		f.state(1, "running", "pending", 900)
-		f.state(1, "pending", "available", 5000)
-		f.ran(1, 5001, 10, "ok")
+		f.reparked(1, 500, 550, 900)
 		f.state(3, "pending", "available", 700)
 		f.ran(3, 1000, 10, "ok")
 		if extra {
@@ -1186,16 +1195,8 @@ func TestCheckHerdParkingSeenLate(t *testing.T) {
 		f := newFakeRecord(limits{max: 2, rateMax: 1, ratePeriod: time.Second})
 		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(700), began: f.at(450),
 			limits: limits{present: true, max: 1, rateMax: 1, ratePeriod: time.Second}})
-		for _, id := range []int64{1, 2} {
-			f.job(id, "")
-			f.state(id, "available", "running", 1)
-			f.state(id, "running", "pending", 2)
-		}
-		f.state(1, "pending", "available", 500)
-		f.fetched(1, "w1", 600)
-		f.state(1, "running", "pending", 800)
-		f.state(1, "pending", "available", 3000)
-		f.ran(1, 3001, 10, "ok")
+		f.parked(1, 2)
+		f.reparked(1, 500, 600, 800)
 		f.state(2, "pending", "available", c.resume)
 		f.ran(2, 1000, 10, "ok")
 		if got := f.found("herd"); (len(got) > 0) != c.found {
