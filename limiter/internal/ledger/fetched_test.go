@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
@@ -38,10 +39,7 @@ func TestAJobFetchedElsewhereGoesFirst(t *testing.T) {
 			d := decideOne(t, w2, younger, nil)
 			require.Equal(t, ledger.Wait, d.Action, "the younger job started before the older one's decision")
 			require.Equal(t, c.reason, d.Reason)
-			_, err := w2.Release(ctx, ledger.Release{Rounds: []string{c.kind}}, nil)
-			require.NoError(t, err)
-			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, younger.ID),
-				"a grant round granted the younger job past the older one not decided yet")
+			requireNotGranted(t, w2, pool, c.kind, younger.ID)
 
 			out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
 			require.NoError(t, err)
@@ -301,14 +299,21 @@ func TestJobsWaitingForLeasedSlotsGoFirstAfterAChange(t *testing.T) {
 			d := decideOne(t, w1, younger, nil)
 			require.Equal(t, ledger.Wait, d.Action, "the younger job started before the older one, waiting for a leased slot, was decided")
 			require.Equal(t, ledger.ReasonKeyFIFO, d.Reason)
-			_, err := w1.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
-			require.NoError(t, err)
-			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, younger.ID),
-				"a grant round granted the younger job past the older one not decided yet")
+			requireNotGranted(t, w1, pool, kind, younger.ID)
 
 			out, err := w2.Decide(ctx, []ledger.Job{older}, nil, time.Second)
 			require.NoError(t, err)
 			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the older job goes first")
 		})
 	}
+}
+
+// requireNotGranted runs a grant round of kind by l and requires that it
+// granted job id, younger than a job of its line not decided yet, nothing.
+func requireNotGranted(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, kind string, id int64) {
+	t.Helper()
+	_, err := l.Release(context.Background(), ledger.Release{Rounds: []string{kind}}, nil)
+	require.NoError(t, err)
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, id),
+		"a grant round granted the younger job past the older one not decided yet")
 }
