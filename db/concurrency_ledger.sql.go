@@ -2118,6 +2118,7 @@ INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, lease
 SELECT j.id, j.kind, sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim)), p.worker_id,
        COALESCE(j.attempted_at, now()), false
 FROM published p JOIN river_job j ON j.id = p.job_id AND j.kind = $1 AND j.state = 'running'
+WHERE NOT EXISTS (SELECT 1 FROM concurrency_fetches f WHERE f.job_id = j.id AND f.leased)
 ON CONFLICT (job_id) DO UPDATE SET leased = false, key = EXCLUDED.key
 `
 
@@ -2129,6 +2130,7 @@ ON CONFLICT (job_id) DO UPDATE SET leased = false, key = EXCLUDED.key
 // younger job of their lines start before their own worker decides them
 // (its decision takes the mark away; a mark counts for two seconds after
 // the job's fetch).
+// A job marked leased too is marked's (a row changes once a statement).
 func (q *Queries) LedgerUnleaseFetches(ctx context.Context, kind string) error {
 	_, err := q.db.Exec(ctx, ledgerUnleaseFetches, kind)
 	return err

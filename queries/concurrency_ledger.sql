@@ -886,6 +886,8 @@ INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, lease
 SELECT j.id, j.kind, sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim)), p.worker_id,
        COALESCE(j.attempted_at, now()), false
 FROM published p JOIN river_job j ON j.id = p.job_id AND j.kind = sqlc.arg(kind) AND j.state = 'running'
+-- A job marked leased too is marked's (a row changes once a statement).
+WHERE NOT EXISTS (SELECT 1 FROM concurrency_fetches f WHERE f.job_id = j.id AND f.leased)
 ON CONFLICT (job_id) DO UPDATE SET leased = false, key = EXCLUDED.key;
 
 -- name: LedgerRevokeAllGrants :many

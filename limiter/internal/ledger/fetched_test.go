@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -268,7 +269,7 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 
 // TestJobsWaitingForLeasedSlotsGoFirstAfterAChange: under a per-kind limit
 // alone, worker w2 holds an older job waiting for a leased slot (published
-// in its lease row, or only marked leased by its fetch); the kind then
+// in its lease row, marked leased by its fetch, or both); the kind then
 // gets a per-key limit (off the leased path). Until w2 decides the older
 // job, a younger job of its key that w1 fetched waits in the line behind
 // it, and a grant round gives it nothing; once w2 decided it, it goes
@@ -276,21 +277,19 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 func TestJobsWaitingForLeasedSlotsGoFirstAfterAChange(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, published := range []bool{true, false} {
-		kind := "test.unlease.marked"
-		if published {
-			kind = "test.unlease.published"
-		}
+	for _, c := range []struct{ published, marked bool }{{true, false}, {false, true}, {true, true}} {
+		kind := fmt.Sprintf("test.unlease.published-%v.marked-%v", c.published, c.marked)
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			pool, w1 := newLedger(t, "w1")
 			w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
 			setLimits(t, w1, kind, "max_concurrency = 2")
 			older := running(t, pool, kind, `{"tenant": "a"}`, "w2", 1, time.Now().Add(-200*time.Millisecond))
-			if published {
+			if c.published {
 				exec(t, pool, `INSERT INTO concurrency_leases (kind, worker_id, slots, waiting) VALUES ($1, 'w2', 0, ARRAY[$2::bigint])`,
 					kind, older.ID)
-			} else {
+			}
+			if c.marked {
 				require.NoError(t, w2.MarkFetched(ctx, pool, []ledger.Fetched{{ID: older.ID, Kind: kind, Leased: true}}))
 			}
 			setLimits(t, w1, kind, "max_concurrency = 0, partition_fields = '{tenant}', key_max = 1")
