@@ -46,13 +46,14 @@ func checkLimits(r *record, vs *violations, cov coverage) {
 				}
 			}
 			if active > kindCap {
-				vs.add("limit", "%s: job %d started at %s with %d running, limit %d (limits %s): %s",
-					kind, x.job, x.start.Format(time.StampMicro), active, kindCap, r.limitsAt(kind, x.start), strings.Join(running, "; "))
+				vs.add("limit", "%s: job %d started at %s with %d running, limit %d (limits %s; %s): %s",
+					kind, x.job, x.start.Format(time.StampMicro), active, kindCap, r.limitsAt(kind, x.start),
+					r.recentLimits(kind, x.start), strings.Join(running, "; "))
 			}
 			if activeKey > keyCap {
-				vs.add("limit", "%s key %s: job %d started at %s with %d of its key running, limit %d per key (limits %s): %s",
+				vs.add("limit", "%s key %s: job %d started at %s with %d of its key running, limit %d per key (limits %s; %s): %s",
 					kind, x.key, x.job, x.start.Format(time.StampMicro), activeKey, keyCap, r.limitsAt(kind, x.start),
-					strings.Join(runningKey, "; "))
+					r.recentLimits(kind, x.start), strings.Join(runningKey, "; "))
 			}
 		}
 	}

@@ -393,7 +393,11 @@ func (r *record) recentLimits(kind string, t time.Time) string {
 	var out []string
 	for _, c := range r.limits[kind] {
 		if c.at.After(t.Add(-2*time.Second)) && !c.at.After(t) {
-			out = append(out, fmt.Sprintf("%s at %s", c.limits, c.at.Format(time.StampMicro)))
+			at := c.at.Format(time.StampMicro)
+			if !c.began.IsZero() {
+				at += " (its transaction began at " + c.began.Format("05.000000") + ")"
+			}
+			out = append(out, fmt.Sprintf("%s at %s", c.limits, at))
 		}
 	}
 	if len(out) == 0 {
