@@ -164,9 +164,9 @@ func (r *record) changedBetween(kind string, t0, t1 time.Time) bool {
 }
 
 // regimeSince is when the limits in force for kind's decisions at t came:
-// the beginning of the last change whose transaction had begun by t (it
-// acts on its limits from then: a resume in it follows them), else of the
-// last change committed by t (zero: none).
+// when the transaction of the last change begun by t began (it acts on its
+// limits from then: a resume in it follows them; a change logged without
+// its beginning counts from its commit); zero: no change.
 func (r *record) regimeSince(kind string, t time.Time) time.Time {
 	var at time.Time
 	for _, c := range r.limits[kind] {

@@ -51,7 +51,7 @@ const (
 // and TORTURE_CORPUS ask too). Those runs search the limiter for bugs, with
 // random schedules and timing tolerances; make test runs the package's
 // deterministic tests (the checks on hand-written records, the schedule
-// drawn from its seed). See the README's Tests section.
+// drawn from its seed). The README's Development section says why.
 func requireTorture(t *testing.T) {
 	t.Helper()
 	for _, v := range []string{"TORTURE", "TORTURE_SEED", "TORTURE_DURATION", "TORTURE_CORPUS"} {
