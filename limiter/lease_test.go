@@ -14,13 +14,17 @@ import (
 
 // TestConcurrencyLeasesShared: two workers share a kind's limit through
 // slot leases: the limit holds, both workers run jobs, nothing parks when
-// slots free up in time, and every leased slot goes back once idle.
+// slots free up in time, and every leased slot goes back once idle. "In
+// time" is a park-after of 5 s: the 300 jobs of 5 ms take under a second
+// alone, and the default second was not enough beside the other packages
+// of make test on 2 cores (a job parked, and the kind's line, once used,
+// parked 219 more).
 func TestConcurrencyLeasesShared(t *testing.T) {
 	t.Parallel()
 
 	const kind = "leases"
 	const fullKind = "test.probe." + kind
-	pool, tracker, a := limitedProbes(t, kind, 4, 0)
+	pool, tracker, a := limitedProbes(t, kind, 4, 5*time.Second)
 
 	const n = 300
 	insertProbes(t, a, kind, 0, n, 5)
