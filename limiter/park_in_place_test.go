@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
 	"github.com/sluice-dev/sluice/internal/jobtest"
+	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/maintenance"
@@ -417,4 +419,74 @@ func withoutParking(t *testing.T, metadata []byte) string {
 	out, err := json.Marshal(md)
 	require.NoError(t, err)
 	return string(out)
+}
+
+// stepBackArgs is the job of TestStepBackEmitsNoRiverEvent.
+type stepBackArgs struct{}
+
+func (stepBackArgs) Kind() string { return "test.step_back" }
+
+// TestStepBackEmitsNoRiverEvent: a job that steps back after River's
+// executors got it (ledger.StepBack of a dispatched job: it is marked
+// sluice_park "ahead", its middleware returns nil and River's completer
+// completes it; trigger sluice_park_in_place makes it available again, its
+// attempt undone) did not fail, and a River client subscribed to its
+// events must not hear that it did: River maps a row its completer
+// returns as `available` after a completion to EventKindJobFailed. Run
+// through River's own client, completer and subscription: the first run
+// marks its own row as the ledger does and returns nil; the second
+// completes.
+func TestStepBackEmitsNoRiverEvent(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	runs := make(chan int, 10)
+	workers := river.NewWorkers()
+	river.AddWorker(workers, river.WorkFunc(func(ctx context.Context, job *river.Job[stepBackArgs]) error {
+		runs <- job.Attempt
+		if job.Attempt == 1 && !metadataHas(job.Metadata, "stepped") {
+			_, err := pool.Exec(ctx, `UPDATE river_job SET metadata = metadata || '{"sluice_park": "ahead", "stepped": true}' WHERE id = $1`, job.ID)
+			return err
+		}
+		return nil
+	}))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
+		Schema:            pgkit.SchemasOf(pool).River,
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 20 * time.Millisecond,
+		TestOnly:          true,
+		Workers:           workers,
+	})
+	require.NoError(t, err)
+	events, cancel := client.Subscribe(river.EventKindJobCompleted, river.EventKindJobFailed,
+		river.EventKindJobSnoozed, river.EventKindJobCancelled)
+	defer cancel()
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() { _ = client.Stop(context.Background()) })
+
+	res, err := client.Insert(ctx, stepBackArgs{}, nil)
+	require.NoError(t, err)
+	select {
+	case ev := <-events:
+		require.Equal(t, river.EventKindJobCompleted, ev.Kind, "the step back is no event; the job's one real run completes it")
+		require.Equal(t, res.Job.ID, ev.Job.ID)
+		require.Equal(t, 1, ev.Job.Attempt, "the step back undid its attempt")
+		require.Empty(t, ev.Job.Errors)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not complete")
+	}
+	require.Equal(t, []int{1, 1}, []int{<-runs, <-runs}, "run twice, the first attempt undone")
+	select {
+	case ev := <-events:
+		t.Fatalf("a second event: %s", ev.Kind)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func metadataHas(metadata []byte, key string) bool {
+	var m map[string]any
+	return json.Unmarshal(metadata, &m) == nil && m[key] != nil
 }

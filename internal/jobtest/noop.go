@@ -141,7 +141,11 @@ func ThroughputOf(tb testing.TB, pool *pgxpool.Pool, params []river.InsertManyPa
 		select {
 		case ev := <-events:
 			if ev.Kind != river.EventKindJobCompleted {
-				tb.Fatalf("job %d: %s", ev.Job.ID, ev.Kind)
+				var last string
+				if len(ev.Job.Errors) > 0 {
+					last = ev.Job.Errors[len(ev.Job.Errors)-1].Error
+				}
+				tb.Fatalf("job %d: %s (attempt %d): %s", ev.Job.ID, ev.Kind, ev.Job.Attempt, last)
 			}
 			done++
 		case <-timeout:
