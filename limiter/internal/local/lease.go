@@ -101,6 +101,28 @@ func (l *Lease) first(fetched time.Time) bool {
 	return l.view.OldestOther.IsZero() || fetched.Before(l.view.OldestOther)
 }
 
+// owed is how many of the worker's spare leased slots are owed to jobs
+// waiting in other workers, with front the job Queued at the front of
+// the worker's queue (nil: none): every spare one while front may not take
+// them (letsGo: a job fetched more than FetchTolerance before it waits
+// elsewhere), and those above the worker's share while it holds more than
+// its share and front was not fetched first. GiveLeased gives a freed slot
+// back by it, and Returning the spare ones at once: held spare for a
+// younger job here, they would keep the older jobs elsewhere waiting
+// until one side parks.
+func (l *Lease) owed(front *Job) int {
+	spare := l.Leased - l.InUse
+	switch {
+	case spare <= 0:
+		return 0
+	case front != nil && !l.letsGo(front.Fetched):
+		return spare
+	case l.overShare() && (front == nil || !l.first(front.Fetched)):
+		return min(spare, l.Leased-l.share())
+	}
+	return 0
+}
+
 // noticeSpare records the spare leased slots now (for the linger).
 func (l *Lease) noticeSpare() { l.minSpare = min(l.minSpare, l.Leased-l.InUse) }
 
@@ -285,17 +307,12 @@ func (q *Queue) GiveLeased() *Job {
 		return nil // a change came since the keeper looked: it serves the slot once it looked again
 	}
 	j := q.frontLocked(Queued)
-	if l.overShare() && (j == nil || !l.first(j.Fetched)) {
+	if l.owed(j) > 0 {
 		l.Leased--
 		l.ToReturn++
 		return nil
 	}
 	if j == nil || l.InUse >= l.usable() {
-		return nil
-	}
-	if !l.letsGo(j.Fetched) {
-		l.Leased--
-		l.ToReturn++
 		return nil
 	}
 	q.workLocked(j, LeasedSlot)
@@ -398,7 +415,8 @@ func (q *Queue) serveLocked() []*Job {
 }
 
 // Returning takes the slots to give back: those given up, those spare for a
-// whole linger (or, stopping, every spare one), and those above the limit.
+// whole linger (or, stopping, every spare one), those owed to jobs waiting
+// in other workers (owed), and those above the limit.
 func (q *Queue) Returning(now time.Time, linger time.Duration, stopping bool) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -419,6 +437,11 @@ func (q *Queue) Returning(now time.Time, linger time.Duration, stopping bool) in
 			l.Leased -= idle
 		}
 		l.minSpare, l.windowAt = l.Leased-l.InUse, now
+	}
+	if owed := l.owed(q.frontLocked(Queued)); owed > 0 {
+		ret += owed
+		l.Leased -= owed
+		l.minSpare = min(l.minSpare, l.Leased-l.InUse)
 	}
 	over := l.Leased - max(l.InUse, int(l.view.Limit))
 	if l.view.overLimit() {

@@ -637,3 +637,53 @@ func TestALeasedSlotGoesBackWhileAJobWaitsInTheLine(t *testing.T) {
 		t.Fatalf("%d leased slots go back while job 2 waits in the line, want 1", n)
 	}
 }
+
+// TestSpareLeasedSlotsGoBackToOlderJobsElsewhere: leased slots that no job
+// here uses go back at once, not after a linger, while the job Queued at
+// the front may not take them (a job fetched more than FetchTolerance
+// before it waits in another worker), and those above the worker's share
+// while another worker wants slots and the front job was not fetched
+// first: they are the other workers' jobs'. P9 found two workers
+// deadlocked for a second, until their jobs parked: one held every slot,
+// spare, for a young job; the other waited with older ones and could
+// lease none. With no job waiting elsewhere, or the front job fetched
+// first, the slots stay and serve the jobs here.
+func TestSpareLeasedSlotsGoBackToOlderJobsElsewhere(t *testing.T) {
+	now := time.Now()
+	// Eight slots leased, one job that ran on one and ended, and job 2
+	// fetched now, deciding with the view v.
+	setup := func(v View) *Queue {
+		q := NewQueue("k")
+		q.SetByFetch(true)
+		q.SetView(View{At: now, Limit: 8})
+		q.Fetch([]Fetched{{ID: 1, Fetched: now}})
+		q.Leased(8)
+		if works, _ := q.TakeLeased(1, true, 8, now); !works {
+			t.Fatal("job 1 did not take a leased slot")
+		}
+		if q.End(1) != LeasedSlot {
+			t.Fatal("job 1 did not end on its leased slot")
+		}
+		q.GiveLeased()
+		v.At, v.Limit, v.Admitted = now, 8, 8
+		q.SetView(v)
+		q.Fetch([]Fetched{{ID: 2, Fetched: now}})
+		q.TakeLeased(2, true, 8, now)
+		return q
+	}
+	for _, c := range []struct {
+		name string
+		view View
+		back int
+	}{
+		{"a job fetched 2×FetchTolerance before the front one waits elsewhere: every spare slot", View{Others: 1, OldestOther: now.Add(-2 * FetchTolerance)}, 8},
+		{"one fetched within the tolerance before it: the front job takes a slot, and the slots above the share go", View{Others: 1, OldestOther: now.Add(-FetchTolerance / 2)}, 4},
+		{"the front job fetched first takes a slot, nothing waits here: the slots above the share", View{Others: 1, OldestOther: now.Add(time.Millisecond)}, 4},
+		{"no other worker: none", View{}, 0},
+	} {
+		q := setup(c.view)
+		if n := q.Returning(now, time.Hour, false); n != c.back {
+			t.Errorf("%s: %d slots go back, want %d", c.name, n, c.back)
+		}
+	}
+}
