@@ -18,10 +18,11 @@ import (
 // than wakeJitter before its own was woken with it (one grant round), and
 // is not ahead of it. Every arrival is judged, up to the first change of
 // its partition or of a kind-wide limit that ends the promise (after it
-// the other keys' starts are not counted); one that arrived in the window
-// of such a change, or whose wait it ended before its fetch, whose job the
-// test cancelled, or whose job's worker was killed before it started, is
-// exempt.
+// the other keys' starts are not counted), or up to the kill of its
+// worker when it was killed before the job started; one that arrived in
+// the window of such a change, or whose wait it ended before its fetch,
+// whose job the test cancelled, or whose worker was killed before its
+// turn could come, is exempt.
 func checkFairness(r *record, vs *violations, cov coverage) {
 	for _, kind := range kinds {
 		ids := r.kindJobs(kind)
@@ -117,10 +118,6 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 				cov.exempt("fairness", "no fetch recorded")
 				continue
 			}
-			if k := r.killedAt(fb.client); !k.IsZero() && k.Before(xb.start) {
-				cov.exempt("fairness", "its worker was killed")
-				continue
-			}
 			// Its key's own rate may hold it back after its fetch: the turns
 			// of the other keys are counted from when that frees.
 			from, excuse := fb.at, ""
@@ -137,6 +134,15 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 					continue
 				}
 				end, excuse = until, "judged up to a change of its partition or kind-wide limit" // the promise ended there
+			}
+			// Its worker killed before it started: it is judged up to the
+			// kill (its wait after it is the rescue's, not the line's).
+			if k := r.killedAt(fb.client); !k.IsZero() && k.Before(xb.start) && k.Before(end) {
+				if !k.After(from) {
+					cov.exempt("fairness", "its worker was killed before its turn could come")
+					continue
+				}
+				end, excuse = k, "judged up to its worker's kill"
 			}
 			cov.judge("fairness")
 			if d := fb.at.Sub(a); d > fairnessFetch {

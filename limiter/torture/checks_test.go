@@ -1070,6 +1070,35 @@ func TestCheckFairnessJudgedUpToAChange(t *testing.T) {
 	}
 }
 
+// TestCheckFairnessJudgedUpToItsWorkersKill: B's job arrives behind A's
+// backlog (the kind's limit 2, A's jobs 100 ms each), is fetched by w1 at
+// 110 ms, and starts at 650 ms, after w1 was killed: its wait is judged up
+// to the kill, not exempted. Killed at 350 ms, 4 of A's starts came before
+// it (a turn is 3): held back; at 250 ms, 2: not; at 105 ms, before its
+// fetch, its turn could not come: exempt.
+func TestCheckFairnessJudgedUpToItsWorkersKill(t *testing.T) {
+	for _, c := range []struct {
+		killMs     int
+		violations int
+		exempt     string
+	}{{350, 1, ""}, {250, 0, ""}, {105, 0, "its worker was killed before its turn could come"}} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		f.backlog(8, 100)
+		f.arrives(110, 650)
+		f.r.workers = append(f.r.workers, workerEvent{worker: "w1", what: "kill", at: f.at(c.killMs)})
+		if got := f.found("fairness"); len(got) != c.violations {
+			t.Fatalf("killed at %d ms: fairness violations %q, want %d", c.killMs, got, c.violations)
+		}
+		cov := check(f.r).coverage["fairness"]
+		if c.exempt != "" && cov.exempt[c.exempt] != 1 {
+			t.Fatalf("killed at %d ms: exemptions %v", c.killMs, cov.exempt)
+		}
+		if c.exempt == "" && cov.judged != 1 {
+			t.Fatalf("killed at %d ms: %d judged, want 1", c.killMs, cov.judged)
+		}
+	}
+}
+
 // TestCheckFairnessArrivingInAChangeWindow: a per-kind limit of 2 is set
 // over a per-key one 20 ms before B's job arrives behind A's backlog: its
 // wait is judged from when every worker has heard of the change (50 ms
