@@ -352,7 +352,9 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 // Want is how many more leased slots the worker asks for: those its Queued
 // jobs lack, within the limit, and within its share unless its front job
 // was fetched before every job waiting in another worker; one when it
-// holds none and wants some (so that the others see it wants).
+// holds none and wants some (so that the others see it wants); none while
+// its front job may not take a slot (letsGo: older jobs wait elsewhere,
+// and what it leased would be owed to them).
 func (q *Queue) Want() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -367,8 +369,8 @@ func (q *Queue) Want() int {
 			}
 		}
 	}
-	if l.view.OffPath || queued == 0 {
-		return 0
+	if l.view.OffPath || queued == 0 || !l.letsGo(front.Fetched) {
+		return 0 // none, or older jobs wait in other workers: theirs first
 	}
 	want := queued - (l.Leased - l.InUse)
 	if l.view.Others > 0 && !l.first(front.Fetched) {

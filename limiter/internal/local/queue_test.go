@@ -685,5 +685,10 @@ func TestSpareLeasedSlotsGoBackToOlderJobsElsewhere(t *testing.T) {
 		if n := q.Returning(now, time.Hour, false); n != c.back {
 			t.Errorf("%s: %d slots go back, want %d", c.name, n, c.back)
 		}
+		if c.back == 8 {
+			if n := q.Want(); n != 0 {
+				t.Errorf("%s: the worker asks for %d slots back", c.name, n)
+			}
+		}
 	}
 }
