@@ -105,6 +105,14 @@ var specs = map[string]Spec{
 		What:   "P12 concurrency limits: parkings per job in all, the first one included (the most jobs available at once after the raise beside it)",
 		Figure: "parkings/job", Comparison: "max-available", TargetOn: "parkings/job", Cmp: "<=", Target: 1.05,
 	},
+	"BenchmarkParkedDrain": {
+		What:   "P15 concurrency limits: 20,000 parked 0-ms jobs drained on one worker after a breaker is lifted to a limit of 8 (vs the same jobs through a limit of 8, never parked)",
+		Figure: "drain-jobs/s", Comparison: "baseline-jobs/s", TargetOn: "ratio", Cmp: ">=",
+	},
+	"BenchmarkSteadyStreamManyKeys": {
+		What:   "P14 concurrency limits: a steady stream of 750 no-op jobs/s over 200,000 tenants for 3 minutes on one worker, per-kind 8 and per-key 1: the share of the jobs completed by the stream's end (vs the same stream with no limit)",
+		Figure: "limited-completed", Comparison: "baseline-completed", TargetOn: "ratio", Cmp: ">=",
+	},
 	"BenchmarkEnqueuePolicy": {
 		What:   "P13 enqueue policies: single Insert calls from 8 goroutines of a kind under a discard policy whose keys are all full (vs a kind with no policy, alternating rounds, medians of 3)",
 		Figure: "discard-inserts/s", Comparison: "plain-inserts/s", TargetOn: "ratio", Cmp: ">=",
