@@ -781,7 +781,7 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
                        JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
                        WHERE cl.kind = l.kind AND cl.worker_id <> $1::text),
                       (SELECT min(f.fetched_at) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
-                       WHERE f.kind = l.kind AND f.leased AND f.worker_id <> $1::text
+                       WHERE f.kind = l.kind AND f.worker_id <> $1::text
                          AND f.fetched_at > statement_timestamp() - interval '2 seconds')),
                 '9999-12-31'::timestamptz)::timestamptz AS oldest_other,
        COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
@@ -822,8 +822,9 @@ type LedgerLeaseStateRow struct {
 // hold slots or asked for some within wanted_window_ms (they share the
 // limit fairly), and when the oldest job waiting in another worker for a
 // leased slot (published, or marked leased by its fetch and not published
-// yet) was fetched (9999-12-31: none), which goes before this
-// worker's younger jobs; and, for the hand-over of a freed slot in memory,
+// yet), or fetched there and not decided yet (marked for the line: that
+// worker's leased path was closed), was fetched (9999-12-31: none), which
+// goes before this worker's younger jobs; and, for the hand-over of a freed slot in memory,
 // its oldest parked job, its oldest job granted a slot not claimed yet,
 // and its oldest job waiting in its line other than in this worker (or
 // fetched by another worker and not decided yet; 0: none), which go

@@ -316,3 +316,39 @@ func requireNotGranted(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, kind 
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, id),
 		"a grant round granted the younger job past the older one not decided yet")
 }
+
+// TestAnUnleasedMarkHoldsLeasesBack: a job another worker fetched and has
+// not decided yet, marked by its fetch for the line (not leased: its
+// worker's leased path was closed), counts for the leased path as a job
+// waiting in that worker, from its fetch on: no worker gives a leased slot
+// to a job fetched more than FetchTolerance after it. Seed 760667819 of
+// the torture test: a worker's 18 jobs fetched for the line waited 230 ms
+// for their decision while another worker's leased path started younger
+// jobs, one fetched 121 ms after them.
+func TestAnUnleasedMarkHoldsLeasesBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.unleasedmark"
+	pool, holder := newLedger(t, "w1")
+	waiter := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, holder, kind, "max_concurrency = 3")
+	_, _, _, err := holder.Lease(ctx, kind, 2)
+	require.NoError(t, err)
+
+	job := running(t, pool, kind, `{}`, "w2", 1, time.Now())
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, waiter.MarkFetched(ctx, tx, []ledger.Fetched{{ID: job.ID, Kind: kind}}))
+	require.NoError(t, tx.Commit(ctx))
+	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.False(t, st.OldestOther.IsZero(), "the holder's leased path does not see the job w2 fetched and has not decided")
+	require.WithinDuration(t, time.Now(), st.OldestOther, 5*time.Second)
+	require.Equal(t, job.ID, st.OldestOtherLine, "the job fetched for the line is the oldest of the line elsewhere")
+
+	_, err = waiter.Decide(ctx, []ledger.Job{{ID: job.ID, Kind: kind, Args: []byte(`{}`), FetchedAt: time.Now(), Attempt: 1}}, nil, time.Second)
+	require.NoError(t, err)
+	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, st.OldestOther.IsZero(), "a job decided still counts as fetched and not decided")
+}

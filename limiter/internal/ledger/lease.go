@@ -30,7 +30,8 @@ type LeaseState struct {
 	// Others is how many other workers hold slots of the kind or want some.
 	Others int32
 	// OldestOther is when the oldest job waiting in another worker for a
-	// leased slot was fetched (zero: none).
+	// leased slot, or fetched there and not decided yet, was fetched
+	// (zero: none).
 	OldestOther time.Time
 	// OldestParked, OldestReserved and OldestOtherLine are the kind's
 	// oldest parked job, its oldest job granted a slot it has not claimed
