@@ -109,12 +109,7 @@ func TestALeasedMarkWaitsUntilPublished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.leasedmark"
-	pool, holder := newLedger(t, "w1")
-	waiter := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
-	setLimits(t, holder, kind, "max_concurrency = 3")
-	granted, _, _, err := holder.Lease(ctx, kind, 2)
-	require.NoError(t, err)
-	require.EqualValues(t, 2, granted)
+	pool, holder, waiter := leaseHolder(t, kind, 3, 2)
 
 	fetched := time.Now().Add(-time.Second).Truncate(time.Millisecond)
 	job := running(t, pool, kind, `{}`, "w2", 1, fetched)
@@ -329,17 +324,10 @@ func TestAnUnleasedMarkHoldsLeasesBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.unleasedmark"
-	pool, holder := newLedger(t, "w1")
-	waiter := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
-	setLimits(t, holder, kind, "max_concurrency = 3")
-	_, _, _, err := holder.Lease(ctx, kind, 2)
-	require.NoError(t, err)
+	pool, holder, waiter := leaseHolder(t, kind, 3, 2)
 
 	job := running(t, pool, kind, `{}`, "w2", 1, time.Now())
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	require.NoError(t, waiter.MarkFetched(ctx, tx, []ledger.Fetched{{ID: job.ID, Kind: kind}}))
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, waiter.MarkFetched(ctx, pool, []ledger.Fetched{{ID: job.ID, Kind: kind}}))
 	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.False(t, st.OldestOther.IsZero(), "the holder's leased path does not see the job w2 fetched and has not decided")

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,6 +18,21 @@ func newLedger(t *testing.T, worker string) (*pgxpool.Pool, *ledger.Ledger) {
 	t.Helper()
 	pool := testdb.NewPool(t)
 	return pool, ledger.New(ledger.Config{Pool: pool, WorkerID: worker})
+}
+
+// leaseHolder returns the ledgers of two workers on one database: w1,
+// which holds leased slots of kind (leased of a per-kind limit of limit),
+// and w2, which holds none.
+func leaseHolder(t *testing.T, kind string, limit, leased int32) (pool *pgxpool.Pool, holder, other *ledger.Ledger) {
+	t.Helper()
+	pool, holder = newLedger(t, "w1")
+	other = ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, holder, kind, fmt.Sprintf("max_concurrency = %d", limit))
+	granted, _, offPath, err := holder.Lease(context.Background(), kind, leased)
+	require.NoError(t, err)
+	require.False(t, offPath)
+	require.Equal(t, leased, granted)
+	return pool, holder, other
 }
 
 // setLimits writes kind's limit row (set: its columns, as SQL) through a
@@ -472,13 +488,7 @@ func TestWaitingPublishedBeforeAnyLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.leased"
-	pool, holder := newLedger(t, "w1")
-	waiter := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
-	setLimits(t, holder, kind, "max_concurrency = 2")
-	granted, _, offPath, err := holder.Lease(ctx, kind, 2)
-	require.NoError(t, err)
-	require.False(t, offPath)
-	require.EqualValues(t, 2, granted)
+	pool, holder, waiter := leaseHolder(t, kind, 2, 2)
 
 	fetched := time.Now().Add(-time.Second).Truncate(time.Millisecond)
 	job := running(t, pool, kind, `{}`, "w2", 1, fetched)
