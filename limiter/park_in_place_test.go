@@ -43,7 +43,9 @@ import (
 //     (internal/jobcompleter/job_completer.go,
 //     completerJobUpdatedFromStateAndReason) emits no event for a row it
 //     returns as `pending` — which is how a parked job's completion comes
-//     back from the trigger sluice_park_in_place.
+//     back from the trigger sluice_park_in_place, and a job's that steps
+//     back (sluice_step_back makes it available after River's statement;
+//     a row returned as `available` would be EventKindJobFailed).
 //
 // An upgrade of River must re-check these and then move the pin.
 func TestParkInPlaceRiverVersion(t *testing.T) {

@@ -750,8 +750,8 @@ SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned;
 -- leased slot (published, or marked leased by its fetch and not published
 -- yet), or fetched there and not decided yet (marked for the line: that
 -- worker's leased path was closed), was fetched (9999-12-31: none), which
--- goes before this worker's younger jobs; and, for the hand-over of a freed slot in memory,
--- its oldest parked job, its oldest job granted a slot not claimed yet,
+-- goes before this worker's younger jobs; and, for the hand-over of a
+-- freed slot in memory, its oldest parked job, its oldest job granted a slot not claimed yet,
 -- and its oldest job waiting in its line other than in this worker (or
 -- fetched by another worker and not decided yet; 0: none), which go
 -- before any younger job.
