@@ -137,7 +137,7 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 			}
 			// Its worker killed before it started: it is judged up to the
 			// kill (its wait after it is the rescue's, not the line's).
-			if k := r.killedAt(fb.client); !k.IsZero() && k.Before(xb.start) && k.Before(end) {
+			if k := r.killedAt(fb.client); !k.IsZero() && k.Before(end) { // end is before its start
 				if !k.After(from) {
 					cov.exempt("fairness", "its worker was killed before its turn could come")
 					continue
