@@ -9,16 +9,25 @@
 
 -- name: LedgerSettings :exec
 -- For the rest of the transaction (a ledger transaction's first
--- statement), reads every table by an index where one serves. The line
--- tables swing from empty to thousands of rows and back: a plan made while
--- one looked small scans it, once per key of a nested loop (a generic plan,
--- cached for the connection's life, scanned concurrency_parked_jobs whole
--- at 80 ms a statement). With sequential scans off the statements' cached
--- generic plans are safe to keep, which also spares planning each one
--- under the kind's lock. A plan that has to scan a table anyway costs more
--- than jit_above_cost with sequential scans off: JIT is off too (it
--- compiled for 190 ms a statement that runs in a millisecond).
-SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true);
+-- statement), reads every table by a plain index scan where one serves.
+-- The line tables swing from empty to thousands of rows and back, faster
+-- than autovacuum's statistics follow: a plan made while one looked small
+-- scans all of it, once per key of a nested loop (a generic plan, cached
+-- for the connection's life, scanned concurrency_parked_jobs whole at
+-- 80 ms a statement), or reads all of its rows of the kind in a bitmap
+-- scan and sorts them for the 64 at the front (LedgerGrantState: 70 ms
+-- with 20,000 jobs parked, 1.8 ms by the index's order). With sequential
+-- and bitmap scans off the statements' cached generic plans are safe to
+-- keep, and with generic set (a transaction on prepared statements) they
+-- are kept: Postgres's own choice (auto) planned the largest statements
+-- afresh at every run, 3 to 4 ms each under the kind's lock, which halved
+-- the turnover of a kind's slots. Without it (a transaction on unnamed
+-- statements, planned for their arguments) the choice stays Postgres's.
+-- A plan that has to scan a table anyway costs more than jit_above_cost
+-- with sequential scans off: JIT is off too (it compiled for 190 ms a
+-- statement that runs in a millisecond).
+SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true),
+       set_config('plan_cache_mode', CASE WHEN sqlc.arg(generic)::boolean THEN 'force_generic_plan' ELSE 'auto' END, true);
 
 -- name: LedgerLockKinds :exec
 -- Takes the kinds' locks (kinds sorted, shared in step: true for a shared

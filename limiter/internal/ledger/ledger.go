@@ -139,7 +139,7 @@ func (l *Ledger) runOn(parent context.Context, locks []lock, plain bool, fn func
 		var tx *Tx
 		body := func(t *Tx) error {
 			tx = t
-			if err := tx.q.LedgerSettings(ctx); err != nil {
+			if err := tx.q.LedgerSettings(ctx, !plain); err != nil {
 				return err
 			}
 			if err := tx.lock(locks); err != nil {
