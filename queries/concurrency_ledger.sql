@@ -318,9 +318,14 @@ WHERE l.kind = pk.kind AND l.admitted IS NOT NULL;
 -- for a kind whose limits need one view of its keys, the keys with
 -- waiting jobs in the round's order, up to turn_keys) its slots, its
 -- oldest slot or start reserved for a job on its way (no job of the key
--- waiting in a worker is granted past it), its rate window, and its oldest waiting
--- jobs (depth of them); the keys in the round's order, served longest ago
--- first. A front job is a waiter without a grant (waiting in
+-- waiting in a worker is granted past it), its rate window, its oldest
+-- waiting jobs (key_depth of them: twice the key's limit and 8, at most
+-- depth, since a round gives a key at most its limit and resumes at most
+-- its limit ahead; reading 64 of each key cost 1 ms a key with 20,000
+-- parked over 100 keys), and how many of its jobs wait unparked (others);
+-- the keys in the round's order, served longest ago first. kind_waiting
+-- is read only where the round uses it (a partitioned kind with parked
+-- jobs). A front job is a waiter without a grant (waiting in
 -- a worker, or resumed ahead and not fetched yet: no worker), a parked
 -- job, or a job fetched by a worker and not decided yet (marked by its
 -- fetch within the last two seconds, still running; never ready), with
@@ -330,7 +335,8 @@ WHERE l.kind = pk.kind AND l.admitted IS NOT NULL;
 -- resumable (pending).
 WITH lim AS (
     SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields AS fields, l.key_max, l.rate_max,
-           COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
+           COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key,
+           CASE WHEN l.key_max > 0 THEN LEAST(sqlc.arg(depth)::integer, 2 * l.key_max + 8) ELSE sqlc.arg(depth)::integer END AS key_depth
     FROM concurrency_limits l
     WHERE l.kind = ANY(sqlc.arg(kinds)::text[])
 ),
@@ -356,6 +362,7 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
     'kind', lim.kind, 'max', lim.max_concurrency, 'admitted', lim.admitted, 'has_parked', lim.has_parked,
     'fields', lim.fields, 'key_max', lim.key_max, 'rate_max', lim.rate_max,
     'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', lim.rate_per_key,
+    'key_depth', lim.key_depth,
     'starts', (SELECT count(*) FROM concurrency_starts s
                WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
                  AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -370,7 +377,7 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                             UNION ALL
                             SELECT s.job_id FROM concurrency_starts s
                             WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL) x),
-    'kind_waiting', EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+    'kind_waiting', lim.has_parked AND lim.fields IS NOT NULL AND EXISTS (SELECT 1 FROM concurrency_parked_jobs p
                             WHERE p.kind = lim.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
                     OR EXISTS (SELECT 1 FROM concurrency_waiters w
                                WHERE w.kind = lim.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
@@ -420,32 +427,39 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                                         extract(epoch FROM lim.period) * 1000)::bigint
                         FROM concurrency_starts s
                         WHERE lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
-                          AND NOT s.reserved AND s.started_at > statement_timestamp() - lim.period),
-        'front', (SELECT COALESCE(jsonb_agg(to_jsonb(f) ORDER BY f.job_id), '[]') FROM (
-            SELECT x.* FROM (
+                          AND NOT s.reserved AND s.started_at > statement_timestamp() - lim.period)
+    ) || (
+        -- The key's front: its oldest key_depth jobs (the round gives a key
+        -- at most its limit, and resumes ahead at most its limit more),
+        -- and how many of its jobs wait without being parked (waiting in a
+        -- worker, resumed ahead, or fetched and not decided: they take the
+        -- key's lookahead first, wherever they stand in its line).
+        SELECT jsonb_build_object(
+            'front', COALESCE(jsonb_agg(to_jsonb(f) - 'n' ORDER BY f.job_id) FILTER (WHERE f.n <= lim.key_depth), '[]'),
+            'others', count(*) FILTER (WHERE NOT f.parked))
+        FROM (
+            SELECT x.*, row_number() OVER (ORDER BY x.job_id) AS n FROM (
                 (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
                         (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds') AS ready,
                         (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
                  FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id
                  WHERE p.kind = k.kind AND p.key = k.key
-                 ORDER BY p.job_id LIMIT sqlc.arg(depth)::integer)
+                 ORDER BY p.job_id LIMIT lim.key_depth)
                 UNION ALL
                 (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = k.kind AND w.key = k.key
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
-                 ORDER BY w.job_id LIMIT sqlc.arg(depth)::integer)
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id))
                 UNION ALL
                 (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
                  WHERE f.kind = k.kind AND f.key = k.key AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
                    AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id)
-                 ORDER BY f.job_id LIMIT sqlc.arg(depth)::integer)
-            ) x ORDER BY x.job_id LIMIT sqlc.arg(depth)::integer
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id))
+            ) x
         ) f)
-    ) ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, k.key), '[]')
+    ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, k.key), '[]')
       FROM keys k LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
       WHERE k.kind = lim.kind)
 )), '[]'))::jsonb AS state

@@ -79,8 +79,14 @@ func newGranted() *Granted {
 type line struct {
 	key   string
 	front []front
-	next  int
-	room  int
+	// depth is how deep the line was read: a front that long may have
+	// more jobs behind it.
+	depth int
+	// others is how many jobs of the line wait without being parked, in
+	// its front or past it (-1: count them in the front, read whole).
+	others int
+	next   int
+	room   int
 	// transit: an older job of the line holds a grant on its way to its
 	// worker (resumed, not fetched yet): no job waiting in a worker is
 	// granted past it, so that none starts before it.
@@ -151,7 +157,7 @@ func (r *round) front() int {
 		capacity = min(capacity, max(int(c.RateMax-st.Starts), 0))
 	}
 	if !c.Keyed() {
-		l := &line{front: st.Front, room: capacity}
+		l := &line{front: st.Front, depth: maxFront, others: -1, room: capacity}
 		if st.OldestReserved != nil {
 			l.transit = *st.OldestReserved
 		}
@@ -159,7 +165,7 @@ func (r *round) front() int {
 		return capacity
 	}
 	for _, k := range st.Keys {
-		l := &line{key: k.Key, front: k.Front, room: capacity}
+		l := &line{key: k.Key, front: k.Front, depth: st.KeyDepth, others: k.Others, room: capacity}
 		if c.KeyMax > 0 {
 			l.room = min(l.room, int(c.KeyMax-k.Slots))
 		}
@@ -264,9 +270,16 @@ func (r *round) resumeAhead() {
 		// budget first, wherever they stand in its line (one ahead already
 		// may be younger than a job parked since).
 		keyBudget := perKey
+		if l.others >= 0 {
+			keyBudget -= l.others
+		}
 		for _, e := range l.front {
-			if !e.Parked && !r.picked[e.JobID] {
+			switch {
+			case e.Parked:
+			case l.others < 0 && !r.picked[e.JobID]:
 				keyBudget--
+			case l.others >= 0 && r.picked[e.JobID]:
+				keyBudget++ // granted now: it waits no more
 			}
 		}
 		for i := range l.front {
@@ -406,7 +419,7 @@ func (r *round) after(out *Granted) {
 				waiting = true
 			}
 		}
-		if len(l.front) >= maxFront {
+		if len(l.front) >= l.depth {
 			waiting = true // read only in part
 		}
 		left = left || waiting

@@ -89,13 +89,16 @@ type limitFields struct {
 // grantKind is a kind as a grant round reads it.
 type grantKind struct {
 	limitFields
-	Starts         int32      `json:"starts"`
-	FreesInMs      *int64     `json:"frees_in_ms"`
-	OldestReserved *int64     `json:"oldest_reserved"`
-	KindWaiting    bool       `json:"kind_waiting"`
-	Ahead          int        `json:"ahead"`
-	Front          []front    `json:"front"`
-	Keys           []grantKey `json:"keys"`
+	Starts         int32   `json:"starts"`
+	FreesInMs      *int64  `json:"frees_in_ms"`
+	OldestReserved *int64  `json:"oldest_reserved"`
+	KindWaiting    bool    `json:"kind_waiting"`
+	Ahead          int     `json:"ahead"`
+	Front          []front `json:"front"`
+	// KeyDepth is how many jobs of each key's line the round read (its
+	// front), at most.
+	KeyDepth int        `json:"key_depth"`
+	Keys     []grantKey `json:"keys"`
 }
 
 // limits are the kind's limits and counts.
@@ -121,6 +124,10 @@ type grantKey struct {
 	Starts         int32   `json:"starts"`
 	FreesInMs      *int64  `json:"frees_in_ms"`
 	Front          []front `json:"front"`
+	// Others is how many jobs of the key wait without being parked (in a
+	// worker, resumed ahead, or fetched and not decided), in its front or
+	// past it.
+	Others int `json:"others"`
 }
 
 // front is a job at the front of a line: parked, or waiting in a worker
