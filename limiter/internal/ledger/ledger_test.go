@@ -590,38 +590,34 @@ func TestRecheckUnderALoweredLimit(t *testing.T) {
 // budget, though it stands behind the parked one in the line.
 func TestLookaheadCountsAKeysJobsAheadAlready(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	const kind = "test.lookaheadkey"
-	pool, l := newLedger(t, "w1")
-	setLimits(t, l, kind, "max_concurrency = 3, partition_fields = '{key}', key_max = 1")
-	h0 := running(t, pool, kind, `{"key": "k0"}`, "w1", 1, time.Now())
-	h1 := running(t, pool, kind, `{"key": "k1"}`, "w1", 1, time.Now())
-	require.Equal(t, ledger.Slot, decideOne(t, l, h0, nil).Action)
-	require.Equal(t, ledger.Slot, decideOne(t, l, h1, nil).Action)
-	parked := queued(t, pool, kind, `{"key": "k1"}`, "pending")
-	ahead := queued(t, pool, kind, `{"key": "k1"}`, "available")
-	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id)
-		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), 'key_limit', 'w1')`, parked, kind)
-	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
-		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, 'key_limit', true)`, ahead, kind)
-	exec(t, pool, `UPDATE concurrency_key_lines SET waiting = true WHERE kind = $1 AND key = sluice_partition_key('{"key": "k1"}', '{key}')`, kind)
-
-	_, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: h0.ID, Kind: kind, Key: `"k0"`}}}, nil)
-	require.NoError(t, err)
-	var state string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, parked).Scan(&state))
-	require.Equal(t, "pending", state, "k1 had a job ahead already: the lookahead resumed another")
+	pool, parked := lookaheadBehindParked(t, "test.lookaheadkey", 1)
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM river_job WHERE id = ANY($1) AND state <> 'pending'`, parked),
+		"k1 had a job ahead already: the lookahead resumed another")
 }
 
 // TestLookaheadCountsAKeysJobsAheadPastItsFront: a round reads a key's
 // line only as deep as twice its limit and 8 (key_max 1: 10 jobs), and a
 // job of the key resumed ahead already still takes the key's lookahead
 // when it stands past that depth (12 parked jobs older than it): no
-// parked job is resumed beside it.
+// parked job is resumed beside it, and the key's line, read in part,
+// still waits.
 func TestLookaheadCountsAKeysJobsAheadPastItsFront(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	const kind = "test.lookaheaddeep"
+	pool, parked := lookaheadBehindParked(t, kind, 12)
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM river_job WHERE id = ANY($1) AND state <> 'pending'`, parked),
+		"k1 had a job ahead already, past the front the round read: the lookahead resumed another")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_key_lines
+		WHERE kind = $1 AND key = sluice_partition_key('{"key": "k1"}', '{key}') AND waiting`, kind),
+		"k1's line was read in part: its jobs still wait")
+}
+
+// lookaheadBehindParked sets up kind under a per-kind limit of 3 and a
+// per-key limit of 1 with the slots of keys k0 and k1 taken, n jobs of k1
+// parked (returned) and a younger one of k1 resumed ahead already, and
+// releases k0's slot: the grant round's lookahead runs.
+func lookaheadBehindParked(t *testing.T, kind string, n int) (*pgxpool.Pool, []int64) {
+	t.Helper()
 	pool, l := newLedger(t, "w1")
 	setLimits(t, l, kind, "max_concurrency = 3, partition_fields = '{key}', key_max = 1")
 	h0 := running(t, pool, kind, `{"key": "k0"}`, "w1", 1, time.Now())
@@ -629,7 +625,7 @@ func TestLookaheadCountsAKeysJobsAheadPastItsFront(t *testing.T) {
 	require.Equal(t, ledger.Slot, decideOne(t, l, h0, nil).Action)
 	require.Equal(t, ledger.Slot, decideOne(t, l, h1, nil).Action)
 	var parked []int64
-	for range 12 {
+	for range n {
 		id := queued(t, pool, kind, `{"key": "k1"}`, "pending")
 		exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id)
 			VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), 'key_limit', 'w1')`, id, kind)
@@ -640,13 +636,9 @@ func TestLookaheadCountsAKeysJobsAheadPastItsFront(t *testing.T) {
 		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, 'key_limit', true)`, ahead, kind)
 	exec(t, pool, `UPDATE concurrency_key_lines SET waiting = true WHERE kind = $1 AND key = sluice_partition_key('{"key": "k1"}', '{key}')`, kind)
 
-	_, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: h0.ID, Kind: kind, Key: `"k0"`}}}, nil)
+	_, err := l.Release(context.Background(), ledger.Release{Ended: []ledger.Held{{ID: h0.ID, Kind: kind, Key: `"k0"`}}}, nil)
 	require.NoError(t, err)
-	require.Zero(t, count(t, pool, `SELECT count(*) FROM river_job WHERE id = ANY($1) AND state <> 'pending'`, parked),
-		"k1 had a job ahead already, past the front the round read: the lookahead resumed another")
-	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_key_lines
-		WHERE kind = $1 AND key = sluice_partition_key('{"key": "k1"}', '{key}') AND waiting`, kind),
-		"k1's line was read in part: its jobs still wait")
+	return pool, parked
 }
 
 // TestARepartitionKeysTheStartsLogged: under a rate of 3 a minute over the
