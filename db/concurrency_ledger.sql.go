@@ -499,11 +499,12 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                             UNION ALL
                             SELECT s.job_id FROM concurrency_starts s
                             WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL) x),
-    'kind_waiting', lim.has_parked AND lim.fields IS NOT NULL AND EXISTS (SELECT 1 FROM concurrency_parked_jobs p
-                            WHERE p.kind = lim.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
-                    OR EXISTS (SELECT 1 FROM concurrency_waiters w
-                               WHERE w.kind = lim.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
-                                 AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+    'kind_waiting', lim.has_parked AND lim.fields IS NOT NULL
+                    AND (EXISTS (SELECT 1 FROM concurrency_parked_jobs p
+                                 WHERE p.kind = lim.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                         OR EXISTS (SELECT 1 FROM concurrency_waiters w
+                                    WHERE w.kind = lim.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
+                                      AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id))),
     'ahead', (SELECT count(*) FROM concurrency_waiters w
               JOIN river_job j ON j.id = w.job_id AND j.state IN ('running', 'available')
               WHERE w.kind = lim.kind AND w.ahead

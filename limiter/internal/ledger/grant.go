@@ -83,7 +83,7 @@ type line struct {
 	// more jobs behind it.
 	depth int
 	// others is how many jobs of the line wait without being parked, in
-	// its front or past it (-1: count them in the front, read whole).
+	// its front or past it.
 	others int
 	next   int
 	room   int
@@ -157,7 +157,12 @@ func (r *round) front() int {
 		capacity = min(capacity, max(int(c.RateMax-st.Starts), 0))
 	}
 	if !c.Keyed() {
-		l := &line{front: st.Front, depth: maxFront, others: -1, room: capacity}
+		l := &line{front: st.Front, depth: maxFront, room: capacity}
+		for _, e := range st.Front {
+			if !e.Parked {
+				l.others++ // the kind's line is read whole: its front counts them
+			}
+		}
 		if st.OldestReserved != nil {
 			l.transit = *st.OldestReserved
 		}
@@ -269,16 +274,9 @@ func (r *round) resumeAhead() {
 		// The key's jobs waiting in a worker, or ahead already, take its
 		// budget first, wherever they stand in its line (one ahead already
 		// may be younger than a job parked since).
-		keyBudget := perKey
-		if l.others >= 0 {
-			keyBudget -= l.others
-		}
+		keyBudget := perKey - l.others
 		for _, e := range l.front {
-			switch {
-			case e.Parked:
-			case l.others < 0 && !r.picked[e.JobID]:
-				keyBudget--
-			case l.others >= 0 && r.picked[e.JobID]:
+			if !e.Parked && r.picked[e.JobID] {
 				keyBudget++ // granted now: it waits no more
 			}
 		}
