@@ -76,7 +76,7 @@ func (x *torture) checkBooks(ctx context.Context) {
 	}
 }
 
-// dump logs the record of the first jobs (TORTURE_DUMP=1), for diagnosis.
+// dump logs the record of every job (TORTURE_DUMP=1), for diagnosis.
 func dump(t *testing.T, r *record) {
 	var ids []int64
 	for id := range r.jobs {
@@ -84,7 +84,7 @@ func dump(t *testing.T, r *record) {
 	}
 	slices.Sort(ids)
 	r.indexRuns()
-	for _, id := range ids[:min(len(ids), 12)] {
+	for _, id := range ids {
 		var b strings.Builder
 		fmt.Fprintf(&b, "job %d (%s key %s):", id, r.jobs[id].kind, r.jobs[id].args.Key)
 		for _, c := range r.changes[id] {

@@ -7,7 +7,9 @@ import (
 
 // checkFairness: across keys, a key that arrives behind other keys'
 // backlog is not held back by it. An arrival is a job of a key with
-// nothing of its own running or waiting, inserted while the kind's limits
+// nothing of its own running or waiting (the oldest of its key in its
+// insert: the jobs of one insert arrive together, and none of them is
+// another's backlog), inserted while the kind's limits
 // partition it and a kind-wide limit (a per-kind limit or a kind-wide
 // rate) holds other keys' jobs back (at least fairnessBacklog of them
 // wait, one at least parked or in a worker). Its job is fetched within
@@ -26,11 +28,10 @@ import (
 func checkFairness(r *record, vs *violations, cov coverage) {
 	for _, kind := range kinds {
 		ids := r.kindJobs(kind)
-		arrived := map[int64]bool{}
 		for _, b := range ids {
 			jb := r.jobs[b]
-			if arrived[b] || len(r.changes[b]) == 0 {
-				continue
+			if len(r.changes[b]) == 0 || r.youngerOfItsInsert(ids, b) {
+				continue // the oldest job of its key in its insert is the arrival
 			}
 			a := r.changes[b][0].at // its insert
 			l := r.limitsAt(kind, a)
@@ -50,9 +51,12 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 				if !ok {
 					continue
 				}
+				if ji.inserted.Equal(jb.inserted) {
+					continue // of its own insert: it arrived with it, not ahead of it
+				}
 				busy := c.to == "available" || c.to == "pending" || c.to == "running"
 				if ji.args.Key == jb.args.Key {
-					if busy && !ji.inserted.Equal(jb.inserted) {
+					if busy {
 						alone = false
 					}
 					continue
@@ -68,11 +72,6 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 			}
 			if !alone || backlog < fairnessBacklog || !held {
 				continue
-			}
-			for _, i := range ids {
-				if r.jobs[i].args.Key == jb.args.Key && r.jobs[i].inserted.Equal(jb.inserted) {
-					arrived[i] = true
-				}
 			}
 			xb, ok := r.firstRun(b)
 			if !ok {
@@ -263,4 +262,19 @@ func (r *record) keyRateFrees(kind, key string, l limits, t time.Time) time.Time
 	}
 	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
 	return starts[len(starts)-int(l.rateMax)].Add(l.ratePeriod - rateJitter)
+}
+
+// youngerOfItsInsert says whether a job of b's key older than b came in
+// the same insert (ids in id order): the key arrived with that one.
+func (r *record) youngerOfItsInsert(ids []int64, b int64) bool {
+	jb := r.jobs[b]
+	for _, i := range ids {
+		if i >= b {
+			return false
+		}
+		if ji := r.jobs[i]; ji.args.Key == jb.args.Key && ji.inserted.Equal(jb.inserted) {
+			return true
+		}
+	}
+	return false
 }

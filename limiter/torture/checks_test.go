@@ -1099,6 +1099,49 @@ func TestCheckFairnessJudgedUpToItsWorkersKill(t *testing.T) {
 	}
 }
 
+// TestCheckFairnessJudgesAnInsertByItsOldestJob: one insert at 100 ms
+// brings B's jobs 20 and 22 and C's jobs 21 and 23–30 (their rows a few
+// µs apart) behind A's backlog. The insert's jobs arrive together: none of
+// them is another's backlog, and B arrives with job 20, judged against
+// the backlog before the insert. With 2 of A's jobs waiting (fewer than
+// fairnessBacklog) B is no arrival, though C's job 21 is older than B's
+// 22, and 22 starting after C's eight starts breaks nothing (it was
+// judged, and failed, when C's jobs were counted as 22's backlog); with 6
+// of A's jobs waiting, jobs 20 and 21 (C's arrival) are judged, and 20
+// is found held back when it starts after C's eight.
+func TestCheckFairnessJudgesAnInsertByItsOldestJob(t *testing.T) {
+	for _, c := range []struct {
+		backlog, start20 int
+		judged, found    int
+	}{{4, 150, 0, 0}, {8, 150, 2, 0}, {8, 950, 2, 1}} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		f.backlog(c.backlog, 100)
+		insert := []struct {
+			id  int64
+			key string
+		}{{20, "B"}, {21, "C"}, {22, "B"}, {23, "C"}, {24, "C"}, {25, "C"}, {26, "C"}, {27, "C"}, {28, "C"}, {29, "C"}, {30, "C"}}
+		for i, j := range insert {
+			f.job(j.id, j.key)
+			f.r.jobs[j.id].inserted = f.at(101)
+			f.r.changes[j.id][0].at = f.at(100).Add(time.Duration(i) * 10 * time.Microsecond)
+			f.fetched(j.id, "w1", 110)
+		}
+		for i := range int64(8) {
+			f.started(23+i, "w1", 150+int(i)*80, 60)
+		}
+		f.started(21, "w1", 140, 5)
+		f.started(20, "w1", c.start20, 10)
+		f.started(22, "w1", 900, 10)
+		got := f.found("fairness")
+		if len(got) != c.found || (c.found == 1 && !strings.Contains(got[0], "job 20,")) {
+			t.Fatalf("backlog %d, job 20 started at %d ms: fairness violations %q, want %d of job 20", c.backlog, c.start20, got, c.found)
+		}
+		if n := check(f.r).coverage["fairness"].judged; n != c.judged {
+			t.Fatalf("backlog %d: %d judged, want %d", c.backlog, n, c.judged)
+		}
+	}
+}
+
 // TestCheckFairnessArrivingInAChangeWindow: a per-kind limit of 2 is set
 // over a per-key one 20 ms before B's job arrives behind A's backlog: its
 // wait is judged from when every worker has heard of the change (50 ms
