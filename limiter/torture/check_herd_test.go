@@ -63,9 +63,11 @@ func (r *record) tightened(kind string, t0, t1 time.Time) bool {
 // limits let start plus the lookahead (per kind, and per key), under a
 // rate too. Jobs resumed under earlier limits (before the last change
 // began: a resume in its transaction follows it) wait on, and are not
-// counted against the new ones. Every resume is
-// judged; one when every limit was cleared (nothing holds the job) is
-// exempt.
+// counted against the new ones. A resumed job whose slot an older job of
+// its line took (one the resume could not see: fetched as the resume ran,
+// or after it) waits on as a job of the line from that job's start. Every
+// resume is judged; one when every limit was cleared (nothing holds the
+// job) is exempt.
 func checkHerd(r *record, vs *violations, cov coverage) {
 	type event struct {
 		at  time.Time
@@ -101,6 +103,13 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 						}
 						break
 					}
+				}
+				// An older job of its line that came to the line as the resume
+				// ran takes its slot (order within a line comes first): it
+				// waits on as a job of the line, no longer a resumed one.
+				if t, ok := r.olderTookItsSlot(kind, id, c.at, out); ok {
+					out = t
+					cov.excuse("herd", "its slot taken by an older job of its line that came as it was resumed")
 				}
 				if !out.IsZero() {
 					events = append(events, event{at: out, job: id})
@@ -156,6 +165,28 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 			}
 		}
 	}
+}
+
+// olderTookItsSlot is the first start, after id's resume at at and before
+// until (zero: no end), of a job older than id in its line (its key's,
+// under a partition; its kind's, without) that the resume could not see:
+// fetched less than fetchTolerance before the resume (the limiter learns
+// of a fetch when it commits) or after it. Its decision takes the slot
+// reserved for id, younger in its line (the order promise), and id waits
+// on in the line.
+func (r *record) olderTookItsSlot(kind string, id int64, at, until time.Time) (time.Time, bool) {
+	l := r.limitsAt(kind, at)
+	key := r.jobs[id].args.Key
+	var first time.Time
+	for _, x := range r.kindRuns(kind) {
+		if x.job >= id || (len(l.fields) > 0 && x.key != key) || !x.start.After(at) || (!until.IsZero() && !x.start.Before(until)) {
+			continue
+		}
+		if f, ok := r.fetchOf(x); ok && f.at.After(at.Add(-fetchTolerance)) && (first.IsZero() || x.start.Before(first)) {
+			first = x.start
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // keyRateCap is a per-key rate's starts per window (unlimited: none).

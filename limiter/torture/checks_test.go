@@ -684,6 +684,40 @@ func TestCheckHerdFindsAResumeUnderARate(t *testing.T) {
 	}
 }
 
+// TestCheckHerdResumedJobWhoseSlotAnOlderJobTook: under a per-kind limit
+// of 1 and a per-key rate, k1's job 7 is resumed at 574 ms; k1's older job
+// 5, back from a snooze, was fetched at 571 ms (as the resume's round ran:
+// the round could not see it) and takes the slot, starting at 584 ms; job
+// 7 waits on in the line, and k0's job 8 resumed at 593 ms is no second
+// resumed job waiting. When job 5 was fetched at 300 ms, long before the
+// resume, the round should have seen it: two resumed jobs wait at 593 ms.
+func TestCheckHerdResumedJobWhoseSlotAnOlderJobTook(t *testing.T) {
+	for _, c := range []struct {
+		fetch5 int
+		want   int
+	}{{571, 0}, {300, 1}} {
+		f := newFakeRecord(limits{max: 1, fields: []string{"key"}, rateMax: 3, ratePeriod: time.Second, ratePerKey: true})
+		f.job(5, "k1")
+		f.fetched(5, "w1", c.fetch5)
+		f.started(5, "w1", 584, 5)
+		for _, j := range []struct {
+			id                   int64
+			key                  string
+			resume, fetch, start int
+		}{{7, "k1", 574, 577, 1183}, {8, "k0", 593, 595, 600}} {
+			f.job(j.id, j.key)
+			f.state(j.id, "available", "running", 1)
+			f.state(j.id, "running", "pending", 2)
+			f.state(j.id, "pending", "available", j.resume)
+			f.fetched(j.id, "w1", j.fetch)
+			f.started(j.id, "w1", j.start, 10)
+		}
+		if got := f.found("herd"); len(got) != c.want {
+			t.Fatalf("job 5 fetched at %d ms: herd violations %q, want %d", c.fetch5, got, c.want)
+		}
+	}
+}
+
 // TestCheckHerdFindsAResumedJobParkedAgain: a job resumed, fetched and
 // parked again before it ran, its limits unchanged and its worker alive,
 // was resumed for nothing; the same after its limit was lowered is not.
