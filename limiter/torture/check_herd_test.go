@@ -171,7 +171,8 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 // until (zero: no end), of a job older than id in its line (its key's,
 // under a partition; its kind's, without) that the resume could not see:
 // fetched less than fetchTolerance before the resume (the limiter learns
-// of a fetch when it commits) or after it. Its decision takes the slot
+// of a fetch when it commits) or after it, and not by a resume of its own
+// (snoozed, retried or inserted). Its decision takes the slot
 // reserved for id, younger in its line (the order promise), and id waits
 // on in the line.
 func (r *record) olderTookItsSlot(kind string, id int64, at, until time.Time) (time.Time, bool) {
@@ -182,11 +183,25 @@ func (r *record) olderTookItsSlot(kind string, id int64, at, until time.Time) (t
 		if x.job >= id || (len(l.fields) > 0 && x.key != key) || !x.start.After(at) || (!until.IsZero() && !x.start.Before(until)) {
 			continue
 		}
-		if f, ok := r.fetchOf(x); ok && f.at.After(at.Add(-fetchTolerance)) && (first.IsZero() || x.start.Before(first)) {
+		if f, ok := r.fetchOf(x); ok && f.at.After(at.Add(-fetchTolerance)) && !r.resumedBefore(x.job, f) &&
+			(first.IsZero() || x.start.Before(first)) {
 			first = x.start
 		}
 	}
 	return first, !first.IsZero()
+}
+
+// resumedBefore reports whether job id came to fetch f by a resume: such a
+// job has a slot of its own reserved, and takes no other job's.
+func (r *record) resumedBefore(id int64, f change) bool {
+	var prev change
+	for _, c := range r.changes[id] {
+		if !c.at.Before(f.at) {
+			break
+		}
+		prev = c
+	}
+	return r.isResume(id, prev)
 }
 
 // keyRateCap is a per-key rate's starts per window (unlimited: none).
