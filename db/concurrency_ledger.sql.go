@@ -389,12 +389,14 @@ WITH p AS (
 ),
 resumed AS (
     UPDATE river_job j
-    SET state = 'available'
+    SET state = CASE WHEN j.state = 'pending' THEN 'available' ELSE j.state END,
+        metadata = CASE WHEN j.state = 'running' THEN j.metadata || '{"sluice_park": "granted"}'::jsonb ELSE j.metadata END
     WHERE j.id IN (SELECT r.id FROM river_job r
-                   WHERE r.id = ANY($1::bigint[]) AND r.state = 'pending'
+                   WHERE r.id = ANY($1::bigint[])
+                     AND (r.state = 'pending' OR (r.state = 'running' AND r.metadata->>'sluice_park' = 'true'))
                    ORDER BY r.id
                    FOR UPDATE SKIP LOCKED)
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, j.state
 ),
 slots AS (
     INSERT INTO concurrency_executions (job_id, kind, worker_id, reserved, key, admitted_at)
@@ -423,7 +425,7 @@ counted AS (
 )
 SELECT pg_notify(COALESCE(NULLIF(current_setting('sluice.river_schema', true), ''), current_schema()) || '.river_insert',
                  json_build_object('queue', q.queue)::text)
-FROM (SELECT DISTINCT queue FROM resumed) q
+FROM (SELECT DISTINCT queue FROM resumed WHERE state = 'available') q
 `
 
 type LedgerGrantParkedParams struct {
@@ -441,8 +443,12 @@ type LedgerGrantParkedParams struct {
 // when a worker fetches it; the counts follow (the key's slots, the
 // kind's admitted where it is kept), and the River producers of their
 // queues are woken (River's insert notification, as NotifyRiverInsert
-// sends it). A job no longer pending, or locked by another transaction (a
-// River client call on it), is left alone.
+// sends it). A job whose parking River's completer has not written yet
+// (running, marked sluice_park) gets its slot reserved too, and is marked
+// "granted": its completion parks it and resumes it at once (trigger
+// sluice_step_back, which wakes its producer). A job in neither state, or
+// locked by another transaction (a River client call on it, or River's
+// completer writing its parking), is left alone.
 func (q *Queries) LedgerGrantParked(ctx context.Context, arg LedgerGrantParkedParams) error {
 	_, err := q.db.Exec(ctx, ledgerGrantParked,
 		arg.JobIds,
@@ -537,6 +543,8 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
     'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
         'key', k.key,
         'slots', COALESCE(kl.slots, 0),
+        'since_us', (extract(epoch FROM COALESCE(kl.served_at, kl.arrived_at)) * 1000000)::bigint,
+        'served_us', (extract(epoch FROM kl.served_at) * 1000000)::bigint,
         'oldest_reserved', (SELECT min(x.job_id) FROM (
                                 SELECT e.job_id FROM concurrency_executions e
                                 WHERE e.kind = k.kind AND e.key = k.key AND e.reserved
@@ -561,21 +569,23 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
             'front', COALESCE(jsonb_agg(to_jsonb(f) - 'n' ORDER BY f.job_id) FILTER (WHERE f.n <= lim.key_depth), '[]'),
             'others', count(*) FILTER (WHERE NOT f.parked))
         FROM (
-            SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead, row_number() OVER (ORDER BY x.job_id) AS n FROM (
+            SELECT x.job_id, x.parked, x.worker_id, x.ready, x.resumable, x.queue, x.reason, x.ahead, x.completing, row_number() OVER (ORDER BY x.job_id) AS n FROM (
                 (SELECT p.job_id, true AS parked, NULL::text AS worker_id,
                         (j.state = 'pending' OR p.parked_at < now() - interval '5 seconds') AS ready,
-                        (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
+                        (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead,
+                        (j.state = 'running' AND j.metadata->>'sluice_park' = 'true'
+                         AND p.parked_at >= now() - interval '5 seconds') AS completing
                  FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id
                  WHERE p.kind = k.kind AND p.key = k.key
                  ORDER BY p.job_id LIMIT lim.key_depth)
                 UNION ALL
-                (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead
+                (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead, false
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = k.kind AND w.key = k.key
                    AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id))
                 UNION ALL
-                (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
+                (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false, false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
                  WHERE f.kind = k.kind AND f.key = k.key AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
                    AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
@@ -610,7 +620,9 @@ type LedgerGrantStateParams struct {
 // depth, since a round gives a key at most its limit and resumes at most
 // its limit ahead; reading 64 of each key cost 1 ms a key with 20,000
 // parked over 100 keys), and how many of its jobs wait unparked (others);
-// the keys in the round's order, served longest ago first. kind_waiting
+// the keys in the round's order, served longest ago first, with when the
+// key last had a turn (served_us) and when it began waiting for its next
+// (since_us: its last turn, or its arrival). kind_waiting
 // is read only where the round uses it (a partitioned kind with parked
 // jobs). A front job is a waiter without a grant (waiting in
 // a worker, or resumed ahead and not fetched yet: no worker), a parked
@@ -618,8 +630,10 @@ type LedgerGrantStateParams struct {
 // fetch within the last two seconds, still running; never ready), with
 // whether it is ready (a parked job still completing its parking, unless
 // it is more than 5 s late, a job resumed ahead still stepping back from
-// its worker, and a job not decided yet hold up the younger ones) and
-// resumable (pending).
+// its worker, and a job not decided yet hold up the younger ones),
+// resumable (pending) and, for a key's parked job, completing (its
+// parking marked in its worker, not written by River's completer yet, and
+// not late: a grant may be reserved for it, see LedgerGrantParked).
 func (q *Queries) LedgerGrantState(ctx context.Context, arg LedgerGrantStateParams) (json.RawMessage, error) {
 	row := q.db.QueryRow(ctx, ledgerGrantState,
 		arg.Depth,
@@ -1644,6 +1658,7 @@ back AS (
     INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
     SELECT r.job_id, $1, sluice_partition_key(j.args, (SELECT lim.partition_fields FROM lim)), NULL, 'limit'
     FROM revoked r JOIN river_job j ON j.id = r.job_id
+    WHERE NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.job_id = r.job_id) -- granted as its parking completed: it stays parked
     ON CONFLICT (job_id) DO NOTHING
 )
 SELECT r.job_id FROM revoked r
@@ -1697,6 +1712,7 @@ unstarted AS (
 back AS (
     INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
     SELECT r.job_id, $1, r.key, NULL, 'key_limit' FROM revoked r
+    WHERE NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.job_id = r.job_id) -- granted as its parking completed: it stays parked
     ON CONFLICT (job_id) DO NOTHING
 )
 SELECT r.job_id FROM revoked r
@@ -1760,6 +1776,7 @@ back AS (
     INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
     SELECT r.job_id, $1, r.key, NULL, CASE WHEN (SELECT lim.rate_per_key FROM lim) THEN 'key_rate' ELSE 'rate' END
     FROM revoked r
+    WHERE NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.job_id = r.job_id) -- granted as its parking completed: it stays parked
     ON CONFLICT (job_id) DO NOTHING
 )
 SELECT r.job_id FROM revoked r
@@ -1886,6 +1903,7 @@ INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
 SELECT t.job_id, t.kind, t.key, NULL, CASE WHEN t.key IS NULL THEN 'fifo' ELSE 'key_fifo' END, true
 FROM taken t
 WHERE NOT EXISTS (SELECT 1 FROM reparked r WHERE r.id = t.job_id)
+  AND NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.job_id = t.job_id) -- granted as its parking completed: it stays parked
 ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, ahead = true
 `
 
@@ -1894,7 +1912,8 @@ ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, ahead = true
 // job granted and not fetched yet (still available) is parked again, as if
 // never resumed (no more jobs of a line wait resumed than its room and
 // lookahead allow); one fetched meanwhile goes back to the line as a job
-// resumed ahead (a waiter without a worker). Either keeps its place.
+// resumed ahead (a waiter without a worker); one granted as its parking
+// completed (LedgerGrantParked) stays parked. Each keeps its place.
 func (q *Queries) LedgerStealGrants(ctx context.Context, jobIds []int64) error {
 	_, err := q.db.Exec(ctx, ledgerStealGrants, jobIds)
 	return err

@@ -168,6 +168,7 @@ unstarted AS (
 back AS (
     INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason)
     SELECT r.job_id, $1, r.key, NULL, 'limit' FROM revoked r
+    WHERE NOT EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.job_id = r.job_id) -- granted as its parking completed: it stays parked
     ON CONFLICT (job_id) DO NOTHING
 )
 SELECT r.job_id FROM revoked r

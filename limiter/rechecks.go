@@ -6,7 +6,8 @@ import (
 )
 
 // parkRechecks are the delays after a job parks in its worker (marked, its
-// parking completed by River's completer, every 50 ms or sooner) at which
+// parking completed by River's completer: within 250 ms, or 50 ms while
+// 100 or more completions wait) at which
 // the kind's grant round runs again: a parked job can be resumed only once
 // its parking is complete, so a slot freed in between would otherwise wait
 // for the next release or for concurrency_limit.resume.

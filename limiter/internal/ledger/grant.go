@@ -92,7 +92,13 @@ type line struct {
 	// granted past it, so that none starts before it.
 	transit int64
 	held    bool // a job still completing its parking holds up the rest
-	freesIn time.Duration
+	// completing is the job that holds the line up while its parking
+	// completes, when a grant may be reserved for it (see owed).
+	completing *front
+	// since is when the line began waiting for its next turn, served
+	// when it last had one (zero: never), in microseconds since the epoch.
+	since, served int64
+	freesIn       time.Duration
 }
 
 // pick is a job given a slot (or a start) by a grant round.
@@ -183,34 +189,57 @@ func (r *round) front() int {
 		if k.OldestReserved != nil {
 			l.transit = *k.OldestReserved
 		}
+		if k.SinceUs != nil {
+			l.since = *k.SinceUs
+		}
+		if k.ServedUs != nil {
+			l.served = *k.ServedUs
+		}
 		r.lines = append(r.lines, l)
 	}
 	return capacity
 }
 
 // pick gives the kind's capacity to the front of its lines, one job per
-// line per turn.
+// line per turn. Under a kind-wide limit over keys (the fairness
+// promise), a line held up by a job still completing its parking is owed
+// its turn before any line served since it began waiting has another:
+// that job gets the slot, reserved until its parking completes and
+// resumes it (LedgerGrantParked), rather than the other line a second
+// turn ahead of it.
 func (r *round) pick(capacity int) {
+	fair := r.c.Keyed() && r.c.Regime() == KindWide
 	for turn := 1; capacity > 0; turn++ {
 		progress := false
+		var owed *line // the first line held up by a completing parking, in the round's order
 		for _, l := range r.lines {
 			if capacity == 0 {
 				break
 			}
-			if l.room <= 0 || l.held {
+			if l.room <= 0 {
 				continue
 			}
-			e := r.next(l)
+			var e *front
+			if !l.held {
+				e = r.next(l)
+			}
 			if e == nil {
+				if fair && owed == nil && l.completing != nil && !r.picked[l.completing.JobID] {
+					owed = l
+				}
 				continue
 			}
-			r.picks = append(r.picks, pick{front: *e, key: l.key})
-			r.picked[e.JobID] = true
-			r.lastTurn[l.key] = len(r.picks)
-			if (e.Parked || e.worker() == "") && l.transit == 0 {
-				l.transit = e.JobID // on its way: the younger ones waiting in workers wait for it to start
+			if owed != nil && r.servedSince(l, owed) {
+				r.take(owed, owed.completing)
+				owed = nil
+				capacity--
+				progress = true
+				if capacity == 0 {
+					l.next-- // e is not taken
+					break
+				}
 			}
-			l.room--
+			r.take(l, e)
 			capacity--
 			progress = true
 		}
@@ -218,6 +247,26 @@ func (r *round) pick(capacity int) {
 			break
 		}
 	}
+}
+
+// take gives e, the front job of l, a slot (or a start) in this round.
+func (r *round) take(l *line, e *front) {
+	r.picks = append(r.picks, pick{front: *e, key: l.key})
+	r.picked[e.JobID] = true
+	r.lastTurn[l.key] = len(r.picks)
+	if (e.Parked || e.worker() == "") && l.transit == 0 {
+		l.transit = e.JobID // on its way: the younger ones waiting in workers wait for it to start
+	}
+	l.room--
+}
+
+// servedSince reports whether line l had a turn since owed began waiting
+// for its next: in this round, or at its last turn.
+func (r *round) servedSince(l, owed *line) bool {
+	if _, ok := r.lastTurn[l.key]; ok {
+		return true
+	}
+	return l.served != 0 && l.served > owed.since
 }
 
 // next is the next job of l a grant may go to (nil: none now): in job-id
@@ -235,6 +284,9 @@ func (r *round) next(l *line) *front {
 			continue
 		case !e.Ready:
 			l.held = true
+			if e.Parked && e.Completing {
+				l.completing = e
+			}
 			return nil
 		case e.Parked && !e.Resumable:
 			continue

@@ -722,3 +722,83 @@ func TestALoweredRateTakesBackGrants(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND reserved`, b),
 		"key b's reserved start, within its new rate, was taken back")
 }
+
+// TestAKeyCompletingItsParkingIsOwedItsTurn: under a per-kind limit of 1
+// over keys, key B's only job is completing its parking (running, marked,
+// recorded: River's completer has not written it yet) and key A has a job
+// parked. When A had a turn since B began waiting, the free slot is B's:
+// reserved for its job, which is marked, and River's completion then
+// parks it and resumes it at once (available, its parking record gone,
+// the slot still reserved for it). When A had no turn since, A's job gets
+// the slot, and B's waits for its parking. A grant taken back before the
+// completion (a circuit breaker) leaves the job parked, not waiting.
+func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name     string
+		aServed  string // when A last had a turn, as SQL
+		revoke   bool
+		toB      bool
+		endState string
+	}{
+		{"A served since", "now() - interval '100 milliseconds'", false, true, "available"},
+		{"A served before B came", "now() - interval '2 seconds'", false, false, "pending"},
+		{"grant taken back", "now() - interval '100 milliseconds'", true, true, "pending"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.owed"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 2")
+			exec(t, pool, `
+				INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
+				VALUES (1, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
+				       (2, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}')`, kind)
+			exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+				SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.id IN (1, 2)`)
+			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
+				VALUES ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, `+c.aServed+`, now() - interval '3 seconds'),
+				       ($1, sluice_partition_key('{"key": "B"}', '{key}'), 0, true, NULL, now() - interval '1 second')`, kind)
+			exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+			state := func(id int) (s string, marked bool) {
+				require.NoError(t, pool.QueryRow(ctx, `SELECT state::text, metadata ? 'sluice_park' FROM river_job WHERE id = $1`, id).Scan(&s, &marked))
+				return s, marked
+			}
+			_, err := l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+			require.NoError(t, err)
+			reserved := count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2 AND reserved`)
+			if !c.toB {
+				s, _ := state(1)
+				require.Equal(t, "available", s, "A had no turn since B began waiting: A's job gets the slot")
+				require.Zero(t, reserved)
+			} else {
+				s, _ := state(1)
+				require.Equal(t, "pending", s, "A had a turn since B began waiting: no second one ahead of B")
+				require.Equal(t, 1, reserved, "B's job, completing its parking, has the slot")
+				require.Equal(t, "granted", func() string {
+					var m string
+					require.NoError(t, pool.QueryRow(ctx, `SELECT metadata->>'sluice_park' FROM river_job WHERE id = 2`).Scan(&m))
+					return m
+				}())
+			}
+			if c.revoke {
+				// A circuit breaker takes the grant back: the job stays parked,
+				// not a job of the line on its way.
+				setLimits(t, l, kind, "max_concurrency = -1")
+				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2`))
+				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = 2`))
+			}
+			// River's completion of job 2 lands.
+			exec(t, pool, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = 2`)
+			s, marked := state(2)
+			require.Equal(t, c.endState, s)
+			require.False(t, marked, "the mark goes with the completion")
+			require.Equal(t, map[bool]int{true: 0, false: 1}[c.endState == "available"],
+				count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = 2`), "a job resumed leaves the parked jobs")
+			var attempt int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT attempt FROM river_job WHERE id = 2`).Scan(&attempt))
+			require.Zero(t, attempt, "parking is not an attempt")
+		})
+	}
+}

@@ -128,6 +128,11 @@ type grantKey struct {
 	// worker, resumed ahead, or fetched and not decided), in its front or
 	// past it.
 	Others int `json:"others"`
+	// SinceUs is when the key began waiting for its next turn (its last
+	// turn, or its arrival), ServedUs when it last had one (nil: never),
+	// in microseconds since the epoch.
+	SinceUs  *int64 `json:"since_us"`
+	ServedUs *int64 `json:"served_us"`
 }
 
 // front is a job at the front of a line: parked, or waiting in a worker
@@ -141,6 +146,10 @@ type front struct {
 	Queue     string  `json:"queue"`
 	Reason    string  `json:"reason"`
 	Ahead     bool    `json:"ahead"`
+	// Completing: parked in its worker, its parking not written by River's
+	// completer yet (not ready, not resumable); a grant may be reserved
+	// for it, and its completion resumes it.
+	Completing bool `json:"completing"`
 }
 
 // worker is the worker the job waits in ("": none).
