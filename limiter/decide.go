@@ -292,7 +292,7 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 			l.keeper.wakeUp() // the kind's spare leased slots go back
 		}
 	case ledger.Parked:
-		q.Forget(d.Job)
+		q.Park(d.Job, time.Now())
 		l.parkedTotal.Add(1)
 		l.metrics.Parked.WithLabelValues(d.Kind).Inc()
 		if ledger.RateReason(d.Reason) {

@@ -326,7 +326,8 @@ func (q *Queue) GiveLeased() *Job {
 // ended on one, under a per-kind limit alone) to the job at the front of
 // the queue Lined, in memory, if the keeper's view is fresh, the kind has
 // a per-kind limit alone, positive and not exceeded, and no job of the kind older than it is
-// parked, granted and on its way, or waiting in another worker; the move
+// parked (as the view shows, or by this worker since it was read), granted
+// and on its way, or waiting in another worker; the move
 // is the caller's to write. It returns the job that got it (nil: none: the
 // slot is released).
 func (q *Queue) GiveLine(now time.Time) *Job {
@@ -344,6 +345,9 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 		if older != 0 && older < j.ID {
 			return nil
 		}
+	}
+	if q.parkedBeforeLocked(j.ID, now) {
+		return nil // an older job parked here since the view was read
 	}
 	q.workLocked(j, LineSlot)
 	j.notify(Granted)

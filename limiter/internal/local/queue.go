@@ -215,6 +215,9 @@ type Queue struct {
 	// byFetch: the kind's jobs start in fetch order (a per-kind limit
 	// alone), not in job-id order within a key (SetByFetch).
 	byFetch bool
+	// parked are the jobs this worker parked within the last ViewFresh
+	// (Park), and when: a view read before a parking does not show it.
+	parked map[int64]time.Time
 }
 
 // NewQueue returns the queue of kind, empty, its jobs of a key starting
@@ -589,6 +592,38 @@ func (q *Queue) Forget(id int64) {
 		q.removeLocked(j)
 		q.serveLocked()
 	}
+}
+
+// Park takes a job that parked out of the queue, as Forget does, and
+// remembers it until every view that may be used was read after now
+// (ViewFresh): no slot is handed over in memory past it (GiveLine) on a
+// view that does not show it parked.
+func (q *Queue) Park(id int64, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if j := q.jobs[id]; j != nil {
+		q.removeLocked(j)
+		q.serveLocked()
+	}
+	if q.parked == nil {
+		q.parked = map[int64]time.Time{}
+	}
+	q.parked[id] = now
+}
+
+// parkedBeforeLocked reports whether a job older than id parked here after
+// the view was read (forgetting those every usable view shows).
+func (q *Queue) parkedBeforeLocked(id int64, now time.Time) bool {
+	found := false
+	for p, at := range q.parked {
+		switch {
+		case now.Sub(at) > ViewFresh:
+			delete(q.parked, p)
+		case p < id && !at.Before(q.lease.view.At):
+			found = true
+		}
+	}
+	return found
 }
 
 // Leave ends the wait of a Queued or Lined job that the job ended itself

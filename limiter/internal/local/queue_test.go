@@ -692,3 +692,40 @@ func TestSpareLeasedSlotsGoBackToOlderJobsElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// TestNoHandOverPastAJobParkedHere: under a per-kind limit alone, job 2
+// waited in the line here, its park-after time ran out and it parked;
+// job 3, younger, waits. When job 1 ends, its slot is not handed to job 3
+// on a view read before job 2 parked (the view does not show it): it goes
+// back to the ledger, whose grant round serves job 2 first. On a view read
+// after the parking (job 2 resumed since: not parked), job 3 gets it.
+func TestNoHandOverPastAJobParkedHere(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 1, Admitted: 1})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}, {ID: 3, Fetched: now}})
+	q.Work(1, LineSlot)
+	q.Line(2, false, "limit")
+	q.Line(3, false, "limit")
+	if !q.Leave(2) {
+		t.Fatal("job 2 did not leave its wait")
+	}
+	q.Park(2, now.Add(time.Millisecond))
+	if q.End(1) != LineSlot {
+		t.Fatal("job 1 did not end on its slot of the line")
+	}
+	if j := q.GiveLine(now.Add(2 * time.Millisecond)); j != nil {
+		t.Fatalf("job %d was handed the slot past job 2, parked here after the view was read", j.ID)
+	}
+
+	q.Fetch([]Fetched{{ID: 5, Fetched: now}})
+	q.Work(5, LineSlot)
+	q.SetView(View{At: now.Add(3 * time.Millisecond), Limit: 1, Admitted: 1})
+	if q.End(5) != LineSlot {
+		t.Fatal("job 5 did not end on its slot of the line")
+	}
+	if j := q.GiveLine(now.Add(4 * time.Millisecond)); j == nil || j.ID != 3 {
+		t.Fatalf("on a view read after the parking, the slot went to %v, want job 3", j)
+	}
+}
