@@ -168,8 +168,9 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 }
 
 // olderTookItsSlot is the first start, after id's resume at at and before
-// until (zero: no end), of a job older than id in its line (its key's,
-// under a partition; its kind's, without) that the resume could not see:
+// until (zero: no end), under a strict order (a per-key or rate limit),
+// of a job older than id in its line (its key's, under a partition; its
+// kind's, without) that the resume could not see:
 // fetched less than fetchTolerance before the resume (the limiter learns
 // of a fetch when it commits) or after it, and not by a resume of its own
 // (snoozed, retried or inserted). Its decision takes the slot
@@ -177,6 +178,9 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 // on in the line.
 func (r *record) olderTookItsSlot(kind string, id int64, at, until time.Time) (time.Time, bool) {
 	l := r.limitsAt(kind, at)
+	if !l.strict() {
+		return time.Time{}, false // by fetch: an older job fetched later starts in its own turn, not in this one's
+	}
 	key := r.jobs[id].args.Key
 	var first time.Time
 	for _, x := range r.kindRuns(kind) {
