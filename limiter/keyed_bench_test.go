@@ -65,8 +65,12 @@ func BenchmarkPerKeyLimit(b *testing.B) {
 // BenchmarkRateLimit (P11) works a backlog of no-op jobs through a rate
 // limit of 200 starts per second on two workers for 30 s: the achieved
 // rate (starts, at River's attempted_at, in the 30 s from the first) over
-// the configured one (target ≥ 0.95), and the most starts in any 1-s
-// window (target ≤ 200).
+// the configured one (target ≥ 0.95), and, as the README's rate row
+// states the promise, the most starts (the job's code beginning, as the
+// workers record it) in any window of the period less the stated jitter
+// of 150 ms (target ≤ 200); the most fetches (River's attempted_at) in any
+// 1-s window beside it, for reference (a job is fetched before the
+// limiter lets it start).
 func BenchmarkRateLimit(b *testing.B) {
 	const rate, span = 200, 30 * time.Second
 	const kind = "p11"
@@ -100,12 +104,16 @@ func BenchmarkRateLimit(b *testing.B) {
 			}
 		}
 		achieved := float64(inSpan) / span.Seconds()
-		b.Logf("rate %d/s for %s: %d starts (%.1f/s), at most %d in any 1 s", rate, span, inSpan, achieved, most)
+		began := tracker.startTimes()
+		mostBegun := maxInWindow(began, time.Second-rateJitter)
+		b.Logf("rate %d/s for %s: %d starts (%.1f/s); at most %d begun in any %s, at most %d fetched in any 1 s",
+			rate, span, inSpan, achieved, mostBegun, time.Second-rateJitter, most)
 		b.ReportMetric(achieved, "starts/s")
 		b.ReportMetric(rate, "configured-starts/s")
 		b.ReportMetric(achieved/rate, "ratio")
 		b.ReportMetric(0.95, "target")
-		b.ReportMetric(float64(most), "max-starts-in-1s")
+		b.ReportMetric(float64(mostBegun), "max-starts-in-window")
+		b.ReportMetric(float64(most), "max-fetches-in-1s")
 	}
 }
 

@@ -68,6 +68,22 @@ func (k *keyedTracker) enter(a keyedArgs) (fail bool) {
 	return k.failFirstOf[a.Seq] && k.worked[a.Seq] == 1
 }
 
+// startTimes returns when each execution began, as the worker saw it.
+func (k *keyedTracker) startTimes() []time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]time.Time, len(k.starts))
+	for i, s := range k.starts {
+		out[i] = s.at
+	}
+	return out
+}
+
+// rateJitter is the README's stated jitter of a rate's starts: a job's
+// code begins up to 150 ms after the limiter let it start, so a window of
+// the period less it holds at most the rate's starts.
+const rateJitter = 150 * time.Millisecond
+
 func (k *keyedTracker) leave(a keyedArgs) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
