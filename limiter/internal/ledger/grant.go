@@ -93,7 +93,7 @@ type line struct {
 	transit int64
 	held    bool // a job still completing its parking holds up the rest
 	// completing is the job that holds the line up while its parking
-	// completes, when a grant may be reserved for it (see owed).
+	// completes, when a grant may be reserved for it (see pick).
 	completing *front
 	// since is when the line began waiting for its next turn, served
 	// when it last had one (zero: never), in microseconds since the epoch.

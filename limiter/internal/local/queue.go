@@ -608,22 +608,30 @@ func (q *Queue) Park(id int64, now time.Time) {
 	if q.parked == nil {
 		q.parked = map[int64]time.Time{}
 	}
+	q.forgetParkedLocked(now)
 	q.parked[id] = now
 }
 
-// parkedBeforeLocked reports whether a job older than id parked here after
-// the view was read (forgetting those every usable view shows).
-func (q *Queue) parkedBeforeLocked(id int64, now time.Time) bool {
-	found := false
+// forgetParkedLocked forgets the jobs parked here more than ViewFresh
+// before now: every view that may be used was read after them.
+func (q *Queue) forgetParkedLocked(now time.Time) {
 	for p, at := range q.parked {
-		switch {
-		case now.Sub(at) > ViewFresh:
+		if now.Sub(at) > ViewFresh {
 			delete(q.parked, p)
-		case p < id && !at.Before(q.lease.view.At):
-			found = true
 		}
 	}
-	return found
+}
+
+// parkedBeforeLocked reports whether a job older than id parked here after
+// the view was read.
+func (q *Queue) parkedBeforeLocked(id int64, now time.Time) bool {
+	q.forgetParkedLocked(now)
+	for p, at := range q.parked {
+		if p < id && !at.Before(q.lease.view.At) {
+			return true
+		}
+	}
+	return false
 }
 
 // Leave ends the wait of a Queued or Lined job that the job ended itself

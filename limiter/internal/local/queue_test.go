@@ -729,3 +729,21 @@ func TestNoHandOverPastAJobParkedHere(t *testing.T) {
 		t.Fatalf("on a view read after the parking, the slot went to %v, want job 3", j)
 	}
 }
+
+// TestParkedJobsAreForgottenAfterViewFresh: the jobs a worker parked are
+// remembered only while a usable view may have been read before them, so
+// that a worker parking jobs all day (of a keyed kind, say, which never
+// hands a slot over) keeps none of them.
+func TestParkedJobsAreForgottenAfterViewFresh(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	for i := range int64(100) {
+		q.Park(i+1, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	q.mu.Lock()
+	n := len(q.parked)
+	q.mu.Unlock()
+	if n > int(ViewFresh/time.Millisecond)+1 {
+		t.Fatalf("%d parked jobs remembered after 100 ms of parkings, want at most %d", n, int(ViewFresh/time.Millisecond)+1)
+	}
+}
