@@ -8,7 +8,9 @@
 -- sluice_step_back, in the same statement, resumes it (available, its
 -- River producer woken) when its grant still stands, or leaves it parked
 -- (the mark cleared) when a change of limits or an older job took the
--- grant back. River sees the row pending, as for any parking.
+-- grant back. River sees the row pending, as for any parking. One
+-- cancelled meanwhile gives its reserved slot and start back as River's
+-- completion cancels it.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -29,6 +31,22 @@ BEGIN
         NEW.finalized_at := COALESCE(NEW.finalized_at, now());
         DELETE FROM concurrency_parked_jobs WHERE job_id = OLD.id;
         DELETE FROM concurrency_waiters WHERE job_id = OLD.id;
+        IF OLD.metadata->>'sluice_park' = 'granted' THEN
+            -- Granted as its parking completed, and cancelled: the slot and
+            -- the start reserved for it go back now (the next grant round
+            -- gives them on), with the counts.
+            WITH freed AS (
+                DELETE FROM concurrency_executions e WHERE e.job_id = OLD.id AND e.reserved
+                RETURNING e.kind, e.key
+            ),
+            keyed AS (
+                UPDATE concurrency_key_lines kl SET slots = GREATEST(kl.slots - 1, 0)
+                FROM freed f WHERE kl.kind = f.kind AND kl.key = f.key
+            )
+            UPDATE concurrency_limits l SET admitted = GREATEST(l.admitted - 1, 0)
+            FROM freed f WHERE l.kind = f.kind AND l.admitted IS NOT NULL;
+            DELETE FROM concurrency_starts s WHERE s.job_id = OLD.id AND s.reserved;
+        END IF;
     ELSIF OLD.metadata->>'sluice_park' = 'ahead' THEN
         NEW.state := 'pending';
         NEW.metadata := NEW.metadata || '{"sluice_park": "ahead"}';

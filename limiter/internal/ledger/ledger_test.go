@@ -731,7 +731,8 @@ func TestALoweredRateTakesBackGrants(t *testing.T) {
 // parks it and resumes it at once (available, its parking record gone,
 // the slot still reserved for it). When A had no turn since, A's job gets
 // the slot, and B's waits for its parking. A grant taken back before the
-// completion (a circuit breaker) leaves the job parked, not waiting.
+// completion (a circuit breaker) leaves the job parked, not waiting; a
+// job cancelled before it gives the slot back as it is cancelled.
 func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -745,6 +746,7 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 		{"A served since", "now() - interval '100 milliseconds'", false, true, "available"},
 		{"A served before B came", "now() - interval '2 seconds'", false, false, "pending"},
 		{"grant taken back", "now() - interval '100 milliseconds'", true, true, "pending"},
+		{"cancelled", "now() - interval '100 milliseconds'", false, true, "cancelled"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -789,10 +791,22 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2`))
 				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = 2`))
 			}
+			if c.endState == "cancelled" {
+				exec(t, pool, `UPDATE river_job SET metadata = metadata || '{"cancel_attempted_at": "2026-01-01T00:00:00Z"}' WHERE id = 2`)
+			}
 			// River's completion of job 2 lands.
 			exec(t, pool, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = 2`)
 			s, marked := state(2)
 			require.Equal(t, c.endState, s)
+			if c.endState == "cancelled" {
+				// Its reserved slot went back with the cancel, counts and all.
+				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2`))
+				require.Zero(t, count(t, pool, `SELECT COALESCE(sum(slots), 0) FROM concurrency_key_lines WHERE kind = $1`, kind))
+				n, rows := admitted(t, pool, kind)
+				require.Zero(t, n)
+				require.Zero(t, rows)
+				return
+			}
 			require.False(t, marked, "the mark goes with the completion")
 			require.Equal(t, map[bool]int{true: 0, false: 1}[c.endState == "available"],
 				count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = 2`), "a job resumed leaves the parked jobs")
