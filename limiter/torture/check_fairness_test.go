@@ -243,10 +243,10 @@ func (r *record) firstFetchAfter(id int64, t time.Time) (change, bool) {
 
 // keyRateFrees is when kind's key may start again under l's per-key rate,
 // by the starts of its key before t that the record holds: the oldest of
-// the last rateMax in the period before t, plus the period, less
-// rateJitter (the limiter counted each start up to rateJitter before the
-// job's code began); zero when its window has room at t, or l has no rate
-// per key.
+// the last rateMax in the period before t, plus the period (the limiter
+// counted each start up to rateJitter before the job's code began, so its
+// window frees at the latest a period after the code began); zero when its
+// window has room at t, or l has no rate per key.
 func (r *record) keyRateFrees(kind, key string, l limits, t time.Time) time.Time {
 	if !l.hasRate() || !l.ratePerKey {
 		return time.Time{}
@@ -261,7 +261,7 @@ func (r *record) keyRateFrees(kind, key string, l limits, t time.Time) time.Time
 		return time.Time{}
 	}
 	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
-	return starts[len(starts)-int(l.rateMax)].Add(l.ratePeriod - rateJitter)
+	return starts[len(starts)-int(l.rateMax)].Add(l.ratePeriod)
 }
 
 // youngerOfItsInsert says whether a job of b's key older than b came in

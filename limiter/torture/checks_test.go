@@ -1087,6 +1087,43 @@ func TestCheckFairnessKeyRate(t *testing.T) {
 	}
 }
 
+// TestCheckFairnessKeyRateFreesAPeriodAfterTheCodeBegan: under a per-key
+// rate of 2/1s, B's two jobs began at 5 and 6 ms (the limiter logged their
+// starts up to 150 ms before: its window frees between 855 and 1,006 ms),
+// and B's next job, arriving behind A's backlog, starts at 1,012 ms. A's
+// starts from 860 to 1,000 ms may all have come while B's window was
+// full: they are not ahead of it. A's starts from 300 ms on, with B's
+// window freeing at 1 s less nothing, would be: B's two earlier starts at
+// 5 and 6 ms with a rate of 2/500ms free it at 506 ms.
+func TestCheckFairnessKeyRateFreesAPeriodAfterTheCodeBegan(t *testing.T) {
+	for _, c := range []struct {
+		period time.Duration
+		found  bool
+	}{{time.Second, false}, {500 * time.Millisecond, true}} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: c.period, ratePerKey: true})
+		for id := int64(1); id <= 40; id++ {
+			f.job(id, "A")
+			f.r.jobs[id].inserted = f.at(0)
+			f.state(id, "available", "running", 1)
+			f.started(id, "w1", 1+int(id-1)/2*50, 49)
+		}
+		for i := range 2 {
+			id := int64(41 + i)
+			f.job(id, "B")
+			f.r.jobs[id].inserted = f.at(0)
+			f.ran(id, 5+i, 10, "ok")
+		}
+		f.job(50, "B")
+		f.r.jobs[50].inserted = f.at(100)
+		f.r.changes[50][0].at = f.at(100)
+		f.fetched(50, "w1", 110)
+		f.started(50, "w1", 1012, 10)
+		if got := f.found("fairness"); (len(got) > 0) != c.found {
+			t.Fatalf("rate 2/%s: fairness violations %q, want some: %v", c.period, got, c.found)
+		}
+	}
+}
+
 // TestCheckFairnessJudgedUpToAChange: B's job, arriving behind A's backlog
 // (the kind's limit 2), starts at 650 ms, after 4 of A's starts; the
 // kind-wide limit is cleared meanwhile. Cleared at 350 ms, the 4 starts
