@@ -43,7 +43,14 @@ func (r *record) isResume(id int64, c change) bool {
 // limit lowered, set where there was none (a breaker included), a rate
 // made stricter, or the partition changed.
 func (r *record) tightened(kind string, t0, t1 time.Time) bool {
-	ls := r.limitsDuring(kind, t0, t1)
+	// In order, each change kept: limitsDuring keeps each limits once, and
+	// a breaker raised and set again in [t0, t1] would read as raised only.
+	ls := r.possible(kind, "", t0)
+	for _, c := range r.limits[kind] {
+		if c.at.After(t0) && !c.at.After(t1) {
+			ls = append(ls, c.limits)
+		}
+	}
 	for i := 1; i < len(ls); i++ {
 		a, b := ls[i-1], ls[i]
 		switch {

@@ -753,6 +753,30 @@ func TestCheckHerdFindsAResumedJobParkedAgain(t *testing.T) {
 	}
 }
 
+// TestCheckHerdReparkedAfterABreakerSetAgain: a circuit breaker is
+// raised to 6 (the change's transaction from 80 to 100 ms) and set again
+// (from 101 to 130 ms); job 1, resumed by the raise at 90 ms and fetched
+// at 95 ms, parks again at 150 ms: its limits were tightened meanwhile,
+// though the breaker it ends under is the one it was resumed from.
+func TestCheckHerdReparkedAfterABreakerSetAgain(t *testing.T) {
+	f := newFakeRecord(limits{max: -1})
+	f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+		limitChange{began: f.at(80), at: f.at(100), limits: limits{present: true, max: 6}},
+		limitChange{began: f.at(101), at: f.at(130), limits: limits{present: true, max: -1}},
+		limitChange{began: f.at(800), at: f.at(810), limits: limits{present: true, max: 6}})
+	f.job(1, "")
+	f.state(1, "available", "running", 1)
+	f.state(1, "running", "pending", 2)
+	f.state(1, "pending", "available", 90)
+	f.state(1, "available", "running", 95)
+	f.state(1, "running", "pending", 150)
+	f.state(1, "pending", "available", 900)
+	f.ran(1, 910, 10, "ok")
+	if got := f.found("herd"); len(got) > 0 {
+		t.Fatalf("parked again after a breaker was set again: %q", got)
+	}
+}
+
 // TestCheckOutcomesFindsALostRow: a job gone from river_job that the test
 // never deleted is lost; one it deleted is not.
 func TestCheckOutcomesFindsALostRow(t *testing.T) {
