@@ -75,13 +75,15 @@ generate: ## regenerate db/ from queries/ and migrations/ with sqlc (and River's
 	$(GO) run ./internal/cmd/riverschema db/schema/river.sql
 	$(GO) tool sqlc generate
 
-check: ## gofmt, go vet, and generated code up to date
+check: ## gofmt, go vet, generated code up to date, and the torture mutants still apply
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.dev/*')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@tmp=$$(mktemp); $(GO) run ./internal/cmd/riverschema $$tmp; \
 	  if ! cmp -s $$tmp db/schema/river.sql; then rm -f $$tmp; echo "db/schema/river.sql is stale: run make generate"; exit 1; fi; rm -f $$tmp
 	@$(GO) tool sqlc diff || { echo "db/ is stale: run make generate"; exit 1; }
+	@if git rev-parse --git-dir >/dev/null 2>&1; then for p in limiter/torture/mutants/*.patch; do \
+	  git apply --check "$$p" || { echo "$$p no longer applies: make it again on today's code"; exit 1; }; done; fi
 	@echo "check: ok"
 
 # One package at a time (-p 1), so that benchmarks do not compete for the CPUs.
