@@ -69,8 +69,9 @@ func (r *record) tightened(kind string, t0, t1 time.Time) bool {
 // and at no moment do more resumed jobs of a kind wait unstarted than its
 // limits let start plus the lookahead (per kind, and per key), under a
 // rate too. Jobs resumed under earlier limits (before the last change
-// began: a resume in its transaction follows it) wait on, and are not
-// counted against the new ones. A resumed job whose slot an older job of
+// committed, by another transaction: a resume in the change's own
+// transaction follows it) wait on, and are not counted against the new
+// ones. A resumed job whose slot an older job of
 // its line took (one the resume could not see: fetched as the resume ran,
 // or after it) waits on as a job of the line from that job's start. Every
 // resume is judged; one when every limit was cleared (nothing holds the
@@ -80,6 +81,7 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 		at  time.Time
 		job int64
 		in  bool
+		tx  int64 // a resume's transaction
 	}
 	for _, kind := range kinds {
 		var events []event
@@ -93,7 +95,7 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 					continue // every limit cleared: nothing holds it
 				}
 				cov.judge("herd")
-				events = append(events, event{at: c.at, job: id, in: true})
+				events = append(events, event{at: c.at, job: id, in: true, tx: c.tx})
 				// It leaves the resumed set at its next start, or at its next
 				// change other than its fetch: a parking from its fetch up to
 				// parkCompletion before River shows it (the worker decided it
@@ -130,13 +132,15 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 			}
 			return events[i].at.Before(events[j].at)
 		})
-		set := map[int64]time.Time{} // resumed jobs not started yet, and when they were resumed
+		type resumed struct{ at, regime time.Time }
+		set := map[int64]resumed{} // resumed jobs not started yet: when, and under which limits' regime
 		for _, e := range events {
 			if !e.in {
 				delete(set, e.job)
 				continue
 			}
-			set[e.job] = e.at
+			regimeAt := r.regimeOf(kind, e.at, e.tx)
+			set[e.job] = resumed{at: e.at, regime: regimeAt}
 			// A resume decides with its limits as committed; a change
 			// within changeWindow may not have reached it.
 			window := r.possible(kind, "", e.at)
@@ -146,11 +150,10 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 				kindCap = max(kindCap, capPlus(min(l.kindCap(), kindRateCap(l)), ahead))
 				keyCap = max(keyCap, capPlus(min(l.keyCap(), keyRateCap(l)), keyAhead))
 			}
-			regimeAt := r.regimeSince(kind, e.at)
 			n, nKey := 0, 0
 			key := r.jobs[e.job].args.Key
-			for id, at := range set {
-				if at.Before(regimeAt) {
+			for id, x := range set {
+				if x.regime.Before(regimeAt) {
 					continue
 				}
 				n++
@@ -160,9 +163,9 @@ func checkHerd(r *record, vs *violations, cov coverage) {
 			}
 			if n > kindCap || nKey > keyCap {
 				var who []string
-				for id, at := range set {
-					if !at.Before(regimeAt) {
-						who = append(who, fmt.Sprintf("resumed at %s: %s", at.Format("05.000000"), r.lineAt(id, e.at)))
+				for id, x := range set {
+					if !x.regime.Before(regimeAt) {
+						who = append(who, fmt.Sprintf("resumed at %s: %s", x.at.Format("05.000000"), r.lineAt(id, e.at)))
 					}
 				}
 				slices.Sort(who)
@@ -245,4 +248,23 @@ func (r *record) checkReparked(kind string, id int64, c change, rest []change, v
 	vs.add("herd", "%s: job %d, resumed at %s and fetched by %s at %s, parked again at %s before it ran (limits %s; %s); %s; limiter's rows: %s",
 		kind, id, c.at.Format(time.StampMicro), fetch.client, fetch.at.Format(time.StampMicro), park.at.Format(time.StampMicro),
 		r.limitsAt(kind, park.at), r.recentLimits(kind, park.at), r.history(id), r.lineAt(id, park.at))
+}
+
+// regimeOf names the limits that a resume at t by transaction tx followed,
+// by the commit of their change: the change whose own transaction made it
+// (it acts on its new limits before its commit), else the last change
+// committed by t (another transaction sees a change once it committed, and
+// a round that holds the kind's lock as a change begins resumes under the
+// limits before it); zero: no change.
+func (r *record) regimeOf(kind string, t time.Time, tx int64) time.Time {
+	var at time.Time
+	for _, c := range r.limits[kind] {
+		if tx != 0 && c.tx == tx {
+			return c.at
+		}
+		if !c.at.After(t) {
+			at = c.at
+		}
+	}
+	return at
 }

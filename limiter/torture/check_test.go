@@ -163,25 +163,6 @@ func (r *record) changedBetween(kind string, t0, t1 time.Time) bool {
 	return false
 }
 
-// regimeSince is when the limits in force for kind's decisions at t came:
-// when the transaction of the last change begun by t began (it acts on its
-// limits from then: a resume in it follows them; a change logged without
-// its beginning counts from its commit); zero: no change.
-func (r *record) regimeSince(kind string, t time.Time) time.Time {
-	var at time.Time
-	for _, c := range r.limits[kind] {
-		from := c.began
-		if from.IsZero() {
-			from = c.at
-		}
-		if from.After(t) {
-			break
-		}
-		at = from
-	}
-	return at
-}
-
 // slotEnd is when run x's slot may be freed: its end, or, for a run its
 // worker's kill cut short, when the reaper has surely freed the dead
 // worker's slots (rescueTime after the kill).

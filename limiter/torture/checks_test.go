@@ -58,6 +58,11 @@ func (f *fakeRecord) ran(id int64, ms, dur int, outcome string) {
 	}
 }
 
+// lastTx sets the transaction of job id's last state change.
+func (f *fakeRecord) lastTx(id, tx int64) {
+	f.r.changes[id][len(f.r.changes[id])-1].tx = tx
+}
+
 // fetched records a fetch of job id by worker at ms.
 func (f *fakeRecord) fetched(id int64, worker string, ms int) {
 	f.r.changes[id] = append(f.r.changes[id], change{job: id, from: "available", to: "running", client: worker, at: f.at(ms)})
@@ -1335,7 +1340,7 @@ func TestCheckAccountingResumedGrantTakenBack(t *testing.T) {
 func TestCheckHerdCountsResumesFromTheChangesBeginning(t *testing.T) {
 	for _, extra := range []bool{false, true} {
 		f := newFakeRecord(limits{max: 1, rateMax: 1, ratePeriod: time.Second})
-		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(800), began: f.at(600),
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(800), began: f.at(600), tx: 9,
 			limits: limits{present: true, max: 1, rateMax: 1, ratePeriod: 2 * time.Second}})
 		f.parked(1, 3)
 		if extra {
@@ -1343,14 +1348,50 @@ func TestCheckHerdCountsResumesFromTheChangesBeginning(t *testing.T) {
 		}
 		f.reparked(1, 500, 550, 900)
 		f.state(3, "pending", "available", 700)
+		f.lastTx(3, 9) // the change's own transaction
 		f.ran(3, 1000, 10, "ok")
 		if extra {
 			f.state(4, "pending", "available", 750)
+			f.lastTx(4, 9)
 			f.ran(4, 3000, 10, "ok")
 		}
 		got := f.found("herd")
 		if (len(got) > 0) != extra {
 			t.Errorf("job 4 resumed too: %v; herd violations %q", extra, got)
+		}
+	}
+}
+
+// TestCheckHerdResumesByARoundThatBeganBeforeAChange: a change lowers a
+// per-key limit from 2 to 1 (its transaction from 100 to 130 ms); a grant
+// round that held the kind's lock as it began resumed three jobs of key k
+// ahead at 110 ms, under the limits before it (2, and 2 ahead). They wait
+// on, not counted against the new limits: a fourth resumed at 300 ms
+// under them is alone. Resumed at 110 ms by the change's own transaction,
+// the three follow the new limits, and with the fourth they are a herd.
+func TestCheckHerdResumesByARoundThatBeganBeforeAChange(t *testing.T) {
+	for _, c := range []struct {
+		tx    int64
+		found bool
+	}{{5, false}, {9, true}} {
+		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 2})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{began: f.at(100), at: f.at(130), tx: 9,
+			limits: limits{present: true, fields: []string{"key"}, keyMax: 1}})
+		for id := int64(1); id <= 4; id++ {
+			f.job(id, "k")
+			f.state(id, "available", "running", 1)
+			f.state(id, "running", "pending", 2)
+		}
+		for id := int64(1); id <= 3; id++ {
+			f.state(id, "pending", "available", 110)
+			f.lastTx(id, c.tx)
+			f.ran(id, 2000+int(id)*100, 10, "ok")
+		}
+		f.state(4, "pending", "available", 300)
+		f.lastTx(4, 7)
+		f.ran(4, 2500, 10, "ok")
+		if got := f.found("herd"); (len(got) > 0) != c.found {
+			t.Fatalf("resumed at 110 ms by transaction %d: herd violations %q, want some: %v", c.tx, got, c.found)
 		}
 	}
 }
@@ -1368,11 +1409,19 @@ func TestCheckHerdParkingSeenLate(t *testing.T) {
 		found  bool
 	}{{750, false}, {650, true}} {
 		f := newFakeRecord(limits{max: 2, rateMax: 1, ratePeriod: time.Second})
-		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(700), began: f.at(450),
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(700), began: f.at(450), tx: 9,
 			limits: limits{present: true, max: 1, rateMax: 1, ratePeriod: time.Second}})
 		f.parked(1, 2)
 		f.reparked(1, 500, 600, 800)
+		for i, ch := range f.r.changes[1] {
+			if ch.from == "pending" && ch.at.Equal(f.at(500)) {
+				f.r.changes[1][i].tx = 9 // resumed at 500 ms in the change
+			}
+		}
 		f.state(2, "pending", "available", c.resume)
+		if c.resume < 700 {
+			f.lastTx(2, 9)
+		}
 		f.ran(2, 1000, 10, "ok")
 		if got := f.found("herd"); (len(got) > 0) != c.found {
 			t.Errorf("job 2 resumed at %d ms: herd violations %q, want found %v", c.resume, got, c.found)

@@ -36,7 +36,10 @@ CREATE TABLE public.torture_states (
     attempt      integer,
     at           timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- The statement that resumed a parked job (for diagnosis).
-    query        text
+    query        text,
+    -- Its transaction: a resume in a change's own transaction follows the
+    -- change's limits; one in another, those committed before it.
+    tx           bigint NOT NULL DEFAULT txid_current()
 );
 
 CREATE FUNCTION public.torture_log_state() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -78,7 +81,9 @@ CREATE TABLE public.torture_limits (
     at               timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- When the change's transaction began: it acts on the new limits (a
     -- clear lets its line go, a raise grants) before its commit.
-    began            timestamptz NOT NULL DEFAULT now()
+    began            timestamptz NOT NULL DEFAULT now(),
+    -- The change's transaction: a resume in it follows the new limits.
+    tx               bigint NOT NULL DEFAULT txid_current()
 );
 
 CREATE FUNCTION public.torture_log_limit() RETURNS trigger LANGUAGE plpgsql AS $$

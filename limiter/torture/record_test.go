@@ -45,6 +45,7 @@ type change struct {
 	client      string // the worker that fetched it last
 	at          time.Time
 	query       string // the statement that resumed it (from pending)
+	tx          int64  // its transaction
 }
 
 // limits is a torture kind's limits at some time.
@@ -130,6 +131,7 @@ func (l limits) String() string {
 // line go, a raise grants, before the commit).
 type limitChange struct {
 	at, began time.Time
+	tx        int64 // its transaction (0: not known)
 	limits    limits
 }
 
@@ -334,14 +336,14 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		r.runs = append(r.runs, x)
 	}
 	rows, err := pool.Query(ctx, `SELECT job_id, COALESCE(old_state, ''), new_state, scheduled_at, COALESCE(client, ''), at,
-		COALESCE(query, '') FROM public.torture_states ORDER BY id`)
+		COALESCE(query, ''), tx FROM public.torture_states ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("read state changes: %w", err)
 	}
 	for rows.Next() {
 		var c change
 		var sched *time.Time
-		if err := rows.Scan(&c.job, &c.from, &c.to, &sched, &c.client, &c.at, &c.query); err != nil {
+		if err := rows.Scan(&c.job, &c.from, &c.to, &sched, &c.client, &c.at, &c.query, &c.tx); err != nil {
 			return nil, err
 		}
 		if sched != nil {
@@ -376,7 +378,7 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		return nil, fmt.Errorf("read line changes: %w", err)
 	}
 	rows, err = pool.Query(ctx, `SELECT kind, present, COALESCE(max_concurrency, 0), partition_fields, COALESCE(key_max, 0),
-		COALESCE(rate_max, 0), COALESCE(rate_period_ms, 0), COALESCE(rate_per_key, false), at, began
+		COALESCE(rate_max, 0), COALESCE(rate_period_ms, 0), COALESCE(rate_per_key, false), at, began, tx
 		FROM public.torture_limits ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("read limit changes: %w", err)
@@ -386,11 +388,12 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		var l limits
 		var periodMS int64
 		var at, began time.Time
-		if err := rows.Scan(&kind, &l.present, &l.max, &l.fields, &l.keyMax, &l.rateMax, &periodMS, &l.ratePerKey, &at, &began); err != nil {
+		var tx int64
+		if err := rows.Scan(&kind, &l.present, &l.max, &l.fields, &l.keyMax, &l.rateMax, &periodMS, &l.ratePerKey, &at, &began, &tx); err != nil {
 			return nil, err
 		}
 		l.ratePeriod = time.Duration(periodMS) * time.Millisecond
-		r.limits[kind] = append(r.limits[kind], limitChange{at: at, began: began, limits: l})
+		r.limits[kind] = append(r.limits[kind], limitChange{at: at, began: began, tx: tx, limits: l})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read limit changes: %w", err)
