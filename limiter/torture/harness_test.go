@@ -65,7 +65,11 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER torture_log_state AFTER INSERT OR UPDATE OR DELETE ON river_job
+-- Named to fire first of river_job's AFTER triggers (they fire in name
+-- order): sluice_step_back updates the row again from inside its own
+-- AFTER trigger (running → pending → available in one statement), and the
+-- record must hold the outer change before the nested one.
+CREATE TRIGGER a_torture_log_state AFTER INSERT OR UPDATE OR DELETE ON river_job
     FOR EACH ROW EXECUTE FUNCTION public.torture_log_state();
 
 CREATE TABLE public.torture_limits (
