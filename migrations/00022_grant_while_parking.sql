@@ -18,6 +18,7 @@ CREATE OR REPLACE FUNCTION sluice_park_in_place() RETURNS trigger LANGUAGE plpgs
 SET search_path FROM CURRENT AS $$
 DECLARE
     prev jsonb := OLD.metadata->'sluice_parking';
+    freed_key text;
 BEGIN
     NEW.metadata := NEW.metadata - 'sluice_park';
     NEW.attempt := GREATEST(OLD.attempt - 1, 0);
@@ -31,20 +32,26 @@ BEGIN
         NEW.finalized_at := COALESCE(NEW.finalized_at, now());
         DELETE FROM concurrency_parked_jobs WHERE job_id = OLD.id;
         DELETE FROM concurrency_waiters WHERE job_id = OLD.id;
-        IF OLD.metadata->>'sluice_park' = 'granted' THEN
-            -- Granted as its parking completed, and cancelled: the slot and
-            -- the start reserved for it go back now (the next grant round
-            -- gives them on), with the counts.
-            WITH freed AS (
-                DELETE FROM concurrency_executions e WHERE e.job_id = OLD.id AND e.reserved
-                RETURNING e.kind, e.key
-            ),
-            keyed AS (
-                UPDATE concurrency_key_lines kl SET slots = GREATEST(kl.slots - 1, 0)
-                FROM freed f WHERE kl.kind = f.kind AND kl.key = f.key
-            )
-            UPDATE concurrency_limits l SET admitted = GREATEST(l.admitted - 1, 0)
-            FROM freed f WHERE l.kind = f.kind AND l.admitted IS NOT NULL;
+        -- Granted as its parking completed, and cancelled: the slot and the
+        -- start reserved for it go back now (the next grant round gives
+        -- them on), with the counts, under the kind's lock as the ledger
+        -- takes it (hashtextextended('sluice.limit_row:' || kind, 0)). The
+        -- lock is tried, never waited for, so that River's completion
+        -- never waits for a grant round nor deadlocks with one; what this
+        -- leaves, the safety net frees.
+        IF OLD.metadata->>'sluice_park' = 'granted'
+           AND pg_try_advisory_xact_lock(hashtextextended('sluice.limit_row:' || OLD.kind, 0)) THEN
+            DELETE FROM concurrency_executions e WHERE e.job_id = OLD.id AND e.reserved RETURNING e.key INTO freed_key;
+            IF FOUND THEN
+                UPDATE concurrency_limits l SET admitted = GREATEST(l.admitted - 1, 0)
+                WHERE l.kind = OLD.kind AND l.admitted IS NOT NULL;
+                IF freed_key IS NOT NULL THEN
+                    UPDATE concurrency_key_lines kl SET slots = GREATEST(kl.slots - 1, 0)
+                    WHERE kl.kind = OLD.kind AND kl.key = freed_key;
+                    DELETE FROM concurrency_key_lines kl
+                    WHERE kl.kind = OLD.kind AND kl.key = freed_key AND kl.slots = 0 AND NOT kl.waiting;
+                END IF;
+            END IF;
             DELETE FROM concurrency_starts s WHERE s.job_id = OLD.id AND s.reserved;
         END IF;
     ELSIF OLD.metadata->>'sluice_park' = 'ahead' THEN

@@ -732,7 +732,9 @@ func TestALoweredRateTakesBackGrants(t *testing.T) {
 // the slot still reserved for it). When A had no turn since, A's job gets
 // the slot, and B's waits for its parking. A grant taken back before the
 // completion (a circuit breaker) leaves the job parked, not waiting; a
-// job cancelled before it gives the slot back as it is cancelled.
+// job cancelled before it gives the slot back as it is cancelled, unless a
+// ledger transaction holds the kind's lock: River's completion never waits
+// for it, and the safety net frees the slot.
 func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -742,11 +744,13 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 		revoke   bool
 		toB      bool
 		endState string
+		locked   bool // a ledger transaction holds the kind's lock as the completion lands
 	}{
-		{"A served since", "now() - interval '100 milliseconds'", false, true, "available"},
-		{"A served before B came", "now() - interval '2 seconds'", false, false, "pending"},
-		{"grant taken back", "now() - interval '100 milliseconds'", true, true, "pending"},
-		{"cancelled", "now() - interval '100 milliseconds'", false, true, "cancelled"},
+		{"A served since", "now() - interval '100 milliseconds'", false, true, "available", false},
+		{"A served before B came", "now() - interval '2 seconds'", false, false, "pending", false},
+		{"grant taken back", "now() - interval '100 milliseconds'", true, true, "pending", false},
+		{"cancelled", "now() - interval '100 milliseconds'", false, true, "cancelled", false},
+		{"cancelled under the kind's lock", "now() - interval '100 milliseconds'", false, true, "cancelled", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -794,10 +798,26 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 			if c.endState == "cancelled" {
 				exec(t, pool, `UPDATE river_job SET metadata = metadata || '{"cancel_attempted_at": "2026-01-01T00:00:00Z"}' WHERE id = 2`)
 			}
-			// River's completion of job 2 lands.
-			exec(t, pool, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = 2`)
+			if c.locked {
+				holder, err := pool.Begin(ctx)
+				require.NoError(t, err)
+				defer func() { _ = holder.Rollback(ctx) }()
+				_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || $1::text, 0))`, kind)
+				require.NoError(t, err)
+			}
+			// River's completion of job 2 lands (never waiting for the
+			// kind's lock).
+			done, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			_, err = pool.Exec(done, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = 2`)
+			require.NoError(t, err)
 			s, marked := state(2)
 			require.Equal(t, c.endState, s)
+			if c.locked {
+				require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2`),
+					"the kind's lock is held: the slot is left for the safety net")
+				return
+			}
 			if c.endState == "cancelled" {
 				// Its reserved slot went back with the cancel, counts and all.
 				require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2`))
