@@ -588,6 +588,11 @@ func (q *Queue) Swapped(to, from int64, moved, gaveBack, ahead bool, reason stri
 func (q *Queue) Forget(id int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.forgetLocked(id)
+}
+
+// forgetLocked takes job id out of the queue, if it is there.
+func (q *Queue) forgetLocked(id int64) {
 	if j := q.jobs[id]; j != nil {
 		q.removeLocked(j)
 		q.serveLocked()
@@ -601,10 +606,7 @@ func (q *Queue) Forget(id int64) {
 func (q *Queue) Park(id int64, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if j := q.jobs[id]; j != nil {
-		q.removeLocked(j)
-		q.serveLocked()
-	}
+	q.forgetLocked(id)
 	if q.parked == nil {
 		q.parked = map[int64]time.Time{}
 	}
