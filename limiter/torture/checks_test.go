@@ -2,6 +2,7 @@ package torture
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -779,6 +780,35 @@ func TestCheckHerdReparkedAfterABreakerSetAgain(t *testing.T) {
 	f.ran(1, 910, 10, "ok")
 	if got := f.found("herd"); len(got) > 0 {
 		t.Fatalf("parked again after a breaker was set again: %q", got)
+	}
+}
+
+// TestUnseenPendingIsFolded: a step back (running → pending → available
+// in one transaction) reads as running → available, as every other
+// session saw it; a parking and a resume in two transactions stay two
+// changes; a parking undone in its own transaction is no change.
+func TestUnseenPendingIsFolded(t *testing.T) {
+	at := func(ms int) time.Time { return time.Date(2026, 12, 4, 0, 0, 0, ms*int(time.Millisecond), time.UTC) }
+	got := unseenPendingFolded([]change{
+		{from: "available", to: "running", at: at(1), tx: 1},
+		{from: "running", to: "pending", at: at(2), tx: 2},
+		{from: "pending", to: "available", at: at(3), tx: 2, query: "step back"},
+		{from: "available", to: "running", at: at(4), tx: 3},
+		{from: "running", to: "pending", at: at(5), tx: 4},
+		{from: "pending", to: "available", at: at(6), tx: 5},
+		{from: "available", to: "pending", at: at(7), tx: 6},
+		{from: "pending", to: "available", at: at(8), tx: 6},
+	})
+	var seen []string
+	for _, c := range got {
+		seen = append(seen, c.from+"→"+c.to)
+	}
+	want := []string{"available→running", "running→available", "available→running", "running→pending", "pending→available"}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("folded: %v, want %v", seen, want)
+	}
+	if got[1].query != "step back" || !got[1].at.Equal(at(2)) {
+		t.Fatalf("the fold keeps the resume's statement and the first change's time: %+v", got[1])
 	}
 }
 

@@ -358,7 +358,7 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 		// Changes of one statement are logged in row order, at increasing
 		// clock times; keep them in time order whatever the log's order.
 		sort.SliceStable(cs, func(i, j int) bool { return cs[i].at.Before(cs[j].at) })
-		r.changes[id] = cs
+		r.changes[id] = unseenPendingFolded(cs)
 	}
 	r.line = map[int64][]lineEvent{}
 	rows, err = pool.Query(ctx, `SELECT job_id, what, COALESCE(reserved, false), COALESCE(worker, ''), at, COALESCE(query, ''), tx
@@ -499,4 +499,32 @@ func (r *record) inDrain(kind string, fetch, start time.Time) bool {
 		}
 	}
 	return true
+}
+
+// unseenPendingFolded folds a job's pending state that no other
+// transaction saw (made and left in one transaction: a step back, or a
+// grant as its parking completed, which sluice_step_back resumes in the
+// statement that parked it; a parking at a fetch and a resume in one
+// release) into one change from the state before to the state after, as
+// every other session saw the job; a fold back to the same state is no
+// change. cs is in time order.
+func unseenPendingFolded(cs []change) []change {
+	out := make([]change, 0, len(cs))
+	for i := 0; i < len(cs); i++ {
+		c := cs[i]
+		if i+1 < len(cs) && c.to == "pending" && c.tx != 0 {
+			if n := cs[i+1]; n.from == "pending" && n.tx == c.tx {
+				c.to, c.query, c.scheduledAt = n.to, n.query, n.scheduledAt
+				if n.client != "" {
+					c.client = n.client
+				}
+				i++
+				if c.from == c.to {
+					continue
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	return out
 }
