@@ -115,12 +115,27 @@ func (f *fakeRecord) backlog(n int, runMs int) {
 
 // arrives adds job 20 of key B, inserted at 100 ms, fetched at fetchMs and
 // started at startMs.
-func (f *fakeRecord) arrives(fetchMs, startMs int) {
-	f.job(20, "B")
-	f.r.jobs[20].inserted = f.at(100)
-	f.r.changes[20][0].at = f.at(100)
-	f.fetched(20, "w1", fetchMs)
-	f.started(20, "w1", startMs, 10)
+func (f *fakeRecord) arrives(fetchMs, startMs int) { f.arrivesAs(20, fetchMs, startMs) }
+
+// arrivesAs adds job id of key B, inserted at 100 ms, fetched at fetchMs
+// and started at startMs.
+func (f *fakeRecord) arrivesAs(id int64, fetchMs, startMs int) {
+	f.job(id, "B")
+	f.r.jobs[id].inserted = f.at(100)
+	f.r.changes[id][0].at = f.at(100)
+	f.fetched(id, "w1", fetchMs)
+	f.started(id, "w1", startMs, 10)
+}
+
+// startedEarlier adds n jobs of key B from id from on, inserted at t0 and
+// run from 5 ms on, one a millisecond: B's own starts before it arrives.
+func (f *fakeRecord) startedEarlier(from int64, n int) {
+	for i := range n {
+		id := from + int64(i)
+		f.job(id, "B")
+		f.r.jobs[id].inserted = f.at(0)
+		f.ran(id, 5+i, 10, "ok")
+	}
 }
 
 // found runs the checks and returns the violations of check name.
@@ -1125,17 +1140,8 @@ func TestCheckFairnessKeyRate(t *testing.T) {
 			f.state(id, "available", "running", 1)
 			f.started(id, "w1", 1+int(id-1)/2*100, 99)
 		}
-		for i := range earlier {
-			id := int64(17 + i)
-			f.job(id, "B")
-			f.r.jobs[id].inserted = f.at(0)
-			f.ran(id, 5+i, 10, "ok")
-		}
-		f.job(20, "B")
-		f.r.jobs[20].inserted = f.at(100)
-		f.r.changes[20][0].at = f.at(100)
-		f.fetched(20, "w1", 110)
-		f.started(20, "w1", 1010, 10)
+		f.startedEarlier(17, earlier)
+		f.arrives(110, 1010)
 		got := f.found("fairness")
 		if earlier == 2 && len(got) > 0 {
 			t.Fatalf("B was held back by its own rate, not by A: %q", got)
@@ -1166,17 +1172,8 @@ func TestCheckFairnessKeyRateFreesAPeriodAfterTheCodeBegan(t *testing.T) {
 			f.state(id, "available", "running", 1)
 			f.started(id, "w1", 1+int(id-1)/2*50, 49)
 		}
-		for i := range 2 {
-			id := int64(41 + i)
-			f.job(id, "B")
-			f.r.jobs[id].inserted = f.at(0)
-			f.ran(id, 5+i, 10, "ok")
-		}
-		f.job(50, "B")
-		f.r.jobs[50].inserted = f.at(100)
-		f.r.changes[50][0].at = f.at(100)
-		f.fetched(50, "w1", 110)
-		f.started(50, "w1", 1012, 10)
+		f.startedEarlier(41, 2)
+		f.arrivesAs(50, 110, 1012)
 		if got := f.found("fairness"); (len(got) > 0) != c.found {
 			t.Fatalf("rate 2/%s: fairness violations %q, want some: %v", c.period, got, c.found)
 		}
