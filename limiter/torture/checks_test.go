@@ -785,14 +785,8 @@ func TestCheckHerdReparkedAfterABreakerSetAgain(t *testing.T) {
 		limitChange{began: f.at(80), at: f.at(100), limits: limits{present: true, max: 6}},
 		limitChange{began: f.at(101), at: f.at(130), limits: limits{present: true, max: -1}},
 		limitChange{began: f.at(800), at: f.at(810), limits: limits{present: true, max: 6}})
-	f.job(1, "")
-	f.state(1, "available", "running", 1)
-	f.state(1, "running", "pending", 2)
-	f.state(1, "pending", "available", 90)
-	f.state(1, "available", "running", 95)
-	f.state(1, "running", "pending", 150)
-	f.state(1, "pending", "available", 900)
-	f.ran(1, 910, 10, "ok")
+	f.parked(1)
+	f.reparked(1, 90, 95, 150)
 	if got := f.found("herd"); len(got) > 0 {
 		t.Fatalf("parked again after a breaker was set again: %q", got)
 	}
