@@ -1128,12 +1128,7 @@ func TestCheckOrderTellsTheDrainsExemptions(t *testing.T) {
 func TestCheckFairnessKeyRate(t *testing.T) {
 	for _, earlier := range []int{2, 1} {
 		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true})
-		for id := int64(1); id <= 16; id++ {
-			f.job(id, "A")
-			f.r.jobs[id].inserted = f.at(0)
-			f.state(id, "available", "running", 1)
-			f.started(id, "w1", 1+int(id-1)/2*100, 99)
-		}
+		f.backlog(16, 100)
 		f.startedEarlier(17, earlier)
 		f.arrives(110, 1010)
 		got := f.found("fairness")
@@ -1160,12 +1155,7 @@ func TestCheckFairnessKeyRateFreesAPeriodAfterTheCodeBegan(t *testing.T) {
 		found  bool
 	}{{time.Second, false}, {500 * time.Millisecond, true}} {
 		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: c.period, ratePerKey: true})
-		for id := int64(1); id <= 40; id++ {
-			f.job(id, "A")
-			f.r.jobs[id].inserted = f.at(0)
-			f.state(id, "available", "running", 1)
-			f.started(id, "w1", 1+int(id-1)/2*50, 49)
-		}
+		f.backlog(40, 50)
 		f.startedEarlier(41, 2)
 		f.arrivesAs(50, 110, 1012)
 		if got := f.found("fairness"); (len(got) > 0) != c.found {
