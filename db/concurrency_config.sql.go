@@ -309,6 +309,19 @@ func (q *Queries) ListenLimits(ctx context.Context) error {
 	return err
 }
 
+const listenReservations = `-- name: ListenReservations :exec
+LISTEN sluice_reservations
+`
+
+// Subscribes this session to the reservations whose job went: a trigger on
+// river_job (sluice_reservation_gone) notifies sluice_reservations with
+// the kind when a job granted a slot or a start it had not claimed yet is
+// deleted or cancelled.
+func (q *Queries) ListenReservations(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, listenReservations)
+	return err
+}
+
 const setLimitConfig = `-- name: SetLimitConfig :exec
 UPDATE concurrency_limits
 SET max_concurrency = $1,

@@ -71,7 +71,7 @@ const (
 // limit passes through after an in-memory lookup), wraps River's driver so
 // that the jobs of a fetch are decided together before River runs them,
 // and runs the services that keep a worker's side of the limits: the
-// listener (limits and grants), the grant watch, the lease keeper, the
+// listener (limits, grants and reservations whose job went), the grant watch, the lease keeper, the
 // release batcher and the timers of rate windows and rechecks. Start starts
 // them; Flush stops them.
 type Limiter struct {
@@ -104,6 +104,7 @@ type Limiter struct {
 	grants     *grantWatch
 	wakes      rateWakes
 	rechecks   rechecks
+	went       goneReservations
 	gate       fetchGate
 
 	parkedTotal atomic.Int64 // parkings by this limiter, every kind
@@ -181,6 +182,7 @@ func New(cfg Config) (*Limiter, error) {
 	l.grants = newGrantWatch(l, cfg.Grants)
 	l.wakes.l = l
 	l.rechecks.l = l
+	l.went.l = l
 	l.gate.l = l
 	return l, nil
 }

@@ -23,17 +23,21 @@ const (
 	listenRetryMax = 5 * time.Second
 )
 
-// listen holds the worker's one listening connection, on LimitChannel
-// and GrantChannel, until ctx ends, reconnecting with backoff: a change of
-// limits expires the worker's copy of them at once and runs a grant round
-// of the kind, and a grant to a job waiting here wakes it. While it is not connected, the copy is re-read
+// listen holds the worker's one listening connection, on LimitChannel,
+// GrantChannel and ReservationChannel, until ctx ends, reconnecting with
+// backoff: a change of limits expires the worker's copy of them at once
+// and runs a grant round of the kind, a grant to a job waiting here wakes
+// it, and a reservation whose job went is freed (goneReservations). While it is not connected, the copy is re-read
 // every LimitCacheTTL and the grants are looked for every GrantPollLost.
 func (l *Limiter) listen(ctx context.Context) {
 	pgkit.Listener{
 		Pool:    l.pool,
-		Channel: LimitChannel + ", " + GrantChannel,
+		Channel: LimitChannel + ", " + GrantChannel + ", " + ReservationChannel,
 		Listen: func(ctx context.Context, q *db.Queries) error {
 			if err := q.ListenLimits(ctx); err != nil {
+				return err
+			}
+			if err := q.ListenReservations(ctx); err != nil {
 				return err
 			}
 			return q.ListenGrants(ctx)
@@ -66,6 +70,8 @@ func (l *Limiter) listen(ctx context.Context) {
 				l.TestSignals.LimitsChanged.Signal(n.Payload)
 			case GrantChannel:
 				l.grants.heard(n.Payload)
+			case ReservationChannel:
+				l.went.heard(ctx, n.Payload)
 			}
 		},
 	}.Run(ctx)

@@ -29,6 +29,9 @@ type TestSignals struct {
 	// RateWake: a rate window's timer fired and a grant round of the kind
 	// is on its way (value: the kind).
 	RateWake testsignal.TestSignal[string]
+	// ReservationFreed: the listener heard that a job holding a
+	// reservation went, and the kind's clean-up ran (value: the kind).
+	ReservationFreed testsignal.TestSignal[string]
 }
 
 // Init initializes every signal for tb.
@@ -40,4 +43,5 @@ func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.Swapped.Init(tb)
 	ts.Renewed.Init(tb)
 	ts.RateWake.Init(tb)
+	ts.ReservationFreed.Init(tb)
 }

@@ -128,3 +128,10 @@ DELETE FROM concurrency_executions WHERE kind = sqlc.arg(kind) AND reserved;
 -- concurrency_limits (sluice_limits_notify) notifies sluice_limits with
 -- the kind whenever a kind's limits change.
 LISTEN sluice_limits;
+
+-- name: ListenReservations :exec
+-- Subscribes this session to the reservations whose job went: a trigger on
+-- river_job (sluice_reservation_gone) notifies sluice_reservations with
+-- the kind when a job granted a slot or a start it had not claimed yet is
+-- deleted or cancelled.
+LISTEN sluice_reservations;
