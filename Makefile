@@ -26,8 +26,12 @@ run: build ## migrate the database and start a worker (DATABASE_URL, its databas
 		echo "make run: the other commands need it too: export DATABASE_URL=\"\$$(scripts/pg.sh database-url sluice)\""; \
 		./$(BIN) migrate up && exec ./$(BIN) worker'
 
-test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/); the torture test's runs against real workers are make torture's
+# The 30-second torture run goes after the suite, alone, so that the other
+# packages' tests do not share its two cores; TESTFLAGS (a narrowed run)
+# leaves it out.
+test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else 127.0.0.1:5432, else .dev/), then 30 s of the torture test against real workers (not with TESTFLAGS)
 	@$(PG) with-server $(GO) test -count=1 $(TESTFLAGS) ./...
+	@$(if $(TESTFLAGS),true,$(PG) with-server env TORTURE=1 TORTURE_DURATION=30s $(GO) test -count=1 -timeout 10m -run '^TestTorture$$' ./limiter/torture/)
 
 # TORTURE_DURATION (a Go duration) sets the budget; TORTURE_SEED=N replays one
 # seed, alone (no scenarios); TORTURE_WORKER_LOGS=DIR keeps each worker

@@ -25,8 +25,8 @@
 //
 // `make torture` runs the scenarios and then seeds for TORTURE_DURATION
 // (a Go duration) and prints the coverage table; `make torture-corpus` runs
-// every seed that ever caught a bug. `make test` runs none of the runs
-// against real workers (they search; while the limiter has open findings
-// they fail some seeds): it runs the checks on hand-written records, each
-// of which must find its broken promise, and the schedule's replay.
+// every seed that ever caught a bug. `make test` runs the checks on
+// hand-written records, each of which must find its broken promise, and
+// the schedule's replay with the suite, then 30 s of seeds against real
+// workers on their own (TORTURE_DURATION=30s).
 package torture

@@ -48,10 +48,11 @@ const (
 
 // requireTorture skips a run against real worker processes unless it was
 // asked for: make torture sets TORTURE=1 (TORTURE_SEED, TORTURE_DURATION
-// and TORTURE_CORPUS ask too). Those runs search the limiter for bugs, with
-// random schedules and timing tolerances; make test runs the package's
+// and TORTURE_CORPUS ask too), and so does make test for its 30-second run
+// after the suite. Those runs search the limiter for bugs, with random
+// schedules and timing tolerances; the suite itself runs the package's
 // deterministic tests (the checks on hand-written records, the schedule
-// drawn from its seed). The README's Development section says why.
+// drawn from its seed).
 func requireTorture(t *testing.T) {
 	t.Helper()
 	for _, v := range []string{"TORTURE", "TORTURE_SEED", "TORTURE_DURATION", "TORTURE_CORPUS"} {
