@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/policy"
 )
 
 // A seed's schedule is drawn from the seed alone, before the run: every
@@ -69,9 +70,21 @@ type op struct {
 	park   time.Duration // the new worker's park-after
 }
 
+// policyOp is an enqueue policy in force on one kind for a seed's whole
+// run: at most maxWaiting jobs of each key (by args field key) waiting,
+// and a conflicting insert discarded or replacing the newest waiting job.
+type policyOp struct {
+	kind       string
+	onConflict policy.OnConflict
+	maxWaiting int32
+}
+
 // schedule is a seed's whole schedule.
 type schedule struct {
 	seed uint64
+	// policy, when not nil, is in force from the start (set before the
+	// first worker starts).
+	policy *policyOp
 	// slots is every worker's MaxWorkers for the default queue.
 	slots int
 	// parks are the park-after times of the workers started first.
@@ -105,7 +118,23 @@ func drawSchedule(seed uint64) *schedule {
 	for i := range s.quiesceClear {
 		s.quiesceClear[i] = rng.IntN(2) == 0
 	}
+	s.policy = drawPolicy(seed)
 	return s
+}
+
+// drawPolicy draws a seed's enqueue policy, or none (one seed in two),
+// from a stream of its own, so that a seed's operations are what they
+// were before policies came into the schedule.
+func drawPolicy(seed uint64) *policyOp {
+	rng := rand.New(rand.NewPCG(seed, 0x706f6c69))
+	if rng.IntN(2) == 0 {
+		return nil
+	}
+	return &policyOp{
+		kind:       "torture." + []string{"a", "b"}[rng.IntN(2)],
+		onConflict: []policy.OnConflict{policy.Discard, policy.Replace}[rng.IntN(2)],
+		maxWaiting: int32(1 + rng.IntN(6)),
+	}
 }
 
 // drawOp draws one operation; jobs counts the jobs inserted so far (no
@@ -260,6 +289,10 @@ func (s *schedule) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: %d workers (park-after %v), MaxWorkers %d; at the end %s\n", s.seed, len(s.parks), s.parks,
 		s.slots, s.quiesceString())
+	if p := s.policy; p != nil {
+		fmt.Fprintf(&b, "enqueue policy of %s: by key, max waiting %d, on conflict %s (its bursts go in one by one)\n",
+			p.kind, p.maxWaiting, p.onConflict)
+	}
 	for _, o := range s.ops {
 		b.WriteString(o.String())
 		b.WriteByte('\n')

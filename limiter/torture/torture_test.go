@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
+	"github.com/sluice-dev/sluice/policy"
 )
 
 // TestMain runs the test binary as a torture worker process when asked to.
@@ -158,6 +159,7 @@ func runSeed(t *testing.T, seed uint64) *tally {
 	x := newTorture(t, seed)
 	defer x.close()
 	x.sched, x.slots = s, s.slots
+	x.setPolicy(s.policy)
 	x.startWorkers(s.parks)
 	stopSampling := x.sampleAccounting()
 	start := time.Now()
@@ -321,12 +323,51 @@ func (x *torture) do(ctx context.Context, o op) {
 	}
 }
 
-// insertedAt records jobs inserted by res (args and max attempts in step)
+// policyOn is the enqueue policy in force on kind, or nil.
+func (x *torture) policyOn(kind string) *policyOp {
+	if x.sched == nil || x.sched.policy == nil || x.sched.policy.kind != kind {
+		return nil
+	}
+	return x.sched.policy
+}
+
+// setPolicy puts the seed's enqueue policy in force (nil: none).
+func (x *torture) setPolicy(p *policyOp) {
+	if p == nil {
+		return
+	}
+	x.tally.ops["enqueue policy set: "+string(p.onConflict)]++
+	if err := policy.NewStore(x.pool).Set(context.Background(), policy.Policy{Kind: p.kind, ByArgs: []string{"key"},
+		MaxWaiting: p.maxWaiting, OnConflict: p.onConflict}); err != nil {
+		x.t.Fatalf("enqueue policy: %v", err)
+	}
+}
+
+// recordJobs records jobs inserted by res (args and max attempts in step)
 // and committed at (the database's clock right after the insert returned).
+// An insert the enqueue policy answered with a waiting job (River's
+// duplicate answer) inserted nothing: a replace gave that job the new
+// args, which the record then carries (the job's key, and so its line, is
+// the same: the policy keys by the field the limits key by).
 func (x *torture) recordJobs(res []*rivertype.JobInsertResult, jobs []plannedJob, at time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for i, r := range res {
+		if r.UniqueSkippedAsDuplicate {
+			waiting, ok := x.jobs[r.Job.ID]
+			switch {
+			case !ok:
+				x.t.Errorf("the enqueue policy answered an insert with job %d, which the test never inserted", r.Job.ID)
+			case x.policyOn(r.Job.Kind) == nil:
+				x.t.Errorf("job %d of %s answered an insert as a duplicate, with no enqueue policy in force", r.Job.ID, r.Job.Kind)
+			case x.policyOn(r.Job.Kind).onConflict == policy.Replace:
+				x.tally.ops["enqueue policy: replaced"]++
+				waiting.args = jobs[i].args
+			default:
+				x.tally.ops["enqueue policy: discarded"]++
+			}
+			continue
+		}
 		x.jobs[r.Job.ID] = &job{id: r.Job.ID, kind: r.Job.Kind, args: jobs[i].args, maxAttempts: jobs[i].maxAttempts,
 			inserted: at}
 	}
@@ -349,7 +390,10 @@ func (x *torture) insertOne(ctx context.Context, j plannedJob) error {
 // burst inserts o's jobs at once: in one InsertMany, or one insert each
 // (separate transactions).
 func (x *torture) burst(ctx context.Context, o op) {
-	if o.oneByOne {
+	// Under an enqueue policy, one InsertMany may carry more jobs of a full
+	// key than the key has waiting jobs to answer with (SLR02): its bursts
+	// go in one by one.
+	if o.oneByOne || x.policyOn(o.kind) != nil {
 		x.tally.ops["insert one by one"]++
 		for _, j := range o.jobs {
 			if err := x.insertOne(ctx, j); err != nil {
