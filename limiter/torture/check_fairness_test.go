@@ -126,6 +126,15 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 			if t := r.keyRateFrees(kind, jb.args.Key, l, fb.at); t.After(from) {
 				from, excuse = t, "its key's own rate full at its fetch"
 			}
+			// So may a per-key rate set while it waited, counting its key's
+			// starts before the change: from when that window frees.
+			for _, c := range r.limits[kind] {
+				if c.at.After(fb.at) && c.at.Before(until) {
+					if t := r.keyRateFrees(kind, jb.args.Key, c.limits, c.at); t.After(from) {
+						from, excuse = t, "its key's own rate, set while it waited, full"
+					}
+				}
+			}
 			end := xb.start.Add(-wakeJitter)
 			if until.Before(xb.start) {
 				if !until.After(from) {

@@ -1141,6 +1141,31 @@ func TestCheckFairnessKeyRate(t *testing.T) {
 	}
 }
 
+// TestCheckFairnessKeyRateSetWhileItWaits: key B's job arrives behind A's
+// backlog (the kind's limit 2, no rate), fetched at 110 ms, and starts at
+// 1,010 ms, after 12 of A's starts. A per-key rate of 2/1s set at 200 ms
+// counts B's two starts at 5 and 6 ms: B's own window holds it back until
+// about 1 s, and A's starts before that are not ahead of it (seed
+// 371433671: a kind-wide rate made per key while the key waited). With one
+// earlier start of B's, its window had room, and A's 12 starts are.
+func TestCheckFairnessKeyRateSetWhileItWaits(t *testing.T) {
+	for _, earlier := range []int{2, 1} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(200),
+			limits: limits{present: true, max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true}})
+		f.backlog(16, 100)
+		f.startedEarlier(17, earlier)
+		f.arrives(110, 1010)
+		got := f.found("fairness")
+		if earlier == 2 && len(got) > 0 {
+			t.Fatalf("B was held back by its own rate, set while it waited, not by A: %q", got)
+		}
+		if earlier == 1 && (len(got) != 1 || !strings.Contains(got[0], "after 12 starts")) {
+			t.Fatalf("B's window had room: fairness violations %q", got)
+		}
+	}
+}
+
 // TestCheckFairnessKeyRateFreesAPeriodAfterTheCodeBegan: under a per-key
 // rate of 2/1s, B's two jobs began at 5 and 6 ms (the limiter logged their
 // starts up to 150 ms before: its window frees between 855 and 1,006 ms),
