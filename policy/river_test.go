@@ -139,6 +139,43 @@ func TestRejectFailsTheInsertAndItsTransaction(t *testing.T) {
 	require.Equal(t, 1, e.waiting(t, "globex"))
 }
 
+// InsertMany under a cap of one (where the trigger looks for the waiting
+// job that answers before it counts): a row of a full key is answered by
+// its waiting job, and a second row of that key in the same InsertMany,
+// whose only waiting job the statement answered with or inserted itself,
+// is refused (SLR02), never Postgres's "cannot affect row a second time".
+func TestInsertManyUnderACapOfOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	e.set(t, policy.Policy{ByArgs: []string{"tenant"}, MaxWaiting: 1, OnConflict: policy.Discard})
+	a1 := e.insert(t, "acme", 1)
+
+	res, err := e.client.InsertMany(ctx, []river.InsertManyParams{
+		{Args: syncArgs{Tenant: "globex", Seq: 2}}, {Args: syncArgs{Tenant: "acme", Seq: 3}}, {Args: syncArgs{Tenant: "initech", Seq: 4}},
+	})
+	require.NoError(t, err)
+	require.False(t, res[0].UniqueSkippedAsDuplicate)
+	require.True(t, res[1].UniqueSkippedAsDuplicate)
+	require.Equal(t, a1.Job.ID, res[1].Job.ID, "the waiting job answers")
+	require.False(t, res[2].UniqueSkippedAsDuplicate)
+
+	for _, rows := range [][]river.InsertManyParams{
+		{{Args: syncArgs{Tenant: "acme", Seq: 5}}, {Args: syncArgs{Tenant: "acme", Seq: 6}}},   // answered, then again
+		{{Args: syncArgs{Tenant: "hooli", Seq: 7}}, {Args: syncArgs{Tenant: "hooli", Seq: 8}}}, // inserted, then full
+		{{Args: syncArgs{Tenant: "umbrella", Seq: 9}}, {Args: syncArgs{Tenant: "acme", Seq: 10}}, // the statement's
+			{Args: syncArgs{Tenant: "umbrella", Seq: 11}}}, // first row inserted, its second answered: its third
+	} {
+		_, err = e.client.InsertMany(ctx, rows)
+		pgErr, ok := policy.AsRefused(err)
+		require.True(t, ok, "%v", err)
+		require.Contains(t, pgErr.Message, "InsertMany")
+	}
+	require.Equal(t, 1, e.waiting(t, "acme"))
+	require.Zero(t, e.waiting(t, "hooli"), "nothing of a failed InsertMany stays")
+	require.Zero(t, e.waiting(t, "umbrella"))
+}
+
 // InsertMany: each row meets the policy, in order; two rows of one full
 // key in one InsertMany are refused (SLR02) when the key has fewer waiting
 // jobs to answer with, as River itself fails on two rows of one unique key.
