@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/jobtest"
 )
 
 // TestAReservationWhoseJobWentIsFreedAtOnce: a job resumed with a slot
@@ -26,10 +29,7 @@ func TestAReservationWhoseJobWentIsFreedAtOnce(t *testing.T) {
 			url, pool, tracker := probeKind(t, name, 1)
 			client, lim := startProbeWorkerSignals(t, url, name+"-a", name, tracker, 10*time.Millisecond, nil)
 
-			holder := insertProbes(t, client, name, 0, 1, 60_000)[0]
-			require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
-			ids := insertProbes(t, client, name, 1, 2, 0)
-			waitParked(t, pool, ids...)
+			holder, ids := parkedBehindAHolder(t, client, pool, tracker, name)
 			// The oldest parked job will be resumed into a queue no worker
 			// works: its reservation waits there, unclaimed.
 			_, err := pool.Exec(ctx, "UPDATE river_job SET queue = 'nowhere' WHERE id = $1", ids[0])
@@ -75,10 +75,7 @@ func TestNoNotificationForAJobWithoutAReservation(t *testing.T) {
 	url, pool, tracker := probeKind(t, name, 1)
 	client, lim := startProbeWorkerSignals(t, url, name+"-a", name, tracker, 10*time.Millisecond, nil)
 
-	holder := insertProbes(t, client, name, 0, 1, 60_000)[0]
-	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
-	ids := insertProbes(t, client, name, 1, 2, 0)
-	waitParked(t, pool, ids...)
+	holder, ids := parkedBehindAHolder(t, client, pool, tracker, name)
 	_, err := client.JobDelete(ctx, ids[0])
 	require.NoError(t, err)
 	_, err = client.JobCancel(ctx, ids[1])
@@ -93,4 +90,15 @@ func TestNoNotificationForAJobWithoutAReservation(t *testing.T) {
 		t.Fatalf("a clean-up of %s ran, but no job with a reservation went", kind)
 	default:
 	}
+}
+
+// parkedBehindAHolder starts a long job of probe kind name (limited to 1:
+// the holder of its one slot) and parks two more behind it (seqs 1 and 2).
+func parkedBehindAHolder(t *testing.T, client *jobtest.Client, pool *pgxpool.Pool, tracker *probeTracker, name string) (holder int64, ids []int64) {
+	t.Helper()
+	holder = insertProbes(t, client, name, 0, 1, 60_000)[0]
+	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
+	ids = insertProbes(t, client, name, 1, 2, 0)
+	waitParked(t, pool, ids...)
+	return holder, ids
 }
