@@ -40,6 +40,10 @@ var corpus = []corpusSeed{
 	{910, "fairness behind a backlog", "a key arriving while another key's backlog waited in the workers was not fetched for seconds",
 		"TestTortureFairnessBehindABacklog"},
 	{911, "mixed run", "a job of a key started 740 ms after four younger jobs of its key", "TestTortureMixedRun"},
+	{104243642, "reservation of a job that went", "a slot reserved for a resumed job deleted while available was freed only by the safety net (its key held 4.3 s)",
+		"limiter's TestAReservationWhoseJobWentIsFreedAtOnce"},
+	{371433671, "fairness under a rate made per key", "the check's own: a per-key rate set while a key waited held it back, and the check counted the other keys' starts from the key's fetch",
+		"TestCheckFairnessKeyRateSetWhileItWaits"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
