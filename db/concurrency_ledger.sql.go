@@ -209,11 +209,11 @@ WITH lim AS (
     SELECT l.kind, l.partition_fields AS fields, l.rate_max,
            COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
     FROM concurrency_limits l
-    WHERE l.kind = ANY($3::text[])
+    WHERE l.kind = ANY($4::text[])
 ),
 batch AS (
     SELECT b.job_id, b.kind, b.key, b.fetched_at
-    FROM (SELECT unnest($1::bigint[]) AS job_id, unnest($4::text[]) AS kind, unnest($5::text[]) AS key, unnest($6::timestamptz[]) AS fetched_at) AS b
+    FROM (SELECT unnest($1::bigint[]) AS job_id, unnest($5::text[]) AS kind, unnest($6::text[]) AS key, unnest($7::timestamptz[]) AS fetched_at) AS b
 ),
 jobs AS (
     SELECT b.job_id, b.kind,
@@ -221,11 +221,11 @@ jobs AS (
            EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = b.job_id AND e.reserved) AS slot_reserved,
            EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = b.job_id AND s.reserved) AS start_reserved,
            EXISTS (SELECT 1 FROM concurrency_executions e
-                   WHERE e.job_id = b.job_id AND NOT e.reserved AND e.worker_id = $7::text
+                   WHERE e.job_id = b.job_id AND NOT e.reserved AND e.worker_id = $2::text
                      AND e.admitted_at >= b.fetched_at) AS slot_held,
            EXISTS (SELECT 1 FROM concurrency_executions e
                    WHERE e.job_id = b.job_id AND NOT e.reserved
-                     AND NOT (e.worker_id = $7::text AND e.admitted_at >= b.fetched_at)) AS slot_stale,
+                     AND NOT (e.worker_id = $2::text AND e.admitted_at >= b.fetched_at)) AS slot_stale,
            EXISTS (SELECT 1 FROM concurrency_starts s
                    WHERE s.job_id = b.job_id AND NOT s.reserved AND s.started_at >= b.fetched_at) AS start_held,
            w.job_id IS NOT NULL AS waiter,
@@ -256,10 +256,18 @@ SELECT jsonb_build_object(
             'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
                               JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
                               WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
-            'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
-                        WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
-                          AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
-                          AND f.job_id <> ALL($1::bigint[])),
+            'fetched', (SELECT min(x.job_id) FROM (
+                (SELECT f.job_id FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
+                 WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
+                   AND f.fetched_at > statement_timestamp() - interval '2 seconds'
+                   AND f.job_id <> ALL($1::bigint[])
+                 ORDER BY f.job_id LIMIT 1)
+                UNION ALL
+                -- waiting in another worker for a leased slot, published
+                (SELECT u.job_id FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                 JOIN river_job o ON o.id = u.job_id AND o.state = 'running'
+                 WHERE lim.fields IS NULL AND cl.kind = lim.kind AND cl.worker_id <> $2::text
+                   AND u.job_id <> ALL($1::bigint[]))) x),
             'front', (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w
                  WHERE w.kind = lim.kind AND (lim.fields IS NULL OR w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
@@ -279,10 +287,10 @@ SELECT jsonb_build_object(
                           AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = lim.kind AND lim.fields IS NULL
-                 LIMIT $2::integer)
+                 LIMIT $3::integer)
                 UNION ALL
                 (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = lim.kind AND lim.fields IS NULL
-                 LIMIT $2::integer)) x),
+                 LIMIT $3::integer)) x),
             'starts', (SELECT count(*) FROM concurrency_starts s
                        WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
                          AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -323,9 +331,9 @@ SELECT jsonb_build_object(
                         WHERE w.kind = k.kind AND w.key = k.key AND w.worker_id IS NOT NULL
                           AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
             'ahead', (SELECT count(*) FROM (
-                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT $2::integer)
+                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT $3::integer)
                 UNION ALL
-                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT $2::integer)) x),
+                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT $3::integer)) x),
             'starts', (SELECT count(*) FROM concurrency_starts s, lim
                        WHERE lim.kind = k.kind AND lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
                          AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -342,12 +350,12 @@ SELECT jsonb_build_object(
 
 type LedgerDecideStateParams struct {
 	JobIds     []int64     `json:"job_ids"`
+	WorkerID   string      `json:"worker_id"`
 	MaxAhead   int32       `json:"max_ahead"`
 	Kinds      []string    `json:"kinds"`
 	JobKinds   []string    `json:"job_kinds"`
 	JobKeys    []string    `json:"job_keys"`
 	FetchedAts []time.Time `json:"fetched_ats"`
-	WorkerID   string      `json:"worker_id"`
 }
 
 // What a decision of jobs (job_ids, with their kinds, the keys the caller
@@ -367,16 +375,17 @@ type LedgerDecideStateParams struct {
 // reserved slot and start, its transit) and its rate window; per kind without a partition and per key,
 // the oldest job fetched by a worker and not decided yet (fetched: marked
 // by its fetch within the last two seconds, still running, not in this
-// decision), which no younger job of its line passes.
+// decision; without a partition, also a job another worker published as
+// waiting for a leased slot), which no younger job of its line passes.
 func (q *Queries) LedgerDecideState(ctx context.Context, arg LedgerDecideStateParams) (json.RawMessage, error) {
 	row := q.db.QueryRow(ctx, ledgerDecideState,
 		arg.JobIds,
+		arg.WorkerID,
 		arg.MaxAhead,
 		arg.Kinds,
 		arg.JobKinds,
 		arg.JobKeys,
 		arg.FetchedAts,
-		arg.WorkerID,
 	)
 	var state json.RawMessage
 	err := row.Scan(&state)
@@ -534,10 +543,20 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                 UNION ALL
                 (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
-                 WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+                 WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds'
                    AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
                    AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id)
                  ORDER BY f.job_id LIMIT $1::integer)
+                UNION ALL
+                -- waiting in a worker for a leased slot, published: a job
+                -- of the line, not granted past them
+                (SELECT u.job_id, false, cl.worker_id, false, false, j.queue, 'fetched', false
+                 FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                 JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
+                 WHERE cl.kind = lim.kind
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = u.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = u.job_id)
+                 ORDER BY u.job_id LIMIT $1::integer)
             ) x ORDER BY x.job_id LIMIT $1::integer
         ) f) END,
     'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
@@ -1083,9 +1102,10 @@ type LedgerMarkFetchedParams struct {
 // that no worker's decision or grant round lets a younger job of their
 // lines start before their own decision, which deletes the marks
 // (LedgerUnmarkFetched). A job marked leased (a first attempt on the
-// leased path) counts only for the other workers' leases, as waiting,
-// until its worker publishes the jobs waiting for a leased slot
-// (SetLeaseWaiting deletes the mark).
+// leased path) counts for the other workers' leases as waiting, and holds
+// up the kind's line as a job fetched, until its worker publishes the jobs
+// waiting for a leased slot (SetLeaseWaiting deletes the mark; a job
+// published as waiting holds up the line in turn).
 func (q *Queries) LedgerMarkFetched(ctx context.Context, arg LedgerMarkFetchedParams) error {
 	_, err := q.db.Exec(ctx, ledgerMarkFetched,
 		arg.WorkerID,

@@ -104,7 +104,8 @@ ORDER BY l.kind;
 -- reserved slot and start, its transit) and its rate window; per kind without a partition and per key,
 -- the oldest job fetched by a worker and not decided yet (fetched: marked
 -- by its fetch within the last two seconds, still running, not in this
--- decision), which no younger job of its line passes.
+-- decision; without a partition, also a job another worker published as
+-- waiting for a leased slot), which no younger job of its line passes.
 WITH lim AS (
     SELECT l.kind, l.partition_fields AS fields, l.rate_max,
            COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
@@ -156,10 +157,18 @@ SELECT jsonb_build_object(
             'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
                               JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
                               WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
-            'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
-                        WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
-                          AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
-                          AND f.job_id <> ALL(sqlc.arg(job_ids)::bigint[])),
+            'fetched', (SELECT min(x.job_id) FROM (
+                (SELECT f.job_id FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND o.state = 'running'
+                 WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
+                   AND f.fetched_at > statement_timestamp() - interval '2 seconds'
+                   AND f.job_id <> ALL(sqlc.arg(job_ids)::bigint[])
+                 ORDER BY f.job_id LIMIT 1)
+                UNION ALL
+                -- waiting in another worker for a leased slot, published
+                (SELECT u.job_id FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                 JOIN river_job o ON o.id = u.job_id AND o.state = 'running'
+                 WHERE lim.fields IS NULL AND cl.kind = lim.kind AND cl.worker_id <> sqlc.arg(worker_id)::text
+                   AND u.job_id <> ALL(sqlc.arg(job_ids)::bigint[]))) x),
             'front', (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w
                  WHERE w.kind = lim.kind AND (lim.fields IS NULL OR w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
@@ -410,10 +419,20 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                 UNION ALL
                 (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
-                 WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
+                 WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds'
                    AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
                    AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id)
                  ORDER BY f.job_id LIMIT sqlc.arg(depth)::integer)
+                UNION ALL
+                -- waiting in a worker for a leased slot, published: a job
+                -- of the line, not granted past them
+                (SELECT u.job_id, false, cl.worker_id, false, false, j.queue, 'fetched', false
+                 FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                 JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
+                 WHERE cl.kind = lim.kind
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = u.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = u.job_id)
+                 ORDER BY u.job_id LIMIT sqlc.arg(depth)::integer)
             ) x ORDER BY x.job_id LIMIT sqlc.arg(depth)::integer
         ) f) END,
     'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
@@ -1331,9 +1350,10 @@ FROM act a;
 -- that no worker's decision or grant round lets a younger job of their
 -- lines start before their own decision, which deletes the marks
 -- (LedgerUnmarkFetched). A job marked leased (a first attempt on the
--- leased path) counts only for the other workers' leases, as waiting,
--- until its worker publishes the jobs waiting for a leased slot
--- (SetLeaseWaiting deletes the mark).
+-- leased path) counts for the other workers' leases as waiting, and holds
+-- up the kind's line as a job fetched, until its worker publishes the jobs
+-- waiting for a leased slot (SetLeaseWaiting deletes the mark; a job
+-- published as waiting holds up the line in turn).
 INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, leased)
 SELECT f.job_id, f.kind, NULLIF(f.key, ''), sqlc.arg(worker_id)::text, now(), f.leased
 FROM (SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(kinds)::text[]) AS kind,

@@ -15,8 +15,9 @@ type Fetched struct {
 	Kind string
 	Key  string
 	// Leased: a first attempt on the leased path, which the worker's
-	// memory decides: for the other workers' leases it waits until this
-	// worker publishes what waits (PublishWaiting).
+	// memory decides: for the other workers' leases and for the kind's
+	// line it waits until this worker publishes what waits (PublishWaiting),
+	// and then as a job published waiting.
 	Leased bool
 }
 

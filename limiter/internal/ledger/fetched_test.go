@@ -104,7 +104,11 @@ func TestAJobGrantedOnItsWayGoesFirst(t *testing.T) {
 // marked leased by its fetch counts, for the other workers' leases, as
 // waiting for a leased slot from its fetch on (before its worker's keeper
 // publishes what waits there), and its worker's publication takes the mark
-// away. A leased mark holds up no decision of the line.
+// away. A leased mark, and then the job published as waiting for a leased
+// slot, holds up the younger jobs of the line: a decision makes one wait
+// and a grant round gives it nothing (seed 458964646: a younger job of the
+// line started while 20 older ones waited in a slow worker), until the job
+// no longer waits.
 func TestALeasedMarkWaitsUntilPublished(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -123,13 +127,25 @@ func TestALeasedMarkWaitsUntilPublished(t *testing.T) {
 	require.Zero(t, st.OldestOtherLine, "a leased mark counted as a job of the line")
 
 	younger := running(t, pool, kind, `{}`, "w1", 2, time.Now())
-	require.Equal(t, ledger.Slot, decideOne(t, holder, younger, nil).Action, "a leased mark held up a decision of the line")
+	d := decideOne(t, holder, younger, nil)
+	require.Equal(t, ledger.Wait, d.Action, "a younger job of the line passed a leased mark")
+	require.Equal(t, ledger.ReasonFIFO, d.Reason)
+	requireNotGranted(t, holder, pool, kind, younger.ID)
 
-	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil, []int64{job.ID}))
+	// Published as waiting for a leased slot: it still goes first.
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, []int64{job.ID}, []int64{job.ID}))
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, job.ID), "the publication left the mark")
+	requireNotGranted(t, holder, pool, kind, younger.ID)
+
+	// It waits no more (a leased slot, say): the younger job's turn.
+	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil, nil))
 	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, st.OldestOther.IsZero(), "a job published as no longer waiting still counts")
+	_, err = holder.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, younger.ID),
+		"the younger job was not granted its turn")
 }
 
 // TestAJobLetGoGoesFirst: a job waiting in a worker's line when its kind's
