@@ -17,7 +17,7 @@ import (
 //     (the same race: the worker parked the loser rather than keep it);
 //     or for one its own worker fetched, after the younger one's fetch,
 //     within fetchInFlight before the younger one's start (that fetch was
-//     in flight).
+//     in flight), and parked by it straight from that fetch.
 //   - By fetch (a per-kind limit alone): a job never starts while an older
 //     job of its kind fetched more than fetchTolerance before it (by any
 //     worker), or in the same fetch, waits in a worker; nor while an older
@@ -191,6 +191,12 @@ func (r *record) orderExcuse(l limits, i int64, w wait, xj run, fj change) strin
 			// The same race, lost a moment before the younger one started:
 			// its worker parked it rather than let it wait.
 			return "fetched at about the same time, then parked"
+		}
+		if w.how == "parked" && w.fetchedBy == xj.worker && w.fetchedAt.After(fj.at) &&
+			w.fetchedAt.After(xj.start.Add(-fetchInFlight)) {
+			// Its worker's fetch of it was in flight, and the worker parked
+			// it rather than let it wait (seed 909341368).
+			return "fetched by its worker as the younger one started, then parked"
 		}
 		return ""
 	}

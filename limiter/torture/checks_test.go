@@ -381,6 +381,33 @@ func TestCheckOrderFetchInFlight(t *testing.T) {
 	}
 }
 
+// TestCheckOrderFetchInFlightThenParked: under a per-key limit, job 1
+// fetched by job 2's own worker, after job 2's fetch, 8 ms before job 2
+// starts, and parked by it 2 ms before, lost the race of an in-flight
+// fetch (seed 909341368); fetched 30 ms before job 2's start and parked
+// so, it did not.
+func TestCheckOrderFetchInFlightThenParked(t *testing.T) {
+	for _, c := range []struct {
+		fetchMs int
+		want    int
+	}{{142, 0}, {120, 1}} {
+		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
+		f.job(1, "repo")
+		f.job(2, "repo")
+		f.fetched(2, "w1", 100)
+		f.fetched(1, "w1", c.fetchMs)
+		f.state(1, "running", "pending", 148)
+		f.started(2, "w1", 150, 10)
+		f.state(1, "pending", "available", 300)
+		f.fetched(1, "w1", 310)
+		f.started(1, "w1", 320, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Fatalf("job 1 fetched at %d ms and parked at 148 ms, job 2 started at 150 ms: order violations %q, want %d",
+				c.fetchMs, got, c.want)
+		}
+	}
+}
+
 // TestCheckOrderJudgesADecisionByItsLimits: per-key limits; job 2 (key b)
 // is granted a slot at 100 ms and starts at 300 ms while job 1 (key a)
 // waits parked. The partition is dropped (one kind-wide rate) at 150 ms:
