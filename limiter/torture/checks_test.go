@@ -362,48 +362,30 @@ func TestCheckOrderFetchRaceThenParked(t *testing.T) {
 
 // TestCheckOrderFetchInFlight: under a per-key limit, job 1 fetched by
 // job 2's own worker, after job 2's fetch, 3 ms before job 2 starts was in
-// flight; 30 ms before, it was not.
+// flight; 30 ms before, it was not. The same holds when its worker parked
+// it straight from that fetch, 2 ms before job 2 started (seed 909341368):
+// fetched 8 ms before, it lost the race of an in-flight fetch; 30 ms
+// before, it did not.
 func TestCheckOrderFetchInFlight(t *testing.T) {
 	for _, c := range []struct {
-		fetchMs int
-		want    int
-	}{{147, 0}, {120, 1}} {
+		fetchMs, parkMs int // parkMs 0: not parked
+		want            int
+	}{{147, 0, 0}, {120, 0, 1}, {142, 148, 0}, {120, 148, 1}} {
 		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
 		f.job(1, "repo")
 		f.job(2, "repo")
 		f.fetched(2, "w1", 100)
 		f.fetched(1, "w1", c.fetchMs)
-		f.started(2, "w1", 150, 10)
-		f.started(1, "w1", 300, 10)
-		if got := f.found("order"); len(got) != c.want {
-			t.Fatalf("job 1 fetched at %d ms, job 2 started at 150 ms: order violations %q, want %d", c.fetchMs, got, c.want)
+		if c.parkMs > 0 {
+			f.state(1, "running", "pending", c.parkMs)
+			f.state(1, "pending", "available", 300)
+			f.fetched(1, "w1", 310)
 		}
-	}
-}
-
-// TestCheckOrderFetchInFlightThenParked: under a per-key limit, job 1
-// fetched by job 2's own worker, after job 2's fetch, 8 ms before job 2
-// starts, and parked by it 2 ms before, lost the race of an in-flight
-// fetch (seed 909341368); fetched 30 ms before job 2's start and parked
-// so, it did not.
-func TestCheckOrderFetchInFlightThenParked(t *testing.T) {
-	for _, c := range []struct {
-		fetchMs int
-		want    int
-	}{{142, 0}, {120, 1}} {
-		f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
-		f.job(1, "repo")
-		f.job(2, "repo")
-		f.fetched(2, "w1", 100)
-		f.fetched(1, "w1", c.fetchMs)
-		f.state(1, "running", "pending", 148)
 		f.started(2, "w1", 150, 10)
-		f.state(1, "pending", "available", 300)
-		f.fetched(1, "w1", 310)
 		f.started(1, "w1", 320, 10)
 		if got := f.found("order"); len(got) != c.want {
-			t.Fatalf("job 1 fetched at %d ms and parked at 148 ms, job 2 started at 150 ms: order violations %q, want %d",
-				c.fetchMs, got, c.want)
+			t.Fatalf("job 1 fetched at %d ms (parked at %d ms), job 2 started at 150 ms: order violations %q, want %d",
+				c.fetchMs, c.parkMs, got, c.want)
 		}
 	}
 }
