@@ -62,8 +62,9 @@ func TestFetchGate(t *testing.T) {
 	}
 
 	// A long job holds each key; 100 then wait behind them in the worker,
-	// one per key.
-	insert(0, 1500)
+	// one per key. Long enough (5 s) that all 100 run at once even when a
+	// loaded machine takes seconds to start them.
+	insert(0, 5000)
 	require.Eventually(t, func() bool {
 		return count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'running'`, kind) == keys
 	}, 10*time.Second, 5*time.Millisecond)
