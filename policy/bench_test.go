@@ -128,7 +128,7 @@ func singleInserts(b *testing.B, ctx context.Context, pool *pgxpool.Pool, client
 	for err := range errs {
 		b.Fatal(err)
 	}
-	cleanPlain(b, ctx, pool, k)
+	cleanInserted(b, ctx, pool, k)
 	return float64(per*benchInserters) / elapsed.Seconds()
 }
 
@@ -148,14 +148,14 @@ func insertMany(b *testing.B, ctx context.Context, pool *pgxpool.Pool, client *r
 	if k == "room" {
 		require.False(b, res[0].UniqueSkippedAsDuplicate, "every key has room")
 	}
-	cleanPlain(b, ctx, pool, k)
+	cleanInserted(b, ctx, pool, k)
 	return float64(benchMany) / elapsed.Seconds()
 }
 
-// cleanPlain deletes the jobs of the plain kind (and of the kind whose
+// cleanInserted deletes the jobs of the plain kind (and of the kind whose
 // keys have room), so that each round inserts into a table of the same
 // size.
-func cleanPlain(b *testing.B, ctx context.Context, pool *pgxpool.Pool, k string) {
+func cleanInserted(b *testing.B, ctx context.Context, pool *pgxpool.Pool, k string) {
 	b.Helper()
 	if k != "plain" && k != "room" {
 		return

@@ -1130,47 +1130,34 @@ func TestCheckOrderTellsTheDrainsExemptions(t *testing.T) {
 }
 
 // TestCheckFairnessKeyRate: under a per-key rate of 2/1s, key B's job
-// arrives behind A's backlog 100 ms after two of B's own jobs started:
-// its own window holds it back until about 1 s, and A's starts before that
-// are not ahead of it. With one earlier start of B's, its window had room,
-// and A's 12 starts are.
+// arrives behind A's backlog (the kind's limit 2), fetched at 110 ms,
+// after two of B's own jobs started at 5 and 6 ms: its own window holds
+// it back until about 1 s, and A's starts before that are not ahead of it.
+// The same when the rate is set only at 200 ms, while B waits: it counts
+// B's starts before it (seed 371433671: a kind-wide rate made per key
+// while the key waited). With one earlier start of B's, its window had
+// room, and A's 12 starts are.
 func TestCheckFairnessKeyRate(t *testing.T) {
-	for _, earlier := range []int{2, 1} {
-		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true})
-		f.backlog(16, 100)
-		f.startedEarlier(17, earlier)
-		f.arrives(110, 1010)
-		got := f.found("fairness")
-		if earlier == 2 && len(got) > 0 {
-			t.Fatalf("B was held back by its own rate, not by A: %q", got)
-		}
-		if earlier == 1 && (len(got) != 1 || !strings.Contains(got[0], "after 12 starts")) {
-			t.Fatalf("B's window had room: fairness violations %q", got)
-		}
-	}
-}
-
-// TestCheckFairnessKeyRateSetWhileItWaits: key B's job arrives behind A's
-// backlog (the kind's limit 2, no rate), fetched at 110 ms, and starts at
-// 1,010 ms, after 12 of A's starts. A per-key rate of 2/1s set at 200 ms
-// counts B's two starts at 5 and 6 ms: B's own window holds it back until
-// about 1 s, and A's starts before that are not ahead of it (seed
-// 371433671: a kind-wide rate made per key while the key waited). With one
-// earlier start of B's, its window had room, and A's 12 starts are.
-func TestCheckFairnessKeyRateSetWhileItWaits(t *testing.T) {
-	for _, earlier := range []int{2, 1} {
-		f := newFakeRecord(limits{max: 2, fields: []string{"key"}})
-		f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(200),
-			limits: limits{present: true, max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true}})
-		f.backlog(16, 100)
-		f.startedEarlier(17, earlier)
-		f.arrives(110, 1010)
-		got := f.found("fairness")
-		if earlier == 2 && len(got) > 0 {
-			t.Fatalf("B was held back by its own rate, set while it waited, not by A: %q", got)
-		}
-		if earlier == 1 && (len(got) != 1 || !strings.Contains(got[0], "after 12 starts")) {
-			t.Fatalf("B's window had room: fairness violations %q", got)
+	rate := limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true}
+	for _, setWhileWaiting := range []bool{false, true} {
+		for _, earlier := range []int{2, 1} {
+			f := newFakeRecord(rate)
+			if setWhileWaiting {
+				f = newFakeRecord(limits{max: 2, fields: []string{"key"}})
+				set := rate
+				set.present = true
+				f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(200), limits: set})
+			}
+			f.backlog(16, 100)
+			f.startedEarlier(17, earlier)
+			f.arrives(110, 1010)
+			got := f.found("fairness")
+			if earlier == 2 && len(got) > 0 {
+				t.Fatalf("rate set while it waited %v: B was held back by its own rate, not by A: %q", setWhileWaiting, got)
+			}
+			if earlier == 1 && (len(got) != 1 || !strings.Contains(got[0], "after 12 starts")) {
+				t.Fatalf("rate set while it waited %v: B's window had room: fairness violations %q", setWhileWaiting, got)
+			}
 		}
 	}
 }

@@ -43,7 +43,7 @@ var corpus = []corpusSeed{
 	{104243642, "reservation of a job that went", "a slot reserved for a resumed job deleted while available was freed only by the safety net (its key held 4.3 s)",
 		"limiter's TestAReservationWhoseJobWentIsFreedAtOnce"},
 	{371433671, "fairness under a rate made per key", "the check's own: a per-key rate set while a key waited held it back, and the check counted the other keys' starts from the key's fetch",
-		"TestCheckFairnessKeyRateSetWhileItWaits"},
+		"TestCheckFairnessKeyRate"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
