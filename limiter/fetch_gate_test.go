@@ -62,12 +62,12 @@ func TestFetchGate(t *testing.T) {
 	}
 
 	// A long job holds each key; 100 then wait behind them in the worker,
-	// one per key. Long enough (5 s) that all 100 run at once even when a
-	// loaded machine takes seconds to start them.
-	insert(0, 5000)
+	// one per key. Long enough (20 s) that all 100 run at once even when a
+	// loaded machine (the whole suite at once) takes seconds to start them.
+	insert(0, 20_000)
 	require.Eventually(t, func() bool {
 		return count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'running'`, kind) == keys
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 20*time.Second, 5*time.Millisecond)
 	insert(keys, 0)
 	require.Eventually(t, func() bool {
 		return count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE worker_id = 'gate'`) == keys
@@ -89,7 +89,7 @@ func TestFetchGate(t *testing.T) {
 	// woken, not left to the one-minute poll.
 	require.Eventually(t, func() bool {
 		return count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, kind) == 7*keys
-	}, 30*time.Second, 10*time.Millisecond)
+	}, 60*time.Second, 10*time.Millisecond)
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM test_parkings`), "jobs parked")
 	_, perKey, starts, _ := tracker.snapshot()
 	last := map[string]int{}
