@@ -839,7 +839,11 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
                          AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
                       (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND j.state = 'running'
                        WHERE f.kind = l.kind AND f.worker_id <> $1::text
-                         AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased)), 0)::bigint AS oldest_other_line
+                         AND f.fetched_at > statement_timestamp() - interval '2 seconds'),
+                      (SELECT min(u.job_id) FROM concurrency_leases cl
+                       CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+                       JOIN river_job j ON j.id = u.job_id AND j.state = 'running'
+                       WHERE cl.kind = l.kind AND cl.worker_id <> $1::text)), 0)::bigint AS oldest_other_line
 FROM concurrency_limits l
 WHERE l.kind = $3
 `
@@ -875,8 +879,9 @@ type LedgerLeaseStateRow struct {
 // goes before this worker's younger jobs; and, for the hand-over of a
 // freed slot in memory, its oldest parked job, its oldest job granted a slot not claimed yet,
 // and its oldest job waiting in its line other than in this worker (or
-// fetched by another worker and not decided yet; 0: none), which go
-// before any younger job.
+// fetched by another worker and not decided yet, or waiting there for a
+// leased slot, as the line's decisions and grant rounds count them; 0:
+// none), which go before any younger job.
 func (q *Queries) LedgerLeaseState(ctx context.Context, arg LedgerLeaseStateParams) (*LedgerLeaseStateRow, error) {
 	row := q.db.QueryRow(ctx, ledgerLeaseState, arg.WorkerID, arg.WantedWindowMs, arg.Kind)
 	var i LedgerLeaseStateRow

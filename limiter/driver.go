@@ -236,18 +236,14 @@ func (l *Limiter) markedKinds(ctx context.Context, kinds []string) map[string]le
 
 // toMark is the jobs of res of limited kinds (limits), each marked leased
 // when it is a first attempt, never parked, of a kind whose leased path is
-// open in this worker (the worker's memory decides it); the first of
-// those, as many as the worker has spare leased slots, are not marked:
-// they start at once (a mark would count them as waiting in the other
-// workers until the keeper's next publication).
+// open in this worker (the worker's memory decides it). Those that take a
+// spare leased slot at once are marked too: until the keeper's next
+// publication takes the marks away, the other workers' lines hold their
+// younger jobs back for them, and a job that finds no slot after all (its
+// decision comes late; the path closed meanwhile) is not passed.
 func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[string]ledger.Limits) []ledger.Fetched {
 	var out []ledger.Fetched
-	type path struct {
-		open  bool
-		spare int // the leased slots its next jobs take at once: not marked
-	}
-	paths := map[string]*path{} // per kind, read once a fetch
-	now := time.Now()
+	open := map[string]bool{} // per kind, read once a fetch
 	for _, job := range res.Jobs {
 		lim, ok := limits[job.Kind]
 		if !ok || job.Kind == ResumeKind || res.DecodeErrors[job.ID] != nil {
@@ -255,18 +251,15 @@ func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[stri
 		}
 		leased := false
 		if lim.Regime() == ledger.Leased && job.Attempt <= 1 && !everParked(job) {
-			p := paths[job.Kind]
-			if p == nil {
-				p = &path{open: true} // no queue yet: the limits' copy's word
+			o, read := open[job.Kind]
+			if !read {
+				o = true // no queue yet: the limits' copy's word
 				if q := l.queues.get(job.Kind); q != nil {
-					p.open, p.spare = q.LeasedPath(now)
+					o = q.LeasedPathOpen()
 				}
-				paths[job.Kind] = p
+				open[job.Kind] = o
 			}
-			if leased = p.open; leased && p.spare > 0 {
-				p.spare--
-				continue // it takes a spare leased slot at once: it never waits
-			}
+			leased = o
 		}
 		key, _ := ledger.PartitionKey(job.EncodedArgs, lim.Fields)
 		out = append(out, ledger.Fetched{ID: job.ID, Kind: job.Kind, Key: key, Leased: leased})

@@ -232,21 +232,13 @@ func (q *Queue) HasLeasedMarks() bool {
 	return len(q.leasedMarks) > 0
 }
 
-// LeasedPath reports whether the leased path of the kind is open in this
-// worker as far as it knows (see TakeLeased), and how many leased slots it
-// could give at once to jobs fetched now (0 when the keeper's view is not
-// fresh): the fetch marks the jobs beyond them as waiting for a leased
-// slot.
-func (q *Queue) LeasedPath(now time.Time) (open bool, spare int) {
+// LeasedPathOpen reports whether the leased path of the kind is open in
+// this worker as far as it knows (see TakeLeased): the fetch marks its
+// first attempts as waiting for a leased slot.
+func (q *Queue) LeasedPathOpen() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.openLocked(true) {
-		return false, 0
-	}
-	if !q.lease.view.fresh(now, q.lease.heard) {
-		return true, 0
-	}
-	return true, max(q.lease.usable()-q.lease.InUse, 0)
+	return q.openLocked(true)
 }
 
 // TakeLeased decides Deciding job id on the leased path: it works on a
