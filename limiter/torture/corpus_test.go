@@ -44,6 +44,12 @@ var corpus = []corpusSeed{
 		"limiter's TestAReservationWhoseJobWentIsFreedAtOnce"},
 	{371433671, "fairness under a rate made per key", "the check's own: a per-key rate set while a key waited held it back, and the check counted the other keys' starts from the key's fetch",
 		"TestCheckFairnessKeyRate"},
+	{458964646, "line past a leased fetch", "a younger job of the line started while 20 older ones waited in a slow worker's leased path",
+		"ledger's TestALeasedMarkWaitsUntilPublished"},
+	{909341444, "in-flight fetch parked", "the check's own: a job fetched in flight as a younger one started, then parked straight from that fetch, counted as passed",
+		"TestCheckOrderFetchInFlight"},
+	{909341398, "hand-over past a leased fetch", "a slot handed over in memory passed jobs another worker fetched for its leased path (marked leased, or to take a spare leased slot and so unmarked) and sent to the line 190 ms later",
+		"ledger's TestALeasedMarkWaitsUntilPublished"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
