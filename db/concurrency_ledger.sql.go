@@ -392,6 +392,23 @@ func (q *Queries) LedgerDecideState(ctx context.Context, arg LedgerDecideStatePa
 	return state, err
 }
 
+const ledgerEndAheadWaits = `-- name: LedgerEndAheadWaits :exec
+UPDATE concurrency_waiters w SET ahead = false
+WHERE w.kind = $1 AND w.ahead
+`
+
+// After a change that sets a rate on kind (it had none): its jobs resumed
+// ahead of a free slot by the lookahead (there is none under a rate) wait
+// in the line as any job does from now, with a deadline, rather than as
+// long as it takes: a window may free long after, and meanwhile each
+// would hold a River slot of its worker that a job of another kind could
+// start on. They keep their places; a worker whose job waits ahead sees it
+// at its next look (LedgerGrantedTo).
+func (q *Queries) LedgerEndAheadWaits(ctx context.Context, kind string) error {
+	_, err := q.db.Exec(ctx, ledgerEndAheadWaits, kind)
+	return err
+}
+
 const ledgerGrantParked = `-- name: LedgerGrantParked :exec
 WITH p AS (
     SELECT unnest($1::bigint[]) AS job_id, unnest($2::text[]) AS key
@@ -678,7 +695,8 @@ SELECT r.job_id::bigint AS job_id,
                JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved
                                             AND e.job_id < w.job_id
                JOIN river_job o ON o.id = e.job_id AND o.state = 'available'
-               WHERE w.job_id = r.job_id AND w.ahead) AS behind
+               WHERE w.job_id = r.job_id AND w.ahead) AS behind,
+       EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id AND w.ahead) AS ahead
 FROM unnest($2::bigint[]) AS r(job_id)
 `
 
@@ -693,6 +711,7 @@ type LedgerGrantedToRow struct {
 	Start     bool  `json:"start"`
 	OutOfLine bool  `json:"out_of_line"`
 	Behind    bool  `json:"behind"`
+	Ahead     bool  `json:"ahead"`
 }
 
 // What the line holds for jobs job_ids waiting in worker_id (a look for
@@ -701,7 +720,9 @@ type LedgerGrantedToRow struct {
 // until it starts), or gone from the line without a grant (its place went: its
 // limits were cleared, or the safety net dropped it); and, for a job
 // resumed ahead of a free slot, whether an older job of its line holds a
-// grant and waits to be fetched (behind: it steps back).
+// grant and waits to be fetched (behind: it steps back), and whether it
+// still waits ahead (a change that set a rate ends that:
+// LedgerEndAheadWaits).
 func (q *Queries) LedgerGrantedTo(ctx context.Context, arg LedgerGrantedToParams) ([]*LedgerGrantedToRow, error) {
 	rows, err := q.db.Query(ctx, ledgerGrantedTo, arg.WorkerID, arg.JobIds)
 	if err != nil {
@@ -717,6 +738,7 @@ func (q *Queries) LedgerGrantedTo(ctx context.Context, arg LedgerGrantedToParams
 			&i.Start,
 			&i.OutOfLine,
 			&i.Behind,
+			&i.Ahead,
 		); err != nil {
 			return nil, err
 		}

@@ -139,15 +139,21 @@ func (g *grantWatch) run(ctx context.Context) {
 // runOnce looks at what the ledger holds for the jobs waiting in the line
 // here: a grant runs its job; a place gone, or a job resumed ahead behind
 // an older job of its line on its way, sends its job to be decided again;
+// a job waiting ahead of a free slot that the line holds as ahead no more
+// (a change set a rate) waits on to a deadline (local.Queue.EndAhead);
 // and it runs a grant round of a kind whose jobs waited RoundAfter here.
 func (g *grantWatch) runOnce(ctx context.Context) error {
 	var ids []int64
+	ahead := map[int64]bool{} // those waiting ahead of a free slot
 	now := time.Now()
 	seen := make(map[int64]time.Time, len(g.seen))
 	g.l.queues.each(func(q *local.Queue) {
 		late := false
 		for _, j := range q.Lined() {
 			ids = append(ids, j.ID)
+			if _, a := j.Held(); a {
+				ahead[j.ID] = true
+			}
 			since, ok := g.seen[j.ID]
 			if !ok {
 				since = now
@@ -179,6 +185,8 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 			gs = append(gs, jobGrant{id: gr.Job, slot: local.NoSlot})
 		case gr.OutOfLine, gr.Behind:
 			g.l.queues.redecide(gr.Job)
+		case !gr.Ahead && ahead[gr.Job]:
+			g.l.queues.endAhead(gr.Job)
 		}
 	}
 	g.l.grantJobs(gs)

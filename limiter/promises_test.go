@@ -153,3 +153,37 @@ func TestBreakerRaisedResumesOnlyWhatStarts(t *testing.T) {
 		require.Equal(t, 1, worked[seq], "seq %d ran once", seq)
 	}
 }
+
+// TestARateSetParksTheJobsWaitingAhead: jobs resumed ahead of a free slot
+// (the lookahead, under a concurrency limit) wait in their worker as long
+// as it takes; a rate set on their kind ends that, and they park after
+// their park-after time rather than hold their worker's River slots until
+// the rate lets them start (seed 16190584: a rate of 2 in 2 s held jobs
+// resumed ahead in every River slot of both workers for seconds, and a
+// job of another kind granted a slot was not fetched meanwhile).
+func TestARateSetParksTheJobsWaitingAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.probe.aheadrate"
+	url, pool, tracker := probeKind(t, "aheadrate", -1)
+	a := startProbeWorker(t, url, "aheadrate-a", "aheadrate", tracker, 200*time.Millisecond, nil)
+	ids := insertProbes(t, a, "aheadrate", 0, 100, 300)
+	waitParked(t, pool, ids...)
+
+	lim, err := limiter.New(limiter.Config{Pool: pool})
+	require.NoError(t, err)
+	require.NoError(t, lim.SetConcurrency(ctx, kind, 1))
+	waitingAhead := func() int {
+		return count(t, pool, `SELECT count(*) FROM concurrency_waiters w JOIN river_job j ON j.id = w.job_id AND j.state = 'running'
+			WHERE w.kind = $1 AND w.worker_id IS NOT NULL`, kind)
+	}
+	require.Eventually(t, func() bool { return waitingAhead() >= 5 }, 10*time.Second, 5*time.Millisecond,
+		"the lookahead's jobs did not come to wait in the worker")
+	time.Sleep(400 * time.Millisecond) // past their park-after time: they wait without a deadline
+	require.GreaterOrEqual(t, waitingAhead(), 5, "jobs resumed ahead parked before a rate was set")
+
+	require.NoError(t, lim.SetRate(ctx, kind, limiter.Rate{Max: 1, Per: time.Minute}, nil))
+	require.Eventually(t, func() bool {
+		return waitingAhead() == 0 && count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'running'`, kind) <= 1
+	}, 5*time.Second, 10*time.Millisecond, "jobs resumed ahead still hold River slots under a rate of 1 a minute")
+}

@@ -185,9 +185,10 @@ func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.J
 
 // wait waits until the wait of j ends: a grant or a hand-over (it is
 // Working), its place or path gone (Deciding), its deadline (none for a
-// job resumed ahead: its place is the line's; none for a job Held: it has
-// its slot) or its context (it leaves the line to be decided again:
-// timedOut, or cancelled by JobCancel).
+// job resumed ahead: its place is the line's, until a rate is set; none
+// for a job Held: it has its slot), an end of its wait ahead (it waits
+// again, to its deadline) or its context (it leaves the line to be
+// decided again: timedOut, or cancelled by JobCancel).
 func (l *Limiter) wait(ctx context.Context, q *local.Queue, j *local.Job, deadline time.Time) (timedOut, cancelled bool) {
 	var expired <-chan time.Time
 	if _, ahead := j.Held(); !ahead && j.State() != local.Held {

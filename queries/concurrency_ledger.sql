@@ -923,6 +923,17 @@ fetches AS (
 )
 DELETE FROM concurrency_key_lines kl WHERE kl.kind = sqlc.arg(kind);
 
+-- name: LedgerEndAheadWaits :exec
+-- After a change that sets a rate on kind (it had none): its jobs resumed
+-- ahead of a free slot by the lookahead (there is none under a rate) wait
+-- in the line as any job does from now, with a deadline, rather than as
+-- long as it takes: a window may free long after, and meanwhile each
+-- would hold a River slot of its worker that a job of another kind could
+-- start on. They keep their places; a worker whose job waits ahead sees it
+-- at its next look (LedgerGrantedTo).
+UPDATE concurrency_waiters w SET ahead = false
+WHERE w.kind = sqlc.arg(kind) AND w.ahead;
+
 -- name: LedgerUnleaseFetches :exec
 -- After a change that takes kind off the leased path (a per-kind limit
 -- alone no more): the jobs its workers fetched and hold waiting for a
@@ -1065,7 +1076,9 @@ SELECT (EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = sqlc.arg(
 -- until it starts), or gone from the line without a grant (its place went: its
 -- limits were cleared, or the safety net dropped it); and, for a job
 -- resumed ahead of a free slot, whether an older job of its line holds a
--- grant and waits to be fetched (behind: it steps back).
+-- grant and waits to be fetched (behind: it steps back), and whether it
+-- still waits ahead (a change that set a rate ends that:
+-- LedgerEndAheadWaits).
 SELECT r.job_id::bigint AS job_id,
        EXISTS (SELECT 1 FROM concurrency_executions e
                WHERE e.job_id = r.job_id AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text) AS slot,
@@ -1076,7 +1089,8 @@ SELECT r.job_id::bigint AS job_id,
                JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved
                                             AND e.job_id < w.job_id
                JOIN river_job o ON o.id = e.job_id AND o.state = 'available'
-               WHERE w.job_id = r.job_id AND w.ahead) AS behind
+               WHERE w.job_id = r.job_id AND w.ahead) AS behind,
+       EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id AND w.ahead) AS ahead
 FROM unnest(sqlc.arg(job_ids)::bigint[]) AS r(job_id);
 
 -- name: LedgerRevokeKeyGrants :many

@@ -50,6 +50,8 @@ var corpus = []corpusSeed{
 		"TestCheckOrderFetchInFlight"},
 	{909341398, "hand-over past a leased fetch", "a slot handed over in memory passed jobs another worker fetched for its leased path (marked leased, or to take a spare leased slot and so unmarked) and sent to the line 190 ms later",
 		"ledger's TestALeasedMarkWaitsUntilPublished"},
+	{16190584, "jobs ahead under a rate set", "jobs resumed ahead of a free slot waited without a deadline under a rate set since, in every River slot of both workers: a job of another kind granted a slot was not fetched for 1.2 s",
+		"limiter's TestARateSetParksTheJobsWaitingAhead, ledger's TestARateSetEndsTheWaitsAhead"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

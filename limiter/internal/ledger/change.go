@@ -14,7 +14,9 @@ const MaxResumeBatch = 5000
 
 // Change changes kind's limits in one transaction that holds the kind's
 // lock, exclusive: edit writes them (the caller's part: the row, its
-// sources, the declarations); the ledger then sets the keys of the kind's
+// sources, the declarations); the ledger then ends the waits without a
+// deadline of the jobs resumed ahead when a rate is set where there was
+// none (LedgerEndAheadWaits), sets the keys of the kind's
 // slots and waiting jobs again when the partition changed (and takes back
 // every grant not claimed yet: it was given in the old lines' order), and, with no
 // limit left, lets every job of the line go (its leases, reservations and
@@ -49,6 +51,11 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 			// older jobs fetched and not decided, for every worker.
 			if err := tx.q.LedgerUnleaseFetches(tx.ctx, kind); err != nil {
 				return fmt.Errorf("mark the jobs waiting for leased slots: %w", err)
+			}
+		}
+		if before[kind].RateMax == 0 && c.RateMax > 0 {
+			if err := tx.q.LedgerEndAheadWaits(tx.ctx, kind); err != nil {
+				return fmt.Errorf("end the waits of jobs resumed ahead: %w", err)
 			}
 		}
 		if !slices.Equal(before[kind].Fields, c.Fields) {

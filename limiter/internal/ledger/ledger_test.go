@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -833,6 +834,51 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 			var attempt int
 			require.NoError(t, pool.QueryRow(ctx, `SELECT attempt FROM river_job WHERE id = 2`).Scan(&attempt))
 			require.Zero(t, attempt, "parking is not an attempt")
+		})
+	}
+}
+
+// TestARateSetEndsTheWaitsAhead: a job resumed ahead of a free slot
+// waits for one as long as it takes (its slot turns over). A change that
+// sets a rate on its kind ends that (seed 16190584: jobs resumed ahead,
+// then held by a rate of 2 in 2 s, took every River slot of both workers
+// for seconds, and a job of another kind granted a slot was not fetched):
+// decided again, it waits as any job does, and its worker's look at the
+// ledger (GrantedTo) sees it is ahead no more. A job that came ahead under
+// a rate already (its grant taken by an older job of its line) stays
+// ahead: it waits on in the line.
+func TestARateSetEndsTheWaitsAhead(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, before, after string
+		ahead               bool
+	}{
+		{"no change", "max_concurrency = 1", "max_concurrency = 1", true},
+		{"a rate set", "max_concurrency = 1", "rate_max = 5, rate_period = '1 minute'", false},
+		{"a per-key rate set", "max_concurrency = 1",
+			"partition_fields = '{key}', rate_max = 5, rate_period = '1 minute', rate_per_key = true", false},
+		{"a rate before", "max_concurrency = 1, rate_max = 5, rate_period = '1 minute'", "rate_max = 4", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kind := "test.aheadrate." + strings.ReplaceAll(tc.name, " ", "")
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, tc.before)
+			holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+			require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
+			ahead := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+			exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+				VALUES ($1, $2, NULL, 'w1', 'limit', true)`, ahead.ID, kind)
+			setLimits(t, l, kind, tc.after)
+			grants, err := l.GrantedTo(context.Background(), []int64{ahead.ID})
+			require.NoError(t, err)
+			require.Len(t, grants, 1)
+			require.Equal(t, tc.ahead, grants[0].Ahead, "the worker's look: still ahead")
+			d := decideOne(t, l, ahead, nil)
+			require.Equal(t, tc.ahead, d.Ahead, "decided again, it waits without a deadline")
+			if tc.ahead {
+				require.Equal(t, ledger.Wait, d.Action)
+			}
 		})
 	}
 }

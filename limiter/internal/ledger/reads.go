@@ -19,11 +19,14 @@ type Grant struct {
 	// Behind: it came ahead of a free slot, and an older job of its line
 	// holds a grant and waits to be fetched (it steps back).
 	Behind bool
+	// Ahead: it waits in the line ahead of a free slot, without a
+	// deadline (false for a job that came ahead once a change set a rate).
+	Ahead bool
 }
 
 // GrantedTo reads what the line holds for jobs ids, waiting in this
-// worker (without a lock: a grant, once written, is the job's): a look for
-// the grants whose notifications the worker missed.
+// worker (without a lock: a grant, once written, is the job's), one Grant
+// each: a look for the grants whose notifications the worker missed.
 func (l *Ledger) GrantedTo(ctx context.Context, ids []int64) ([]Grant, error) {
 	rows, err := db.New(l.pool).LedgerGrantedTo(ctx, db.LedgerGrantedToParams{WorkerID: l.worker, JobIds: ids})
 	if err != nil {
@@ -31,10 +34,8 @@ func (l *Ledger) GrantedTo(ctx context.Context, ids []int64) ([]Grant, error) {
 	}
 	out := make([]Grant, 0, len(rows))
 	for _, r := range rows {
-		if r.Slot || r.Start || r.OutOfLine || r.Behind {
-			out = append(out, Grant{Job: r.JobID, Slot: r.Slot, Start: r.Start && !r.Slot, OutOfLine: r.OutOfLine && !r.Slot && !r.Start,
-				Behind: r.Behind && !r.Slot && !r.Start})
-		}
+		out = append(out, Grant{Job: r.JobID, Slot: r.Slot, Start: r.Start && !r.Slot, OutOfLine: r.OutOfLine && !r.Slot && !r.Start,
+			Behind: r.Behind && !r.Slot && !r.Start, Ahead: r.Ahead})
 	}
 	return out, nil
 }

@@ -67,6 +67,8 @@ const (
 	// key here that was put in the line, and waits in the line in its
 	// place (Swapped).
 	Relined
+	// Rewait: it waits on in the line, to a deadline now (EndAhead).
+	Rewait
 )
 
 // Job is a job of a queue.
@@ -688,6 +690,23 @@ func (q *Queue) Redecide(id int64) bool {
 	}
 	j.state = Deciding
 	j.notify(Redecide)
+	return true
+}
+
+// EndAhead ends the wait without a deadline of Lined job id, which came
+// ahead of a free slot and that the line no longer holds as ahead (a
+// change set a rate): it stays in the line, and its wait is woken
+// (Rewait) to wait again as any job does, to its deadline. It returns
+// false when the job is not Lined ahead.
+func (q *Queue) EndAhead(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Lined || !j.ahead {
+		return false
+	}
+	j.ahead = false
+	j.notify(Rewait)
 	return true
 }
 

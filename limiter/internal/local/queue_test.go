@@ -747,3 +747,43 @@ func TestParkedJobsAreForgottenAfterViewFresh(t *testing.T) {
 		t.Fatalf("%d parked jobs remembered after 100 ms of parkings, want at most %d", n, int(ViewFresh/time.Millisecond)+1)
 	}
 }
+
+// TestEndAheadGivesTheWaitADeadline: a job waiting in the line ahead of
+// a free slot whose wait without a deadline ends (a change set a rate)
+// stays in the line, no longer ahead, and its wait is woken to wait again
+// to its deadline; a job waiting in the line with a deadline, or working,
+// is left as it is.
+func TestEndAheadGivesTheWaitADeadline(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}, {ID: 3, Fetched: now}})
+	q.Work(1, LineSlot)
+	q.Line(2, true, "limit")
+	q.Line(3, false, "limit")
+	for _, id := range []int64{1, 3} {
+		if q.EndAhead(id) {
+			t.Fatalf("job %d, not waiting ahead, had its wait ended", id)
+		}
+	}
+	if !q.EndAhead(2) {
+		t.Fatal("job 2, waiting ahead, did not have its wait ended")
+	}
+	j := q.Get(2)
+	if j.State() != Lined {
+		t.Fatalf("job 2 is %s, want lined", j.State())
+	}
+	if _, ahead := j.Held(); ahead {
+		t.Fatal("job 2 is still ahead: its next wait has no deadline")
+	}
+	select {
+	case o := <-j.Wake():
+		if o != Rewait {
+			t.Fatalf("job 2 woke with %v, want Rewait", o)
+		}
+	default:
+		t.Fatal("job 2's wait was not woken")
+	}
+	if q.EndAhead(2) {
+		t.Fatal("job 2, no longer ahead, had its wait ended again")
+	}
+}
