@@ -52,6 +52,8 @@ var corpus = []corpusSeed{
 		"ledger's TestALeasedMarkWaitsUntilPublished"},
 	{16190584, "jobs ahead under a rate set", "jobs resumed ahead of a free slot waited without a deadline under a rate set since, in every River slot of both workers: a job of another kind granted a slot was not fetched for 1.2 s",
 		"limiter's TestARateSetParksTheJobsWaitingAhead, ledger's TestARateSetEndsTheWaitsAhead"},
+	{375253967, "older job parked for a long line", "a job back from a retry, older than its whole line, parked at its fetch because the line was long, and a younger job of its key granted meanwhile started 2 ms later",
+		"ledger's TestALongLineParksOnlyTheJobsBehindIt"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -485,10 +485,13 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 		d.d.Action = Wait
 	case d.TimedOut:
 		d.d.Action = Parked
-	case !d.Dispatched && ks.Ahead >= k.waitCap():
-		// Its line is long already: it parks now rather than hold one of
-		// this worker's River slots, which a job of another key could start
-		// on, for longer than its park-after time.
+	case !d.Dispatched && ks.Ahead >= k.waitCap() && ks.Front != 0 && ks.Front < d.ID:
+		// Its line is long already, and it is behind it: it parks now
+		// rather than hold one of this worker's River slots, which a job of
+		// another key could start on, for longer than its park-after time.
+		// A job older than every job waiting (back from a retry, say) goes
+		// to the front: it waits, and takes the slot of a younger job of its
+		// key here granted one meanwhile (seed 375253967).
 		d.d.Action, d.d.LongLine = Parked, true
 	case freesIn > k.parkAfter:
 		d.d.Action = Parked // its window frees after its wait would end

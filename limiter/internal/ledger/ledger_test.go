@@ -882,3 +882,34 @@ func TestARateSetEndsTheWaitsAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestALongLineParksOnlyTheJobsBehindIt: under a per-key limit of 1, a
+// job fetched behind as many jobs of its key waiting in the workers as
+// the wait cap (8) parks at once (LongLine); a job older than all of them
+// (back from a retry as the line grew) does not: it waits at the front,
+// where it takes the slot of a younger job of its key granted one
+// meanwhile in its worker (seed 375253967: it parked, and the younger job
+// started 2 ms later).
+func TestALongLineParksOnlyTheJobsBehindIt(t *testing.T) {
+	t.Parallel()
+	const kind = "test.longline.older"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 0, partition_fields = '{key}', key_max = 1")
+	older := running(t, pool, kind, `{"key": "a"}`, "w1", 2, time.Now())
+	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
+	for i := range 8 {
+		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+		require.Equal(t, ledger.Wait, decideOne(t, l, j, nil).Action, "waiting job %d", i)
+	}
+	behind := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+	behind.Dispatched = false // decided at its fetch
+	d := decideOne(t, l, behind, nil)
+	require.Equal(t, ledger.Parked, d.Action, "a job behind a long line waited")
+	require.True(t, d.LongLine)
+
+	older.Dispatched = false
+	d = decideOne(t, l, older, nil)
+	require.Equal(t, ledger.Wait, d.Action, "a job older than its whole line parked for the line's length")
+	require.False(t, d.LongLine)
+}
