@@ -79,12 +79,16 @@ type Job struct {
 	// Fetched is when it was fetched (its attempt's attempted_at).
 	Fetched time.Time
 
-	mu     *sync.Mutex // its queue's
-	seq    uint64      // its fetch, in fetch order
-	state  State
-	slot   Slot
-	ahead  bool
-	reason string
+	mu    *sync.Mutex // its queue's
+	seq   uint64      // its fetch, in fetch order
+	state State
+	slot  Slot
+	ahead bool
+	// resumed: its wait without a deadline is the line's (it came ahead of
+	// a free slot, as the ledger decided it), not a swap's; a change of
+	// limits may end it (EndAhead).
+	resumed bool
+	reason  string
 	// early: a grant came while it was deciding (its decision to wait and
 	// the grant crossed), holding earlySlot (earlyClaimed: its start was
 	// logged already): a decision to wait lets it start with that grant
@@ -474,7 +478,7 @@ func (q *Queue) Line(id int64, ahead bool, reason string) bool {
 		q.serveLocked()
 		return false
 	}
-	j.state, j.ahead, j.reason = Lined, j.ahead || ahead, reason
+	j.state, j.ahead, j.resumed, j.reason = Lined, j.ahead || ahead, j.resumed || ahead, reason
 	// The line alone orders the kind's jobs in this worker now: the leased
 	// path closes (its Queued jobs go to the ledger, its spare slots back).
 	q.closeLocked()
@@ -562,7 +566,7 @@ func (q *Queue) Swapped(to, from int64, moved, gaveBack, ahead bool, reason stri
 	if y != nil {
 		y.swapping = false
 		if gaveBack && y.state == Held {
-			y.state, y.heldSlot, y.reason, y.granted, y.ahead = Lined, NoSlot, reason, false, true
+			y.state, y.heldSlot, y.reason, y.granted, y.ahead, y.resumed = Lined, NoSlot, reason, false, true, false
 			y.notify(Relined)
 		}
 	}
@@ -573,10 +577,10 @@ func (q *Queue) Swapped(to, from int64, moved, gaveBack, ahead bool, reason stri
 		// It waits as a job resumed ahead does, as long as it takes: it is
 		// next of its key once the older one is through, and parking it
 		// would undo the grant or resume that brought it here.
-		y.state, y.heldSlot, y.reason, y.granted, y.ahead = Lined, NoSlot, reason, false, true
+		y.state, y.heldSlot, y.reason, y.granted, y.ahead, y.resumed = Lined, NoSlot, reason, false, true, false
 		y.notify(Relined)
 	case x != nil && x.state == Deciding && !x.early:
-		x.state, x.ahead, x.reason = Lined, x.ahead || ahead, reason
+		x.state, x.ahead, x.resumed, x.reason = Lined, x.ahead || ahead, x.resumed || ahead, reason
 		q.closeLocked()
 		lined = true
 	}
@@ -694,18 +698,19 @@ func (q *Queue) Redecide(id int64) bool {
 }
 
 // EndAhead ends the wait without a deadline of Lined job id, which came
-// ahead of a free slot and that the line no longer holds as ahead (a
-// change set a rate): it stays in the line, and its wait is woken
-// (Rewait) to wait again as any job does, to its deadline. It returns
-// false when the job is not Lined ahead.
+// ahead of a free slot (as the ledger decided it: not a job that gave its
+// slot to an older one in a swap, which waits on) and that the line no
+// longer holds as ahead (a change set a rate): it stays in the line, and
+// its wait is woken (Rewait) to wait again as any job does, to its
+// deadline. It returns false when the job is not Lined ahead so.
 func (q *Queue) EndAhead(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
-	if j == nil || j.state != Lined || !j.ahead {
+	if j == nil || j.state != Lined || !j.ahead || !j.resumed {
 		return false
 	}
-	j.ahead = false
+	j.ahead, j.resumed = false, false
 	j.notify(Rewait)
 	return true
 }

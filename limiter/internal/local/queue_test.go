@@ -787,3 +787,30 @@ func TestEndAheadGivesTheWaitADeadline(t *testing.T) {
 		t.Fatal("job 2, no longer ahead, had its wait ended again")
 	}
 }
+
+// TestEndAheadLeavesASwappedJobWaiting: a job that gave its slot to an
+// older job of its key in a swap waits in the line without a deadline
+// too, but that wait is not the line's ahead mark (the swap wrote none):
+// a change of limits does not end it (seed 947871550: it parked at once,
+// and the herd check caught a resumed job parked before it ran).
+func TestEndAheadLeavesASwappedJobWaiting(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
+	if !q.Work(2, LineSlot) {
+		t.Fatal("job 2 did not work")
+	}
+	y := q.SwapFor(1)
+	if y == nil || y.ID != 2 {
+		t.Fatalf("SwapFor(1) = %v, want job 2", y)
+	}
+	q.Swapped(1, 2, true, false, false, "limit")
+	if j := q.Get(2); j.State() != Lined {
+		t.Fatalf("job 2 is %s after the swap, want lined", j.State())
+	} else if _, ahead := j.Held(); !ahead {
+		t.Fatal("job 2 waits to a deadline after the swap")
+	}
+	if q.EndAhead(2) {
+		t.Fatal("a swapped job's wait was ended as a job resumed ahead")
+	}
+}
