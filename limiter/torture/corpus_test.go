@@ -54,6 +54,8 @@ var corpus = []corpusSeed{
 		"limiter's TestARateSetParksTheJobsWaitingAhead, ledger's TestARateSetEndsTheWaitsAhead"},
 	{375253967, "older job parked for a long line", "a job back from a retry, older than its whole line, parked at its fetch because the line was long, and a younger job of its key granted meanwhile started 2 ms later",
 		"ledger's TestALongLineParksOnlyTheJobsBehindIt"},
+	{947871550, "swapped job's wait ended", "a job that gave its slot to an older job of its key in a swap was given a deadline by the grant watch (as if a rate had ended its wait ahead), and parked before it ran",
+		"local's TestEndAheadLeavesASwappedJobWaiting"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
