@@ -30,8 +30,10 @@ func TestReleaseRetriedAfterFailure(t *testing.T) {
 
 	// A takes the one slot; B and C park behind it. When A ends, B is
 	// granted its slot (resumed with the slot reserved), C waits: resumed
-	// ahead and waiting in the worker, or parked again.
-	a := insertProbes(t, client, "retry", 0, 1, 300)[0]
+	// ahead and waiting in the worker, or parked again. A runs 2 s, so that
+	// both have parked before it ends on a loaded machine (make test failed
+	// it once with 300 ms: B was resumed before C's parking landed).
+	a := insertProbes(t, client, "retry", 0, 1, 2000)[0]
 	require.Eventually(t, func() bool { return jobState(t, pool, a) == "running" }, 30*time.Second, 5*time.Millisecond)
 	bc := insertProbes(t, client, "retry", 1, 2, 1500)
 	waitParked(t, pool, bc...)
