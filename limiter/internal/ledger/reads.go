@@ -19,8 +19,8 @@ type Grant struct {
 	// Behind: it came ahead of a free slot, and an older job of its line
 	// holds a grant and waits to be fetched (it steps back).
 	Behind bool
-	// Ahead: it waits in the line ahead of a free slot, without a
-	// deadline (false for a job that came ahead once a change set a rate).
+	// Ahead: the line holds it as come ahead of a free slot (its wait has
+	// no deadline); a change that sets a rate takes that away.
 	Ahead bool
 }
 
