@@ -144,7 +144,7 @@ func (g *grantWatch) run(ctx context.Context) {
 // and it runs a grant round of a kind whose jobs waited RoundAfter here.
 func (g *grantWatch) runOnce(ctx context.Context) error {
 	var ids []int64
-	ahead := map[int64]bool{} // those waiting ahead of a free slot
+	ahead := map[int64]*local.Queue{} // those waiting ahead of a free slot, and their queues
 	now := time.Now()
 	seen := make(map[int64]time.Time, len(g.seen))
 	g.l.queues.each(func(q *local.Queue) {
@@ -152,7 +152,7 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 		for _, j := range q.Lined() {
 			ids = append(ids, j.ID)
 			if _, a := j.Held(); a {
-				ahead[j.ID] = true
+				ahead[j.ID] = q
 			}
 			since, ok := g.seen[j.ID]
 			if !ok {
@@ -185,8 +185,8 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 			gs = append(gs, jobGrant{id: gr.Job, slot: local.NoSlot})
 		case gr.OutOfLine, gr.Behind:
 			g.l.queues.redecide(gr.Job)
-		case !gr.Ahead && ahead[gr.Job]:
-			g.l.queues.endAhead(gr.Job)
+		case !gr.Ahead && ahead[gr.Job] != nil:
+			ahead[gr.Job].EndAhead(gr.Job)
 		}
 	}
 	g.l.grantJobs(gs)

@@ -400,16 +400,6 @@ func (qs *queues) redecide(id int64) {
 	})
 }
 
-// endAhead ends the wait without a deadline of job id, waiting in the
-// line here ahead of a free slot (local.Queue.EndAhead).
-func (qs *queues) endAhead(id int64) {
-	qs.each(func(q *local.Queue) {
-		if q.Get(id) != nil {
-			q.EndAhead(id)
-		}
-	})
-}
-
 // trace logs a step of a job's way through the limiter at debug level
 // (for diagnosis: the torture test's TORTURE_WORKER_LOGS with
 // TORTURE_DEBUG).

@@ -86,7 +86,7 @@ type Job struct {
 	ahead bool
 	// resumed: its wait without a deadline is the line's (it came ahead of
 	// a free slot, as the ledger decided it), not a swap's; a change of
-	// limits may end it (EndAhead).
+	// limits may end it (EndAhead). It implies ahead.
 	resumed bool
 	reason  string
 	// early: a grant came while it was deciding (its decision to wait and
@@ -707,7 +707,7 @@ func (q *Queue) EndAhead(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
-	if j == nil || j.state != Lined || !j.ahead || !j.resumed {
+	if j == nil || j.state != Lined || !j.resumed {
 		return false
 	}
 	j.ahead, j.resumed = false, false
