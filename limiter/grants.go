@@ -89,7 +89,13 @@ func (g *grantWatch) heard(payload string) {
 	for _, id := range note.Starts {
 		gs = append(gs, jobGrant{id: id, slot: local.NoSlot})
 	}
-	for _, id := range g.l.grantJobs(gs) {
+	var tags map[string]string
+	if note.Kind != "" && note.Limits != "" {
+		// The limits the round read: when the worker's copy holds them, the
+		// jobs begin without being decided again for a change heard before.
+		tags = map[string]string{note.Kind: note.Limits}
+	}
+	for _, id := range g.l.grantJobs(gs, tags) {
 		g.l.TestSignals.GrantHeard.Signal(id)
 	}
 }
@@ -189,6 +195,6 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 			ahead[gr.Job].EndAhead(gr.Job)
 		}
 	}
-	g.l.grantJobs(gs)
+	g.l.grantJobs(gs, nil) // a grant read here may predate a change heard: its job is decided again
 	return nil
 }

@@ -313,10 +313,10 @@ func (qs *queues) waiting() int {
 // (slot: what it holds; startClaimed: a start reserved with it is logged
 // already); false when no queue has it Lined (one deciding takes it at its
 // decision).
-func (qs *queues) grant(id int64, slot local.Slot, startClaimed bool) bool {
+func (qs *queues) grant(id int64, slot local.Slot, startClaimed bool, heard uint64) bool {
 	granted := false
 	qs.each(func(q *local.Queue) {
-		if q.Get(id) != nil && q.Grant(id, slot, startClaimed) {
+		if q.Get(id) != nil && q.Grant(id, slot, startClaimed, heard) {
 			granted = true
 		}
 	})
@@ -345,12 +345,17 @@ type jobGrant struct {
 // under a rate are logged first, in one statement for them all, so that
 // the jobs granted together start together (each claiming its own before
 // it began would queue them on the pool); a job decided meanwhile finds
-// its start logged by its attempt.
-func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
+// its start logged by its attempt. tags are the Tags of the limits each
+// kind's grants were made under, when known: a job granted under the
+// limits the worker's copy holds begins without being decided again for a
+// change heard before its grant (limitCameAfter).
+func (l *Limiter) grantJobs(gs []jobGrant, tags map[string]string) []int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
 	rated := map[int64]bool{}
+	heard := map[int64]uint64{}
 	kindRated := map[string]bool{} // each kind's limits looked up once
+	kindHeard := map[string]uint64{}
 	for _, g := range gs {
 		kind := l.queues.kindOf(g.id)
 		if kind == "" {
@@ -361,10 +366,14 @@ func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 			lim, err := l.limits.of(ctx, kind)
 			r = err == nil && lim.RateMax > 0
 			kindRated[kind] = r
+			if tag, ok := tags[kind]; ok {
+				kindHeard[kind] = l.limits.heldAs(ctx, kind, tag)
+			}
 		}
 		if r {
 			rated[g.id] = true
 		}
+		heard[g.id] = kindHeard[kind]
 	}
 	claimed := false
 	if len(rated) > 0 {
@@ -382,7 +391,7 @@ func (l *Limiter) grantJobs(gs []jobGrant) []int64 {
 	}
 	var out []int64
 	for _, g := range gs {
-		ok := l.queues.grant(g.id, g.slot, claimed && rated[g.id])
+		ok := l.queues.grant(g.id, g.slot, claimed && rated[g.id], heard[g.id])
 		if ok {
 			out = append(out, g.id)
 		}

@@ -43,6 +43,10 @@ type limitsCopy struct {
 type limitsSnapshot struct {
 	kinds  map[string]ledger.Limits
 	loaded time.Time // zero: expired
+	// gen is the count of changes heard that the copy holds every one of
+	// (read after the last of them was heard); 0: not known (a last copy
+	// kept when a read failed).
+	gen uint64
 }
 
 func newLimitsCopy(l *Limiter) *limitsCopy { return &limitsCopy{l: l} }
@@ -57,6 +61,25 @@ func (c *limitsCopy) of(ctx context.Context, kind string) (ledger.Limits, error)
 		return lim, nil
 	}
 	return ledger.Limits{Kind: kind}, nil
+}
+
+// heldAs returns the count of changes heard up to which the copy holds
+// kind's limits with tag (ledger.Limits.Tag), 0 when it holds other ones
+// (or cannot tell): a grant made under limits with that tag fits every
+// change heard up to it.
+func (c *limitsCopy) heldAs(ctx context.Context, kind, tag string) uint64 {
+	s, err := c.snapshot(ctx)
+	if err != nil || tag == "" {
+		return 0
+	}
+	lim, ok := s.kinds[kind]
+	if !ok {
+		lim = ledger.Limits{Kind: kind}
+	}
+	if lim.Tag() != tag {
+		return 0
+	}
+	return s.gen
 }
 
 // guess returns the limits of kinds as the copy has them, for the ledger's
@@ -112,7 +135,7 @@ func (c *limitsCopy) refresh(ctx context.Context, ttl time.Duration) (*limitsSna
 			}
 			return nil, fmt.Errorf("read concurrency limits: %w", err)
 		}
-		s = &limitsSnapshot{kinds: kinds, loaded: time.Now()}
+		s = &limitsSnapshot{kinds: kinds, loaded: time.Now(), gen: gen}
 		if c.gen.Load() == gen {
 			break
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/internal/jobtest"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter"
 )
@@ -186,4 +187,42 @@ func TestARateSetParksTheJobsWaitingAhead(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return waitingAhead() == 0 && count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'running'`, kind) <= 1
 	}, 5*time.Second, 10*time.Millisecond, "jobs resumed ahead still hold River slots under a rate of 1 a minute")
+}
+
+// TestAGrantUnderTheNewLimitsBeginsAtOnce: a change of limits that grants
+// a job waiting in a worker's line (its own transaction's grant round, by
+// note) made the grant under the new limits: the job begins with it,
+// without being decided again for the change (a recheck is a ledger
+// transaction, and under load it let younger jobs of its line, resumed by
+// the same change and fetched elsewhere, start first: torture seed
+// 611679386). A grant made under limits the worker does not hold is still
+// rechecked (TestHeldAsNamesOnlyTheLimitsHeld).
+func TestAGrantUnderTheNewLimitsBeginsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.probe.regrant"
+	url, pool, tracker := probeKind(t, "regrant", 0)
+	lim, err := limiter.New(limiter.Config{Pool: pool})
+	require.NoError(t, err)
+	require.NoError(t, lim.SetRate(ctx, kind, limiter.Rate{Max: 1, Per: 20 * time.Second}, nil))
+	a, al := startProbeWorkerSignals(t, url, "regrant-a", "regrant", tracker, 30*time.Second, nil)
+	ids := insertProbes(t, a, "regrant", 0, 2, 0)
+	waiting := func() bool {
+		return tracker.doneCount() == 1 && count(t, pool, `SELECT count(*) FROM concurrency_waiters w JOIN river_job j ON j.id = w.job_id
+			AND j.state = 'running' WHERE w.job_id = $1 AND w.worker_id = 'regrant-a'`, ids[1]) == 1
+	}
+	for end := time.Now().Add(10 * time.Second); !waiting() && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !waiting() {
+		t.Fatalf("the second job did not come to wait in the worker's line: %d done, %s", tracker.doneCount(),
+			jobtest.JobState(t, pool, ids[1]))
+	}
+
+	require.NoError(t, lim.SetRate(ctx, kind, limiter.Rate{Max: 2, Per: 20 * time.Second}, nil))
+	require.Equal(t, ids[1], al.TestSignals.GrantHeard.WaitOrTimeout(), "the change's grant was not heard")
+	require.Eventually(t, func() bool { return tracker.doneCount() == 2 }, 10*time.Second, 5*time.Millisecond)
+	al.TestSignals.Rechecked.RequireEmpty()
+	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE kind = $1`, kind),
+		"both starts are in the window")
 }

@@ -159,7 +159,11 @@ func (l *Limiter) granted(g *ledger.Granted) {
 		}
 		gs = append(gs, jobGrant{id: id, slot: slot})
 	}
-	l.grantJobs(gs)
+	tags := make(map[string]string, len(g.Limits))
+	for kind, lim := range g.Limits {
+		tags[kind] = lim.Tag()
+	}
+	l.grantJobs(gs, tags)
 	for kind, n := range g.Resumed {
 		if n > 0 {
 			l.metrics.Resumed.WithLabelValues(kind).Add(float64(n))

@@ -16,6 +16,10 @@ type TestSignals struct {
 	LimitsChanged testsignal.TestSignal[string]
 	// GrantHeard: a grant note woke a job waiting here (value: the job).
 	GrantHeard testsignal.TestSignal[int64]
+	// Rechecked: a job granted or decided to run, not begun, was decided
+	// again because the worker heard a change of its kind's limits it could
+	// not tell its grant or decision had seen (value: the job).
+	Rechecked testsignal.TestSignal[int64]
 	// HandedOver: a job that ended handed its slot to a job waiting in
 	// the same worker, in memory (value: the job handed the slot).
 	HandedOver testsignal.TestSignal[int64]
@@ -39,6 +43,7 @@ func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.Listening.Init(tb)
 	ts.LimitsChanged.Init(tb)
 	ts.GrantHeard.Init(tb)
+	ts.Rechecked.Init(tb)
 	ts.HandedOver.Init(tb)
 	ts.Swapped.Init(tb)
 	ts.Renewed.Init(tb)

@@ -104,6 +104,7 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 		case local.Working:
 			if l.limitCameAfter(ctx, q, j) {
 				l.trace("recheck", "job_id", j.ID)
+				l.TestSignals.Rechecked.Signal(j.ID)
 				recheck = true
 				continue // Deciding again
 			}

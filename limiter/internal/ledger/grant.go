@@ -37,12 +37,15 @@ const (
 // to a job waiting in another worker; the payload is a GrantNote in JSON.
 const GrantChannel = "sluice_grants"
 
-// GrantNote is a grant notification's payload: jobs waiting in Worker got
-// their slots (Jobs), or their starts only (Starts, under a rate alone),
-// and run. A note that names no job asks the worker to look for every job
-// of its own that got one.
+// GrantNote is a grant notification's payload: jobs of Kind waiting in
+// Worker got their slots (Jobs), or their starts only (Starts, under a
+// rate alone), and run; Limits is the Tag of the kind's limits the round
+// read under its lock. A note that names no job asks the worker to look
+// for every job of its own that got one.
 type GrantNote struct {
 	Worker string  `json:"worker"`
+	Kind   string  `json:"kind,omitempty"`
+	Limits string  `json:"limits,omitempty"`
 	Jobs   []int64 `json:"jobs,omitempty"`
 	Starts []int64 `json:"starts,omitempty"`
 }
@@ -398,7 +401,7 @@ func (r *round) write(out *Granted) error {
 			} else {
 				n := notes[worker]
 				if n == nil {
-					n = &GrantNote{Worker: worker}
+					n = &GrantNote{Worker: worker, Kind: kind, Limits: c.Tag()}
 					notes[worker] = n
 				}
 				if c.Slotted() {

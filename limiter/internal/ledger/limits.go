@@ -3,7 +3,10 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice/db"
@@ -113,6 +116,17 @@ func (l Limits) KeyRate() bool { return l.RateMax > 0 && l.RatePerKey }
 func (l Limits) Equal(o Limits) bool {
 	return l.Present == o.Present && l.Max == o.Max && slices.Equal(l.Fields, o.Fields) && l.KeyMax == o.KeyMax &&
 		l.RateMax == o.RateMax && l.RatePeriod == o.RatePeriod && l.RatePerKey == o.RatePerKey
+}
+
+// Tag is a short fingerprint of l's settings (counts aside): two Limits
+// with the same settings (Equal) have the same tag. A grant note carries
+// the tag of the limits its round read, so that the worker can tell a
+// grant made under the limits it holds (GrantNote.Limits).
+func (l Limits) Tag() string {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%t|%d|%s|%d|%d|%d|%t", l.Present, l.Max, strings.Join(l.Fields, "\x00"), l.KeyMax, l.RateMax,
+		l.RatePeriod, l.RatePerKey)
+	return strconv.FormatUint(h.Sum64(), 36)
 }
 
 // kindFree is how many more jobs of the kind may hold a slot, as its

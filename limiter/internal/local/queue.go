@@ -96,6 +96,7 @@ type Job struct {
 	early        bool
 	earlySlot    Slot
 	earlyClaimed bool
+	earlyHeard   uint64
 	// heldSlot is what a Held job holds; swapping: it is to give it to an
 	// older job of its key (SwapFor), and stays Held until Swapped.
 	heldSlot Slot
@@ -472,6 +473,7 @@ func (q *Queue) Line(id int64, ahead bool, reason string) bool {
 		// wait's: the job starts with it.
 		j.early = false
 		j.granted = !j.earlyClaimed
+		j.heard = max(j.heard, j.earlyHeard)
 		if q.startLocked(j, j.earlySlot) {
 			j.notify(Granted)
 		}
@@ -663,18 +665,21 @@ func (q *Queue) Leave(id int64) bool {
 // wait ended meanwhile, or its decision to wait is not applied yet) keeps
 // the grant: a decision to wait lets it start with it (Line), any other
 // finds it in the ledger. startClaimed: a start reserved with the grant
-// was logged already (Granted is false: nothing is left to claim).
-func (q *Queue) Grant(id int64, slot Slot, startClaimed bool) bool {
+// was logged already (Granted is false: nothing is left to claim). heard:
+// the grant was made under the limits that every change of them the
+// limiter heard up to that count left (Restamp; 0: not known).
+func (q *Queue) Grant(id int64, slot Slot, startClaimed bool, heard uint64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
 	if j != nil && j.state == Deciding {
-		j.early, j.earlySlot, j.earlyClaimed = true, slot, startClaimed
+		j.early, j.earlySlot, j.earlyClaimed, j.earlyHeard = true, slot, startClaimed, heard
 	}
 	if j == nil || j.state != Lined {
 		return false
 	}
 	j.granted = !startClaimed
+	j.heard = max(j.heard, heard)
 	if q.startLocked(j, slot) {
 		j.notify(Granted)
 	}

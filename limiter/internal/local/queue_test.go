@@ -130,7 +130,7 @@ func events() []event {
 				if j := m.q.Get(id); j != nil && j.state == Deciding {
 					m.early[id] = true
 				}
-				if m.q.Grant(id, LineSlot, false) {
+				if m.q.Grant(id, LineSlot, false, 0) {
 					return m.checkUnblocked(id)
 				}
 				return ""
@@ -540,7 +540,7 @@ func TestAGrantNotReadYetIsSwapped(t *testing.T) {
 	now := time.Now()
 	q := NewQueue("k")
 	q.Fetch([]Fetched{{ID: 9, Key: "a", Fetched: now}})
-	if !q.Line(9, false, "limit") || !q.Grant(9, LineSlot, false) {
+	if !q.Line(9, false, "limit") || !q.Grant(9, LineSlot, false, 0) {
 		t.Fatal("job 9 was not lined and granted")
 	}
 	y := q.Get(9)
