@@ -331,11 +331,15 @@ func (k *kindDecision) decide(ds []*decided) {
 			// Cancelled while it waited: it parks whatever it holds (its
 			// parking cancels it; what it holds is given back).
 			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
-		case d.Recheck && !k.holdsAll(h, ks):
-			// Decided before the limits now in force, not begun, and not
-			// holding what they ask: what it holds goes back and it is decided
-			// afresh, in this transaction (no younger job takes its slot
-			// between). Under a breaker, that parks it.
+		case (d.Recheck || h.SlotHeld || h.StartHeld) && !k.holdsAll(h, ks):
+			// Decided or granted before the limits now in force, not begun,
+			// and not holding what they ask: what it holds goes back and it is
+			// decided afresh, in this transaction (no younger job takes its
+			// slot between). Under a breaker, that parks it. So is a job
+			// decided again for its own reasons (its wait ended as a grant
+			// came) that holds a grant made before a change its worker has
+			// not heard yet (seed 256556233: a slot granted before a rate was
+			// set, and a start it never had).
 			k.giveBack(d, ks)
 			k.decideNew(d, ks)
 		case h.SlotHeld || h.StartHeld:

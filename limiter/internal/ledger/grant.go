@@ -206,15 +206,17 @@ func (r *round) front() int {
 // pick gives the kind's capacity to the front of its lines, one job per
 // line per turn. Under a kind-wide limit over keys (the fairness
 // promise), a line held up by a job still completing its parking is owed
-// its turn before any line served since it began waiting has another:
-// that job gets the slot, reserved until its parking completes and
-// resumes it (LedgerGrantParked), rather than the other line a second
-// turn ahead of it.
+// its turn before any line that began waiting after it (served since it
+// began waiting, or arrived since) has one: that job gets the slot,
+// reserved until its parking completes and resumes it
+// (LedgerGrantParked), rather than the other line a turn ahead of it.
+// Owed stays owed from turn to turn: a line ahead of it in the round's
+// order that had its turn in this round does not take a second before it.
 func (r *round) pick(capacity int) {
 	fair := r.c.Keyed() && r.c.Regime() == KindWide
+	var owed *line // the first line held up by a completing parking, in the round's order, until it is given its turn
 	for turn := 1; capacity > 0; turn++ {
 		progress := false
-		var owed *line // the first line held up by a completing parking, in the round's order
 		for _, l := range r.lines {
 			if capacity == 0 {
 				break
@@ -232,7 +234,7 @@ func (r *round) pick(capacity int) {
 				}
 				continue
 			}
-			if owed != nil && r.servedSince(l, owed) {
+			if owed != nil && r.cameSince(l, owed) {
 				r.take(owed, owed.completing)
 				owed = nil
 				capacity--
@@ -263,13 +265,18 @@ func (r *round) take(l *line, e *front) {
 	l.room--
 }
 
-// servedSince reports whether line l had a turn since owed began waiting
-// for its next: in this round, or at its last turn.
-func (r *round) servedSince(l, owed *line) bool {
+// cameSince reports whether line l began waiting for its turn after owed
+// began waiting for its next: it had a turn in this round, or one since,
+// or, never served, it arrived since. A key whose line emptied loses its
+// row, and with it when it was served: back with a new job, it counts as
+// arrived then (seed 120235358: keys served as a key's job waited came
+// back and took their second turns ahead of it while it completed its
+// parking).
+func (r *round) cameSince(l, owed *line) bool {
 	if _, ok := r.lastTurn[l.key]; ok {
 		return true
 	}
-	return l.served != 0 && l.served > owed.since
+	return l.since != 0 && l.since > owed.since
 }
 
 // next is the next job of l a grant may go to (nil: none now): in job-id

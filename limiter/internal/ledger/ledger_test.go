@@ -133,9 +133,10 @@ func TestDecideLetsGoWhatAnUnlimitedJobHeld(t *testing.T) {
 
 // TestRecheckUnderABreakerParks: a job that took a slot and has not begun
 // when its kind becomes a circuit breaker is decided again (Recheck): it
-// parks, and its slot goes back in the same transaction. Decided again
-// without Recheck (its wait ended as a grant came) it keeps its slot: the
-// ledger counts it under any limit.
+// parks, and its slot goes back in the same transaction. So it does when
+// it is decided again without Recheck (its wait ended as a grant came,
+// before its worker heard of the breaker): the ledger decides by the
+// limits it reads.
 func TestRecheckUnderABreakerParks(t *testing.T) {
 	t.Parallel()
 	for _, recheck := range []bool{true, false} {
@@ -151,11 +152,7 @@ func TestRecheckUnderABreakerParks(t *testing.T) {
 
 		job.Recheck = recheck
 		d := decideOne(t, l, job, nil)
-		if !recheck {
-			require.Equal(t, ledger.Slot, d.Action, "not rechecked: it keeps its slot")
-			continue
-		}
-		require.Equal(t, ledger.Parked, d.Action, "rechecked under a breaker: it parks")
+		require.Equal(t, ledger.Parked, d.Action, "decided again under a breaker (recheck %t): it parks", recheck)
 		require.Equal(t, ledger.ReasonBreaker, d.Reason)
 		n, rows = admitted(t, pool, kind)
 		require.Zero(t, rows, "its slot went back")
@@ -165,14 +162,16 @@ func TestRecheckUnderABreakerParks(t *testing.T) {
 }
 
 // TestRecheckUnderANewRate: a job that took a slot and has not begun when
-// a rate is set on its kind holds no start of it. Decided again (Recheck)
-// with room in the window, it keeps a slot and logs a start; with the
-// window full, its slot goes back (the count with it) and it waits for the
-// window like any new job.
+// a rate is set on its kind holds no start of it. Decided again (Recheck,
+// or for its own reasons: its worker had not heard of the rate) with room
+// in the window, it keeps a slot and logs a start; with the window full,
+// its slot goes back (the count with it) and it waits for the window like
+// any new job.
 func TestRecheckUnderANewRate(t *testing.T) {
 	t.Parallel()
-	for _, full := range []bool{false, true} {
-		kind := "test.rate." + map[bool]string{true: "full", false: "room"}[full]
+	for _, c := range []struct{ full, recheck bool }{{false, true}, {true, true}, {false, false}, {true, false}} {
+		full := c.full
+		kind := "test.rate." + map[bool]string{true: "full", false: "room"}[full] + map[bool]string{true: ".recheck", false: ""}[c.recheck]
 		pool, l := newLedger(t, "w1")
 		setLimits(t, l, kind, "max_concurrency = 2")
 		job := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-time.Second))
@@ -182,7 +181,7 @@ func TestRecheckUnderANewRate(t *testing.T) {
 			other := running(t, pool, kind, `{}`, "w1", 1, time.Now())
 			exec(t, pool, `INSERT INTO concurrency_starts (kind, job_id, started_at) VALUES ($1, $2, now())`, kind, other.ID)
 		}
-		job.Recheck = true
+		job.Recheck = c.recheck
 		d := decideOne(t, l, job, nil)
 		n, rows := admitted(t, pool, kind)
 		if !full {
@@ -834,6 +833,94 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 			var attempt int
 			require.NoError(t, pool.QueryRow(ctx, `SELECT attempt FROM river_job WHERE id = 2`).Scan(&attempt))
 			require.Zero(t, attempt, "parking is not an attempt")
+		})
+	}
+}
+
+// TestAnOwedTurnOutlastsTheRoundsFirstTurn: under a per-kind limit of 2
+// over keys, key A (never served: first in the round's order) has two
+// jobs parked, and key B, served before, has its only job completing its
+// parking. The round's first turn gives A's first job a slot (A had no
+// turn since B began waiting); its second turn would give A another, and
+// B is owed its turn before that: B's job gets the slot, reserved, and A's
+// second job stays parked (seed 120235358: a key held back behind its
+// parkings saw other keys served twice).
+func TestAnOwedTurnOutlastsTheRoundsFirstTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.owed2"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 2, partition_fields = '{key}', key_max = 2")
+	exec(t, pool, `
+		INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
+		VALUES (1, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
+		       (2, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}'),
+		       (3, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}')`, kind)
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+		SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.id IN (1, 2, 3)`)
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
+		VALUES ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, NULL, now() - interval '3 seconds'),
+		       ($1, sluice_partition_key('{"key": "B"}', '{key}'), 0, true, now() - interval '2 seconds', now() - interval '4 seconds')`, kind)
+	exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+	_, err := l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+	require.NoError(t, err)
+	state := func(id int) string {
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = $1`, id).Scan(&s))
+		return s
+	}
+	require.Equal(t, "available", state(1), "A's first turn")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 2 AND reserved`),
+		"B's job, completing its parking, has the second slot")
+	require.Equal(t, "pending", state(3), "A has no second turn ahead of B's")
+}
+
+// TestAKeyArrivedAfterAnOwedOneWaits: under a per-kind limit of 1 over
+// keys, key B's only job is completing its parking, B never served; key A
+// arrives after B began waiting (never served either, as far as the
+// ledger knows: a key whose line emptied loses its row and when it was
+// served) with a job parked. The free slot is B's, reserved for its job:
+// A's job waits (seed 120235358: keys that had been served as B's job
+// waited came back with new rows and took their second turns ahead of it).
+// A key that arrived before B began waiting takes the slot.
+func TestAKeyArrivedAfterAnOwedOneWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name     string
+		aArrived string
+		toB      bool
+	}{
+		{"A arrived after B", "now() - interval '1 second'", true},
+		{"A arrived before B", "now() - interval '3 seconds'", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.owed3"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 2")
+			exec(t, pool, `
+				INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
+				VALUES (1, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}'),
+				       (2, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}')`, kind)
+			exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+				SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.id IN (1, 2)`)
+			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
+				VALUES ($1, sluice_partition_key('{"key": "B"}', '{key}'), 0, true, NULL, now() - interval '2 seconds'),
+				       ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, NULL, `+c.aArrived+`)`, kind)
+			exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+			_, err := l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+			require.NoError(t, err)
+			var a string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT state::text FROM river_job WHERE id = 2`).Scan(&a))
+			reserved := count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = 1 AND reserved`)
+			if c.toB {
+				require.Equal(t, "pending", a, "A came after B began waiting: no turn ahead of B's")
+				require.Equal(t, 1, reserved, "B's job, completing its parking, has the slot")
+			} else {
+				require.Equal(t, "available", a, "A was waiting before B: its turn comes first")
+				require.Zero(t, reserved)
+			}
 		})
 	}
 }
