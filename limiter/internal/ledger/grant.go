@@ -3,7 +3,9 @@ package ledger
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sluice-dev/sluice/db"
@@ -145,6 +147,9 @@ func (tx *Tx) grant(st grantKind, lookahead bool, out *Granted) error {
 	}
 	capacity := r.front()
 	r.pick(capacity)
+	if tx.l.logger.Enabled(tx.ctx, slog.LevelDebug) {
+		r.trace(capacity)
+	}
 	r.resumeAhead()
 	if err := r.write(out); err != nil {
 		return err
@@ -252,6 +257,34 @@ func (r *round) pick(capacity int) {
 			break
 		}
 	}
+}
+
+// trace logs the round at debug level, for diagnosis (the torture test's
+// TORTURE_WORKER_LOGS with TORTURE_DEBUG): its capacity, its picks, and its
+// lines in the round's order, each with when it was served and began
+// waiting (ms within the minute), its room left, whether it is held (by a
+// parking completing), and its front (job/parked/ready/completing, the
+// first 8).
+func (r *round) trace(capacity int) {
+	var b strings.Builder
+	for _, l := range r.lines {
+		fmt.Fprintf(&b, "[%s served=%d since=%d room=%d held=%t completing=%t front=", l.key, l.served/1000%60000,
+			l.since/1000%60000, l.room, l.held, l.completing != nil)
+		for i, e := range l.front {
+			if i == 8 {
+				b.WriteString("...")
+				break
+			}
+			fmt.Fprintf(&b, "%d/%t/%t/%t,", e.JobID, e.Parked, e.Ready, e.Completing)
+		}
+		b.WriteString("] ")
+	}
+	picks := make([]int64, 0, len(r.picks))
+	for _, p := range r.picks {
+		picks = append(picks, p.JobID)
+	}
+	r.tx.l.logger.Debug("concurrency limits: round", "kind", r.c.Kind, "capacity", capacity, "picks", fmt.Sprint(picks),
+		"lines", b.String())
 }
 
 // take gives e, the front job of l, a slot (or a start) in this round.
