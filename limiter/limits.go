@@ -68,8 +68,11 @@ func (c *limitsCopy) of(ctx context.Context, kind string) (ledger.Limits, error)
 // (or cannot tell): a grant made under limits with that tag fits every
 // change heard up to it.
 func (c *limitsCopy) heldAs(ctx context.Context, kind, tag string) uint64 {
+	if tag == "" {
+		return 0
+	}
 	s, err := c.snapshot(ctx)
-	if err != nil || tag == "" {
+	if err != nil {
 		return 0
 	}
 	lim, ok := s.kinds[kind]

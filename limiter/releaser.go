@@ -159,11 +159,15 @@ func (l *Limiter) granted(g *ledger.Granted) {
 		}
 		gs = append(gs, jobGrant{id: id, slot: slot})
 	}
-	tags := make(map[string]string, len(g.Limits))
-	for kind, lim := range g.Limits {
-		tags[kind] = lim.Tag()
+	if len(gs) > 0 {
+		// Most transactions grant nothing to this worker's jobs: the tags
+		// are made only for those that do.
+		tags := make(map[string]string, len(g.Limits))
+		for kind, lim := range g.Limits {
+			tags[kind] = lim.Tag()
+		}
+		l.grantJobs(gs, tags)
 	}
-	l.grantJobs(gs, tags)
 	for kind, n := range g.Resumed {
 		if n > 0 {
 			l.metrics.Resumed.WithLabelValues(kind).Add(float64(n))

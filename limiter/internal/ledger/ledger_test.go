@@ -106,6 +106,17 @@ func decideOne(t *testing.T, l *ledger.Ledger, job ledger.Job, guess map[string]
 	return d.Decisions[0]
 }
 
+// parkAllForTheKind records every job of kind the test inserted as
+// parked in w1 for the kind's limit, under the key of its args' "key"
+// field, and flags the kind as having jobs parked, as the decisions that
+// parked them would have.
+func parkAllForTheKind(t *testing.T, pool *pgxpool.Pool, kind string) {
+	t.Helper()
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
+		SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.kind = $1`, kind)
+	exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
+}
+
 // TestDecideLetsGoWhatAnUnlimitedJobHeld: a job that holds a slot and is
 // decided again (its wait ended as its grant came) after its kind's limits
 // were cleared runs without a limit, and the slot it held goes back: a job
@@ -761,12 +772,10 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 				INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
 				VALUES (1, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
 				       (2, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}')`, kind)
-			exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
-				SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.id IN (1, 2)`)
+			parkAllForTheKind(t, pool, kind)
 			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
 				VALUES ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, `+c.aServed+`, now() - interval '3 seconds'),
 				       ($1, sluice_partition_key('{"key": "B"}', '{key}'), 0, true, NULL, now() - interval '1 second')`, kind)
-			exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
 			state := func(id int) (s string, marked bool) {
 				require.NoError(t, pool.QueryRow(ctx, `SELECT state::text, metadata ? 'sluice_park' FROM river_job WHERE id = $1`, id).Scan(&s, &marked))
 				return s, marked
@@ -856,12 +865,10 @@ func TestAnOwedTurnOutlastsTheRoundsFirstTurn(t *testing.T) {
 		VALUES (1, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
 		       (2, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}'),
 		       (3, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}')`, kind)
-	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
-		SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.id IN (1, 2, 3)`)
+	parkAllForTheKind(t, pool, kind)
 	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
 		VALUES ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, NULL, now() - interval '3 seconds'),
 		       ($1, sluice_partition_key('{"key": "B"}', '{key}'), 0, true, now() - interval '2 seconds', now() - interval '4 seconds')`, kind)
-	exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
 	_, err := l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
 	require.NoError(t, err)
 	state := func(id int) string {
@@ -903,12 +910,10 @@ func TestAKeyArrivedAfterAnOwedOneWaits(t *testing.T) {
 				INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
 				VALUES (1, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}'),
 				       (2, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}')`, kind)
-			exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
-				SELECT j.id, j.kind, 'limit', 'w1', sluice_partition_key(j.args, '{key}') FROM river_job j WHERE j.id IN (1, 2)`)
+			parkAllForTheKind(t, pool, kind)
 			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
 				VALUES ($1, sluice_partition_key('{"key": "B"}', '{key}'), 0, true, NULL, now() - interval '2 seconds'),
 				       ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, NULL, `+c.aArrived+`)`, kind)
-			exec(t, pool, `UPDATE concurrency_limits SET has_parked = true WHERE kind = $1`, kind)
 			_, err := l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
 			require.NoError(t, err)
 			var a string
