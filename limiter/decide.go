@@ -217,7 +217,7 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 					continue
 				}
 			}
-			toLedger = append(toLedger, ledgerJob(job, dispatched, l.neverPark))
+			toLedger = append(toLedger, l.ledgerJob(job, dispatched))
 		}
 	}
 	if len(toLedger) == 0 {
@@ -239,9 +239,9 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 }
 
 // ledgerJob is job as the ledger decides it.
-func ledgerJob(job *rivertype.JobRow, dispatched, noWait bool) ledger.Job {
+func (l *Limiter) ledgerJob(job *rivertype.JobRow, dispatched bool) ledger.Job {
 	return ledger.Job{ID: job.ID, Kind: job.Kind, Args: job.EncodedArgs, FetchedAt: fetchedAt(job), Attempt: job.Attempt,
-		Dispatched: dispatched, NoWait: noWait}
+		Dispatched: dispatched, NoWait: l.neverPark, Slots: l.gate.slotsOf(job.Queue)}
 }
 
 // fetchedAt is when job's attempt was fetched (its attempted_at).
@@ -311,7 +311,7 @@ func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, c
 	if qj := q.Get(job.ID); qj != nil {
 		qj.Stamp(l.limits.gen.Load())
 	}
-	j := ledgerJob(job, true, l.neverPark)
+	j := l.ledgerJob(job, true)
 	j.TimedOut, j.Cancelled, j.Recheck = timedOut, cancelled, recheck
 	decisions, err := l.decide([]ledger.Job{j})
 	if err != nil {

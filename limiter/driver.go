@@ -169,7 +169,7 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 	var ahead []int64
 	t0 := time.Now()
 	if parkAhead {
-		if ahead, err = l.ledger.ParkAhead(ctx, e.d.UnwrapTx(tx), params.Queue, limited, parkAheadScan); err != nil {
+		if ahead, err = l.ledger.ParkAhead(ctx, e.d.UnwrapTx(tx), params.Queue, limited, parkAheadScan, l.gate.slotsOf(params.Queue)); err != nil {
 			return nil, nil, 0, err
 		}
 	}

@@ -35,12 +35,35 @@ type fetchGate struct {
 
 	mu   sync.Mutex
 	owed map[string]bool // queues whose last fetch the gate made smaller
+	// slots is the most jobs River asked for in one fetch of each queue:
+	// its River slots (MaxWorkers) as near as the worker can tell, since
+	// River asks for its free slots.
+	slots map[string]int
 }
 
-// admit waits while MaxFetchedWaiting jobs wait in the worker (until fewer
-// do, ctx ends, or at the latest the park-after time: they park by then),
-// and returns params with MaxToLock cut to the room left while jobs wait.
+// saw notes a fetch of queue that River asked n jobs for.
+func (g *fetchGate) saw(queue string, n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.slots == nil {
+		g.slots = map[string]int{}
+	}
+	g.slots[queue] = max(g.slots[queue], n)
+}
+
+// slotsOf is queue's River slots as its fetches told them (0: none seen).
+func (g *fetchGate) slotsOf(queue string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.slots[queue]
+}
+
+// admit notes how many jobs River asked for (saw), waits while
+// MaxFetchedWaiting jobs wait in the worker (until fewer do, ctx ends, or
+// at the latest the park-after time: they park by then), and returns
+// params with MaxToLock cut to the room left while jobs wait.
 func (g *fetchGate) admit(ctx context.Context, params *riverdriver.JobGetAvailableParams) *riverdriver.JobGetAvailableParams {
+	g.saw(params.Queue, params.MaxToLock)
 	qs := &g.l.queues
 	if qs.waiting() >= MaxFetchedWaiting {
 		deadline := time.NewTimer(g.l.parkAfter + gatePoll)

@@ -422,3 +422,41 @@ func TestBacklogLeavesRoomForOtherKeys(t *testing.T) {
 	}
 	require.Positive(t, count(t, pool, "SELECT count(*) FROM test_parkings WHERE job_id = ANY($1)", busy), "the backlog parked")
 }
+
+// TestALongLineIsMeasuredAgainstTheRiverSlots: under a per-key limit of
+// 1, one fetch brings 20 jobs of one key (10 ms each, a park-after of 10
+// s, so none waits its time out). A worker of 200 River slots lets the 19
+// that wait hold them (a line is long at an eighth of its slots, 25): none
+// parks. A worker of 16 River slots parks the jobs it fetched behind 8 of
+// the key's line at once, keeping its slots for other keys' jobs.
+func TestALongLineIsMeasuredAgainstTheRiverSlots(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		slots  int
+		parked bool
+	}{{"large", 200, false}, {"small", 16, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			kind := "line" + tc.name
+			fullKind := "test.keyed." + kind
+			url := testdb.New(t)
+			pool := openPool(t, url)
+			logParkings(t, pool)
+			require.NoError(t, newLimiter(t, url).SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
+			tracker := newKeyedTracker()
+			client, _ := startKeyedWorkerParkAfter(t, url, kind+"-w", kind, tracker, tc.slots, 10*time.Second)
+			insertKeyed(t, client, kind, "a", 0, 20, 10)
+			require.Eventually(t, func() bool {
+				return count(t, pool, "SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'", fullKind) == 20
+			}, time.Minute, 20*time.Millisecond)
+			parkings := count(t, pool, "SELECT count(*) FROM test_parkings")
+			if tc.parked {
+				require.Positive(t, parkings, "a worker of %d River slots let every job of a line of 20 wait", tc.slots)
+				return
+			}
+			require.Zero(t, parkings, "a worker of %d River slots parked jobs of a line of 20", tc.slots)
+		})
+	}
+}

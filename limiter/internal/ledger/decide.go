@@ -14,9 +14,16 @@ import (
 const (
 	// maxAhead caps how many waiting jobs of a line a decision counts.
 	maxAhead = 256
-	// minWaitCap and maxWaitCap bound waitCap.
+	// minWaitCap and maxWaitCap bound Limits.WaitCap.
 	minWaitCap = 8
 	maxWaitCap = 256
+	// WaitSlotShare is the share of a worker's River slots (one in
+	// WaitSlotShare) that the jobs of one line may hold waiting at least
+	// (Limits.WaitCap): a worker with many River slots lets a busy key's
+	// jobs wait rather than park at their fetch (each parking costs a
+	// resume and a fetch again), while a small worker keeps most of its
+	// slots for the jobs of other keys.
+	WaitSlotShare = 8
 )
 
 // Job is a job of a limited kind for the ledger to decide: fetched by
@@ -55,6 +62,10 @@ type Job struct {
 	// nothing will do under a circuit breaker), what it holds goes back and
 	// it is decided afresh in the same transaction.
 	Recheck bool
+	// Slots is its worker's River slots for its queue (the most River asked
+	// for in one fetch; 0: not known): a line is long against them
+	// (Limits.WaitCap).
+	Slots int
 	// HeldBehind: a younger job of its key in this worker holds a slot of
 	// the line and has not started (held back for it): rather than park
 	// (timed out, or its line long), it waits, and its worker gives it
@@ -122,7 +133,7 @@ type Decided struct {
 // jobs of its key waiting, or jobs waiting for the kind
 // itself), or else waits in the line, in this worker, until parkAfter, or
 // parks at once: a circuit breaker, a rate window that frees too late, a
-// key (a kind without a partition) with waitCap jobs waiting already
+// key (a kind without a partition) with its WaitCap of jobs waiting already
 // (waiting there would only hold a River slot of this worker that a job
 // of another key could start on), or a wait that is over. guess is the
 // worker's copy of the kinds' limits (for the locks: read again under
@@ -489,7 +500,7 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 		d.d.Action = Wait
 	case d.TimedOut:
 		d.d.Action = Parked
-	case !d.Dispatched && ks.Ahead >= k.waitCap() && ks.Front != 0 && ks.Front < d.ID:
+	case !d.Dispatched && ks.Ahead >= k.c.WaitCap(d.Slots) && ks.Front != 0 && ks.Front < d.ID:
 		// Its line is long already, and it is behind it: it parks now
 		// rather than hold one of this worker's River slots, which a job of
 		// another key could start on, for longer than its park-after time.
@@ -625,10 +636,6 @@ func (k *kindDecision) blocker(d *decided, ks *keyLine) (reason string, orderOnl
 	}
 	return capacity, false
 }
-
-// waitCap is how many jobs of a key (of the kind, without a partition) may
-// wait in the workers (Limits.WaitCap).
-func (k *kindDecision) waitCap() int { return k.c.WaitCap() }
 
 // decideWrites gathers a decision's writes, kind by kind.
 type decideWrites struct {

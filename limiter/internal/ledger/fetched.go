@@ -46,12 +46,13 @@ func (l *Ledger) MarkFetched(ctx context.Context, tx db.DBTX, jobs []Fetched) er
 // the next available jobs of queue, at most scan of limits' kinds looked
 // at in River's fetch order, that a decision at their fetch would park
 // because their line is long already: at least their kind's WaitCap of
-// older jobs of the line are parked. Each joins its line, parked, without
+// older jobs of the line are parked (slots: the worker's River slots for
+// queue, as WaitCap takes them). Each joins its line, parked, without
 // being fetched; the fetch after it reaches the jobs behind them. A kind
 // whose limits are being changed (Change) is left to the next fetch (a
 // fetch never waits for a change), and a change waits for a parking under
 // way. It returns the jobs parked.
-func (l *Ledger) ParkAhead(ctx context.Context, tx db.DBTX, queue string, limits map[string]Limits, scan int) ([]int64, error) {
+func (l *Ledger) ParkAhead(ctx context.Context, tx db.DBTX, queue string, limits map[string]Limits, scan, slots int) ([]int64, error) {
 	if len(limits) == 0 {
 		return nil, nil
 	}
@@ -72,7 +73,7 @@ func (l *Ledger) ParkAhead(ctx context.Context, tx db.DBTX, queue string, limits
 	}
 	pick := db.LedgerParkAheadPickParams{Queue: queue, MaxJobs: int32(scan)}
 	for _, kind := range free {
-		pick.Kinds, pick.Caps = append(pick.Kinds, kind), append(pick.Caps, int32(limits[kind].WaitCap()))
+		pick.Kinds, pick.Caps = append(pick.Kinds, kind), append(pick.Caps, int32(limits[kind].WaitCap(slots)))
 	}
 	picked, err := q.LedgerParkAheadPick(ctx, pick)
 	if err != nil {

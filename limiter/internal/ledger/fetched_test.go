@@ -215,8 +215,8 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 				id, kind, `"`+tenant+`"`)
 		}
 	}
-	park("a", lim.WaitCap())
-	park("c", lim.WaitCap()-1)
+	park("a", lim.WaitCap(0))
+	park("c", lim.WaitCap(0)-1)
 	var behindA, others []int64
 	for i := range 6 {
 		switch i % 3 {
@@ -240,7 +240,7 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	_, err = change.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_change:' || $1::text, 0))`, kind)
 	require.NoError(t, err)
 	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	parked, err := l.ParkAhead(waitCtx, pool, "default", limits, 100)
+	parked, err := l.ParkAhead(waitCtx, pool, "default", limits, 100, 0)
 	cancel()
 	require.NoError(t, err, "a parking ahead waited for a change of limits")
 	require.Empty(t, parked, "jobs parked while the kind's limits were being changed")
@@ -250,7 +250,7 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	parked, err = l.ParkAhead(ctx, tx, "default", limits, 100)
+	parked, err = l.ParkAhead(ctx, tx, "default", limits, 100, 0)
 	require.NoError(t, err)
 	changed := make(chan struct{})
 	go func() {
@@ -278,7 +278,7 @@ func TestParkAheadParksTheBacklogBehindALongLine(t *testing.T) {
 	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key)
 		SELECT id, kind, 'key_limit', 'w0', '"a"' FROM river_job WHERE kind = $1 AND state = 'pending' LIMIT 8
 		ON CONFLICT DO NOTHING`, kind)
-	parked, err = l.ParkAhead(ctx, pool, "default", limits, 100)
+	parked, err = l.ParkAhead(ctx, pool, "default", limits, 100, 0)
 	require.NoError(t, err)
 	require.Empty(t, parked, "a kind whose limits were cleared parked jobs")
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'available'`, more))

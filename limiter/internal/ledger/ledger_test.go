@@ -1005,3 +1005,46 @@ func TestALongLineParksOnlyTheJobsBehindIt(t *testing.T) {
 	require.Equal(t, ledger.Wait, d.Action, "a job older than its whole line parked for the line's length")
 	require.False(t, d.LongLine)
 }
+
+// TestALongLineIsMeasuredAgainstTheWorkersRiverSlots: a line is long at
+// four times the slots its jobs wait for (8 at least), or at an eighth of
+// the River slots of the worker that fetches the job, whichever is more:
+// under a per-key limit of 1 with 8 jobs of the key waiting, a job fetched
+// by a worker of 64 River slots parks at once (and stays in the line),
+// one fetched by a worker of 100 waits, until 12 are in the line.
+func TestALongLineIsMeasuredAgainstTheWorkersRiverSlots(t *testing.T) {
+	t.Parallel()
+	const kind = "test.longline.slots"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 0, partition_fields = '{key}', key_max = 1")
+	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
+	for i := range 8 {
+		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+		require.Equal(t, ledger.Wait, decideOne(t, l, j, nil).Action, "waiting job %d", i)
+	}
+	fetched := func(slots int) ledger.Decision {
+		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+		j.Dispatched, j.Slots = false, slots
+		return decideOne(t, l, j, nil)
+	}
+	d := fetched(64)
+	require.Equal(t, ledger.Parked, d.Action, "a job behind 8 waiting, fetched by a worker of 64 River slots, waited")
+	require.True(t, d.LongLine)
+	for i := range 3 {
+		d = fetched(100)
+		require.Equal(t, ledger.Wait, d.Action, "job %d behind %d in the line, fetched by a worker of 100 River slots, parked", i, 9+i)
+	}
+	d = fetched(100)
+	require.Equal(t, ledger.Parked, d.Action, "a job behind 12 in the line, fetched by a worker of 100 River slots, waited")
+	require.True(t, d.LongLine)
+
+	for _, tc := range []struct {
+		keyMax int32
+		slots  int
+		want   int
+	}{{1, 0, 8}, {1, 64, 8}, {1, 100, 12}, {1, 1000, 125}, {1, 10000, 256}, {4, 0, 16}, {4, 64, 16}, {4, 200, 25}} {
+		lim := ledger.Limits{Kind: kind, Present: true, Fields: []string{"key"}, KeyMax: tc.keyMax}
+		require.Equal(t, tc.want, lim.WaitCap(tc.slots), "wait cap of a per-key limit of %d with %d River slots", tc.keyMax, tc.slots)
+	}
+}

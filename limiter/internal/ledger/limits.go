@@ -84,9 +84,10 @@ func (l Limits) Regime() Regime {
 
 // WaitCap is how many jobs of a key (of the kind, without a partition)
 // may wait in the workers: four times the slots or starts they wait for,
-// within [minWaitCap, maxWaitCap]. A job fetched behind that many of its
-// line parks at once.
-func (l Limits) WaitCap() int {
+// or a WaitSlotShare of the River slots of the worker that fetches the job
+// (slots; 0: not known), whichever is more, within [minWaitCap,
+// maxWaitCap]. A job fetched behind that many of its line parks at once.
+func (l Limits) WaitCap(slots int) int {
 	unit := l.Max
 	switch {
 	case l.Keyed() && l.KeyMax > 0:
@@ -96,7 +97,7 @@ func (l Limits) WaitCap() int {
 	case unit <= 0:
 		unit = l.RateMax
 	}
-	return min(max(4*int(unit), minWaitCap), maxWaitCap)
+	return min(max(4*int(unit), slots/WaitSlotShare, minWaitCap), maxWaitCap)
 }
 
 // Keyed reports whether l partitions the kind.
