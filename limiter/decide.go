@@ -61,8 +61,8 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
 	if err == nil {
 		l.restamp(ctx, jobs, out.Limits)
-		if len(out.Recheck) > 0 {
-			l.releaser.submitAsync(&releaseRequest{rounds: out.Recheck})
+		if len(out.Recheck) > 0 || len(out.RecheckKeys) > 0 {
+			l.releaser.submitAsync(&releaseRequest{rounds: out.Recheck, keyRounds: out.RecheckKeys})
 		}
 		for kind, d := range out.Wakes {
 			l.wakes.after(kind, d)
@@ -282,9 +282,10 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 			}
 			if out != ledger.SwapNone {
 				// The younger job waits in the line now (and the slot it gave
-				// back, if it did, is free): a grant round gives the front any
-				// room the kind has.
-				l.releaser.submitAsync(&releaseRequest{rounds: []string{d.Kind}})
+				// back, if it did, is free): a grant round of its key's line
+				// (of the kind's whole line, unless under per-key limits alone)
+				// gives the front any room there is.
+				l.releaser.submitAsync(&releaseRequest{keyRounds: map[string][]string{d.Kind: {d.Key}}})
 			}
 			break
 		}
@@ -319,7 +320,7 @@ func (l *Limiter) decideAgain(q *local.Queue, job *rivertype.JobRow, timedOut, c
 	}
 	d := decisions[job.ID]
 	if l.apply(q, d) == ledger.Parked {
-		l.rechecks.parked(job.Kind) // River's completer completes the parking
+		l.rechecks.parked(job.Kind, d.Key) // River's completer completes the parking
 	}
 	return d, nil
 }

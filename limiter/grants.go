@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -154,7 +155,7 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 	now := time.Now()
 	seen := make(map[int64]time.Time, len(g.seen))
 	g.l.queues.each(func(q *local.Queue) {
-		late := false
+		var late []string // the keys of the jobs waiting RoundAfter here
 		for _, j := range q.Lined() {
 			ids = append(ids, j.ID)
 			if _, a := j.Held(); a {
@@ -165,11 +166,15 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 				since = now
 			}
 			seen[j.ID] = since
-			late = late || now.Sub(since) >= g.cfg.RoundAfter
+			if now.Sub(since) >= g.cfg.RoundAfter && !slices.Contains(late, j.Key) {
+				late = append(late, j.Key)
+			}
 		}
-		if late && now.Sub(g.rounds[q.Kind()]) >= g.cfg.RoundAfter {
+		if len(late) > 0 && now.Sub(g.rounds[q.Kind()]) >= g.cfg.RoundAfter {
+			// Of those keys' lines under per-key limits alone (each key's
+			// room is its own), else of the kind's whole line.
 			g.rounds[q.Kind()] = now
-			g.l.releaser.submitAsync(&releaseRequest{rounds: []string{q.Kind()}})
+			g.l.releaser.submitAsync(&releaseRequest{keyRounds: map[string][]string{q.Kind(): late}})
 		}
 	})
 	g.seen = seen

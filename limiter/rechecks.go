@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -14,27 +15,34 @@ import (
 var parkRechecks = []time.Duration{75 * time.Millisecond, 250 * time.Millisecond, time.Second}
 
 // rechecks run a grant round of a kind at each of parkRechecks after its
-// latest parking in this worker, one chain per kind at a time.
+// latest parking in this worker, one chain per kind at a time: of the
+// lines of the keys whose jobs parked since the chain began under per-key
+// limits alone (each key's room is its own), else of the kind's whole
+// line.
 type rechecks struct {
 	l *Limiter
 
 	mu      sync.Mutex
 	latest  map[string]time.Time // kinds with a chain running: their latest parking
+	keys    map[string][]string  // kinds with a chain running: the keys of their jobs parked since it began
 	stopped bool
 }
 
-// parked starts (or restarts) kind's chain.
-func (r *rechecks) parked(kind string) {
+// parked starts (or restarts) kind's chain, a job of key having parked.
+func (r *rechecks) parked(kind, key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped {
 		return
 	}
 	if r.latest == nil {
-		r.latest = map[string]time.Time{}
+		r.latest, r.keys = map[string]time.Time{}, map[string][]string{}
 	}
 	_, running := r.latest[kind]
 	r.latest[kind] = time.Now()
+	if !slices.Contains(r.keys[kind], key) {
+		r.keys[kind] = append(r.keys[kind], key)
+	}
 	if !running {
 		go r.chain(kind)
 	}
@@ -50,6 +58,7 @@ func (r *rechecks) chain(kind string) {
 		latest := r.latest[kind]
 		if r.stopped || (latest.Equal(from) && next == len(parkRechecks)) {
 			delete(r.latest, kind)
+			delete(r.keys, kind)
 			r.mu.Unlock()
 			return
 		}
@@ -59,7 +68,10 @@ func (r *rechecks) chain(kind string) {
 		r.mu.Unlock()
 		time.Sleep(time.Until(from.Add(parkRechecks[next])))
 		next++
-		r.l.releaser.submitAsync(&releaseRequest{rounds: []string{kind}})
+		r.mu.Lock()
+		keys := slices.Clone(r.keys[kind])
+		r.mu.Unlock()
+		r.l.releaser.submitAsync(&releaseRequest{keyRounds: map[string][]string{kind: keys}})
 	}
 }
 

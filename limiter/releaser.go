@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 
@@ -33,13 +34,16 @@ type unreleased struct {
 
 // releaseRequest is one thing for the releaser to write: a job that ended
 // holding a slot of the line, a slot handed over in memory, or a grant
-// round of kinds whose whole line it reads (a recheck after a parking, a
-// rate window freeing a start, slots given back).
+// round of kinds whose whole line it reads (rounds: a rate window freeing a
+// start, a change of limits), or of the lines of keys of kinds (keyRounds,
+// kind → keys: a recheck after a decision or a parking, jobs waiting long;
+// ledger.Release.KeyRounds).
 type releaseRequest struct {
-	ended  *ledger.Held
-	handed *ledger.HandOver
-	rounds []string
-	retry  bool // a retry of the releases that failed (unreleased), nothing of its own
+	ended     *ledger.Held
+	handed    *ledger.HandOver
+	rounds    []string
+	keyRounds map[string][]string
+	retry     bool // a retry of the releases that failed (unreleased), nothing of its own
 }
 
 // releaseBatch writes batch in one ledger transaction (ledger.Release),
@@ -58,7 +62,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	u.batch = nil
 	r := releaseOf(batch)
 	var kinds []string
-	for _, k := range append(append([]string{}, r.Rounds...), heldKinds(r)...) {
+	for _, k := range append(append(slices.Collect(maps.Keys(r.KeyRounds)), r.Rounds...), heldKinds(r)...) {
 		if !slices.Contains(kinds, k) {
 			kinds = append(kinds, k)
 		}
@@ -114,6 +118,16 @@ func releaseOf(batch []*releaseRequest) ledger.Release {
 			r.Ended = append(r.Ended, h)
 		default:
 			r.Rounds = append(r.Rounds, req.rounds...)
+			for kind, keys := range req.keyRounds {
+				if r.KeyRounds == nil {
+					r.KeyRounds = map[string][]string{}
+				}
+				for _, key := range keys {
+					if !slices.Contains(r.KeyRounds[kind], key) {
+						r.KeyRounds[kind] = append(r.KeyRounds[kind], key)
+					}
+				}
+			}
 		}
 	}
 	rows := make([]int64, 0, len(moves))

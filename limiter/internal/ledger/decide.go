@@ -118,8 +118,11 @@ type Decided struct {
 	// Decisions are in the order of the jobs.
 	Decisions []Decision
 	// Recheck are the kinds with room free while jobs wait for their turn:
-	// a grant round is due.
-	Recheck []string
+	// a grant round is due. Under per-key limits alone, where each key's
+	// room is its own, RecheckKeys has the keys whose lines it is due for
+	// instead (kind → keys).
+	Recheck     []string
+	RecheckKeys map[string][]string
 	// Wakes are the kinds whose rate window frees a start for a waiting
 	// job, and when.
 	Wakes map[string]time.Duration
@@ -234,7 +237,7 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 		k := &st.Keys[i]
 		keyLines[keyRef{k.Kind, k.Key}] = k
 	}
-	out := &Decided{Wakes: map[string]time.Duration{}, Limits: limits}
+	out := &Decided{RecheckKeys: map[string][]string{}, Wakes: map[string]time.Duration{}, Limits: limits}
 	byKind := map[string][]*decided{}
 	all := make([]*decided, len(jobs))
 	for i, j := range jobs {
@@ -257,7 +260,10 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 		} else {
 			kd := kindDecision{c: c, line: lines[kind], keys: keyLines, parkAfter: parkAfter, now: now}
 			kd.decide(ds)
-			if kd.recheck {
+			switch {
+			case len(kd.recheckKeys) > 0:
+				out.RecheckKeys[kind] = kd.recheckKeys
+			case kd.recheck:
 				out.Recheck = append(out.Recheck, kind)
 			}
 			if kd.wakeIn > 0 {
@@ -303,12 +309,25 @@ type kindDecision struct {
 	keys      map[keyRef]*keyLine
 	parkAfter time.Duration
 	now       time.Time
-	// recheck: room was free while jobs wait for their turn only.
-	recheck bool
+	// recheck: room was free while jobs wait for their turn only;
+	// recheckKeys, under per-key limits alone, the keys whose lines it
+	// was free in (recheckLine).
+	recheck     bool
+	recheckKeys []string
 	// wakeIn is when a rate window frees a start for a waiting job.
 	wakeIn time.Duration
 	// batch is the kind's jobs of the decision, in job-id order.
 	batch []*decided
+}
+
+// recheckLine notes that room is free while jobs of d's line wait for
+// their turn only: a grant round is due, under per-key limits alone of
+// d's key's line.
+func (k *kindDecision) recheckLine(d *decided) {
+	k.recheck = true
+	if k.c.Regime() == Keys && !slices.Contains(k.recheckKeys, d.h.Key) {
+		k.recheckKeys = append(k.recheckKeys, d.h.Key)
+	}
 }
 
 // keyOf is the line of d's key (of the kind, without a partition).
@@ -385,7 +404,7 @@ func (k *kindDecision) decide(ds []*decided) {
 			if ks.Waiting > d.ID {
 				// Younger jobs of its line waiting in workers were held behind
 				// its grant on its way: a grant round looks at the room left.
-				k.recheck = true
+				k.recheckLine(d)
 			}
 		case h.SlotReserved || h.StartReserved:
 			// Part of a grant (its slot or its start went: a reaper, the
@@ -461,13 +480,13 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 		if ks.Front > d.ID {
 			// Younger jobs of its line wait (behind it while it was fetched
 			// and not decided): a grant round looks at the room left.
-			k.recheck = true
+			k.recheckLine(d)
 		}
 		return
 	}
 	d.d.Reason = reason
 	if orderOnly {
-		k.recheck = true
+		k.recheckLine(d)
 	}
 	freesIn := time.Duration(0)
 	switch reason {

@@ -45,10 +45,10 @@ func TestAJobFetchedElsewhereGoesFirst(t *testing.T) {
 			out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
 			require.NoError(t, err)
 			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the older job: room")
-			require.Contains(t, out.Recheck, c.kind, "a younger job waits with room left: a grant round is due")
+			requireRoundDue(t, out, c.kind, c.key, "a younger job waits with room left")
 			require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, older.ID),
 				"its decision left its mark")
-			_, err = w2.Release(ctx, ledger.Release{Rounds: []string{c.kind}}, nil)
+			_, err = w2.Release(ctx, dueRound(out), nil)
 			require.NoError(t, err)
 			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND worker_id = 'w2'`,
 				younger.ID), "the younger job was not granted its turn")
@@ -93,8 +93,8 @@ func TestAJobGrantedOnItsWayGoesFirst(t *testing.T) {
 	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
 	require.NoError(t, err)
 	require.Equal(t, ledger.Run, out.Decisions[0].Action, "the older job claims its start")
-	require.Contains(t, out.Recheck, kind, "a younger job waits behind the claimed grant: a grant round is due")
-	_, err = w2.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+	requireRoundDue(t, out, kind, `"a"`, "a younger job waits behind the claimed grant")
+	_, err = w2.Release(ctx, dueRound(out), nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, younger.ID),
 		"the younger job was not granted its turn")
@@ -189,7 +189,26 @@ func TestAJobLetGoGoesFirst(t *testing.T) {
 	require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the job let go: room")
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, older.ID),
 		"its decision left its mark")
-	require.Contains(t, out.Recheck, kind, "a younger job waits with room left: a grant round is due")
+	requireRoundDue(t, out, kind, "", "a younger job waits with room left")
+}
+
+// requireRoundDue checks that decision out asks for a grant round of
+// kind: under per-key limits alone (key not empty) of key's line alone,
+// else of the kind's whole line.
+func requireRoundDue(t *testing.T, out *ledger.Decided, kind, key, why string) {
+	t.Helper()
+	if key != "" {
+		require.Equal(t, []string{key}, out.RecheckKeys[kind], "%s: a grant round of its key's line is due", why)
+		require.NotContains(t, out.Recheck, kind, "%s: a grant round of its kind's whole line was asked for under per-key limits alone", why)
+		return
+	}
+	require.Contains(t, out.Recheck, kind, "%s: a grant round is due", why)
+}
+
+// dueRound is the release that runs the grant rounds decision out asks
+// for, as the worker sends it.
+func dueRound(out *ledger.Decided) ledger.Release {
+	return ledger.Release{Rounds: out.Recheck, KeyRounds: out.RecheckKeys}
 }
 
 // TestParkAheadParksTheBacklogBehindALongLine: before a fetch, the

@@ -393,10 +393,10 @@ func TestGrantWaitsForAParkingInProgress(t *testing.T) {
 	require.Equal(t, "pending", state(3), "two slots")
 }
 
-// TestKeysDoNotShareALock: under per-key limits alone, a decision and a
-// release of one key do not wait for a transaction that holds another
-// key's lock (its row in concurrency_key_lines); a decision of the same
-// key does. A kind-wide limit beside the partition makes every decision of
+// TestKeysDoNotShareALock: under per-key limits alone, a decision, a
+// release and a grant round of one key's line (a recheck) do not wait for
+// a transaction that holds another key's lock (its row in
+// concurrency_key_lines); a decision of the same key does. A kind-wide limit beside the partition makes every decision of
 // the kind take the kind's lock, exclusive.
 func TestKeysDoNotShareALock(t *testing.T) {
 	t.Parallel()
@@ -408,11 +408,14 @@ func TestKeysDoNotShareALock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ledger.Keys, limits[kind].Regime())
 
-	// Another transaction holds key "b".
+	// Another transaction holds key "b" (and, as every transaction of the
+	// kind's keys does, the kind's lock shared).
 	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key) VALUES ($1, '"b"')`, kind)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended('sluice.limit_row:' || $1, 0))`, kind)
+	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `SELECT 1 FROM concurrency_key_lines WHERE kind = $1 AND key = '"b"' FOR UPDATE`, kind)
 	require.NoError(t, err)
 
@@ -424,6 +427,8 @@ func TestKeysDoNotShareALock(t *testing.T) {
 	require.Equal(t, ledger.Slot, d.Decisions[0].Action)
 	_, err = l.Release(quick, ledger.Release{Ended: []ledger.Held{{ID: a.ID, Kind: kind, Key: `"a"`}}}, limits)
 	require.NoError(t, err, "key a's release waited for key b's lock")
+	_, err = l.Release(quick, ledger.Release{KeyRounds: map[string][]string{kind: {`"a"`}}}, limits)
+	require.NoError(t, err, "a grant round of key a's line (a recheck) waited for key b's lock")
 
 	b := running(t, pool, kind, `{"tenant": "b"}`, "w1", 1, time.Now())
 	decided := make(chan error, 1)

@@ -34,9 +34,16 @@ type Release struct {
 	// Handed are the slots handed over in memory since the last release.
 	Handed []HandOver
 	// Rounds are the kinds whose whole line a grant round reads, although
-	// nothing of them ended (a recheck after a parking, a rate window
-	// freeing a start, the safety net).
+	// nothing of them ended (a rate window freeing a start, a change of
+	// limits, the safety net).
 	Rounds []string
+	// KeyRounds are kinds whose grant rounds read the lines of the keys
+	// given (kind → keys), although nothing of them ended (a recheck after
+	// a decision or a parking, jobs waiting long in the line): under
+	// per-key limits alone, where each key's room is its own, those lines
+	// only, under the kind's lock shared and the keys' rows; under any
+	// other limits the kind's whole line, as Rounds.
+	KeyRounds map[string][]string
 }
 
 // kinds is every kind of the release.
@@ -59,6 +66,9 @@ func (r Release) kinds() []string {
 	for _, k := range r.Rounds {
 		add(k)
 	}
+	for k := range r.KeyRounds {
+		add(k)
+	}
 	sort.Strings(out)
 	return out
 }
@@ -68,8 +78,8 @@ func (r Release) kinds() []string {
 // freed to the front of each kind's line (a grant round), in one
 // transaction. Under per-key limits alone a release takes its keys' rows
 // and the kind's lock shared, and its round reads only the keys whose
-// slots freed; a kind of Rounds is locked exclusive and its round reads
-// every key. guess is the worker's copy of the kinds' limits.
+// slots freed and those of KeyRounds; a kind of Rounds is locked
+// exclusive and its round reads every key. guess is the worker's copy of the kinds' limits.
 func (l *Ledger) Release(ctx context.Context, r Release, guess map[string]Limits) (*Granted, error) {
 	var out *Granted
 	err := withRelock(guess, func(guess map[string]Limits) error {
@@ -85,6 +95,13 @@ func (l *Ledger) Release(ctx context.Context, r Release, guess map[string]Limits
 		for _, h := range r.Handed {
 			if h.From.Key != "" {
 				keys[h.From.Kind] = append(keys[h.From.Kind], h.From.Key)
+			}
+		}
+		for kind, ks := range r.KeyRounds {
+			for _, key := range ks {
+				if key != "" {
+					keys[kind] = append(keys[kind], key)
+				}
 			}
 		}
 		locks := locksFor(kinds, guess, keys)
