@@ -16,9 +16,11 @@ import (
 // fairnessFetch of its insert, and from its fetch to its start at most a
 // turn of the round goes to other keys: one start per other key, plus the
 // kind's limit and the jobs of other keys resumed ahead and on their way
-// at its fetch (the starts let go before it was decided); a start less
-// than wakeJitter before its own was woken with it (one grant round), and
-// is not ahead of it. Every arrival is judged, up to the first change of
+// at its fetch (the starts let go before it was decided), and a turn
+// more per other key for each start of an older job of its own key (one
+// that came back after its arrival, a retry: it goes first, and takes its
+// key's turn); a start less than wakeJitter before its own was woken with
+// it (one grant round), and is not ahead of it. Every arrival is judged, up to the first change of
 // its partition or of a kind-wide limit that ends the promise (after it
 // the other keys' starts are not counted), or up to the kill of its
 // worker when it was killed before the job started; one that arrived in
@@ -159,27 +161,37 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 					r.history(b))
 				continue
 			}
-			count := func(from, end time.Time) (others int, keys map[string]bool) {
+			// own counts the starts of older jobs of its key: each came back
+			// after its arrival (a retry; none waited then) and took its
+			// key's turn, so the other keys have a turn more each.
+			count := func(from, end time.Time) (others int, keys map[string]bool, own int) {
 				keys = map[string]bool{}
 				for _, x := range r.kindRuns(kind) {
-					if x.key != jb.args.Key && x.start.After(from) && x.start.Before(end) {
+					switch {
+					case !x.start.After(from) || !x.start.Before(end):
+					case x.key != jb.args.Key:
 						others++
 						keys[x.key] = true
+					case x.job < b:
+						own++
 					}
 				}
-				return others, keys
+				return others, keys, own
 			}
-			others, started := count(from, end)
+			others, started, own := count(from, end)
 			ahead := r.resumedAhead(ids, jb.args.Key, fb.at)
-			bound := len(started) + kindCap + ahead
+			bound := len(started)*(1+own) + kindCap + ahead
+			if others > len(started)+kindCap+ahead && others <= bound {
+				cov.excuse("fairness", "an older job of its key came back and took its key's turn")
+			}
 			if others > bound {
-				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, the kind's limit, and %d resumed ahead: %d; limits %s); %s",
+				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, %d more each for the older jobs of its key that came back, the kind's limit, and %d resumed ahead: %d; limits %s); %s",
 					kind, jb.args.Key, b, fb.at.Format(time.StampMicro), backlog, len(waitingKeys), xb.start.Format(time.StampMicro),
-					others, len(started), ahead, bound, l, r.history(b))
+					others, len(started), own, ahead, bound, l, r.history(b))
 				continue
 			}
 			if excuse != "" {
-				if all, keys := count(fb.at, xb.start.Add(-wakeJitter)); all > len(keys)+kindCap+ahead {
+				if all, keys, own := count(fb.at, xb.start.Add(-wakeJitter)); all > len(keys)*(1+own)+kindCap+ahead {
 					cov.excuse("fairness", excuse)
 				}
 			}

@@ -1460,3 +1460,37 @@ func TestCheckHerdParkingSeenLate(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFairnessAnOlderJobOfItsKeyTakesItsTurn: B's job 20 arrives at
+// 100 ms behind A's backlog (the kind's limit 2, A's jobs 100 ms each, two
+// at a time), B's older job 15 waiting for its retry (retryable at B's
+// arrival, so B arrived alone). Job 15 comes back at 120 ms and starts at
+// 130 ms, before 20: it takes B's turn, and A has a turn more. Job 20
+// started after A's 4 starts at 201 and 301 ms is within one turn each
+// for two turns of B's and the kind's limit (4); after A's 8 starts to
+// 501 ms it is not. Without job 15's start, 4 of A's are already too many
+// (TestCheckFairnessFindsAKeyHeldBack).
+func TestCheckFairnessAnOlderJobOfItsKeyTakesItsTurn(t *testing.T) {
+	for _, c := range []struct {
+		startMs int
+		held    bool
+	}{{350, false}, {550, true}} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		f.backlog(12, 100)
+		f.job(15, "B")
+		f.r.jobs[15].inserted = f.at(0)
+		f.state(15, "available", "running", 40)
+		f.state(15, "running", "retryable", 50)
+		f.state(15, "retryable", "available", 120)
+		f.fetched(15, "w1", 125)
+		f.started(15, "w1", 130, 5)
+		f.arrives(110, c.startMs)
+		got := f.found("fairness")
+		switch {
+		case !c.held && len(got) > 0:
+			t.Fatalf("B started within a turn of each other key per turn of its own: %q", got)
+		case c.held && (len(got) != 1 || !strings.Contains(got[0], "after 8 starts of 1 other keys")):
+			t.Fatalf("fairness violations with B started after 8 of A's: %q", got)
+		}
+	}
+}
