@@ -993,12 +993,7 @@ func TestALongLineParksOnlyTheJobsBehindIt(t *testing.T) {
 	pool, l := newLedger(t, "w1")
 	setLimits(t, l, kind, "max_concurrency = 0, partition_fields = '{key}', key_max = 1")
 	older := running(t, pool, kind, `{"key": "a"}`, "w1", 2, time.Now())
-	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
-	require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
-	for i := range 8 {
-		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
-		require.Equal(t, ledger.Wait, decideOne(t, l, j, nil).Action, "waiting job %d", i)
-	}
+	keyLineOf(t, pool, l, kind, 8)
 	behind := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
 	behind.Dispatched = false // decided at its fetch
 	d := decideOne(t, l, behind, nil)
@@ -1022,12 +1017,7 @@ func TestALongLineIsMeasuredAgainstTheWorkersRiverSlots(t *testing.T) {
 	const kind = "test.longline.slots"
 	pool, l := newLedger(t, "w1")
 	setLimits(t, l, kind, "max_concurrency = 0, partition_fields = '{key}', key_max = 1")
-	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
-	require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
-	for i := range 8 {
-		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
-		require.Equal(t, ledger.Wait, decideOne(t, l, j, nil).Action, "waiting job %d", i)
-	}
+	keyLineOf(t, pool, l, kind, 8)
 	fetched := func(slots int) ledger.Decision {
 		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
 		j.Dispatched, j.Slots = false, slots
@@ -1051,5 +1041,17 @@ func TestALongLineIsMeasuredAgainstTheWorkersRiverSlots(t *testing.T) {
 	}{{1, 0, 8}, {1, 64, 8}, {1, 100, 12}, {1, 1000, 125}, {1, 10000, 256}, {4, 0, 16}, {4, 64, 16}, {4, 200, 25}} {
 		lim := ledger.Limits{Kind: kind, Present: true, Fields: []string{"key"}, KeyMax: tc.keyMax}
 		require.Equal(t, tc.want, lim.WaitCap(tc.slots), "wait cap of a per-key limit of %d with %d River slots", tc.keyMax, tc.slots)
+	}
+}
+
+// keyLineOf decides, in worker w1, a job of kind's key "a" that takes the
+// key's one slot and n more that wait in its line behind it.
+func keyLineOf(t *testing.T, pool *pgxpool.Pool, l *ledger.Ledger, kind string, n int) {
+	t.Helper()
+	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, holder, nil).Action)
+	for i := range n {
+		j := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+		require.Equal(t, ledger.Wait, decideOne(t, l, j, nil).Action, "waiting job %d", i)
 	}
 }
