@@ -61,8 +61,8 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
 	if err == nil {
 		l.restamp(ctx, jobs, out.Limits)
-		if len(out.Recheck) > 0 || len(out.RecheckKeys) > 0 {
-			l.releaser.submitAsync(&releaseRequest{rounds: out.Recheck, keyRounds: out.RecheckKeys})
+		if len(out.Recheck) > 0 {
+			l.releaser.submitAsync(&releaseRequest{keyRounds: out.Recheck})
 		}
 		for kind, d := range out.Wakes {
 			l.wakes.after(kind, d)

@@ -117,12 +117,11 @@ type Decision struct {
 type Decided struct {
 	// Decisions are in the order of the jobs.
 	Decisions []Decision
-	// Recheck are the kinds with room free while jobs wait for their turn:
-	// a grant round is due. Under per-key limits alone, where each key's
-	// room is its own, RecheckKeys has the keys whose lines it is due for
-	// instead (kind → keys).
-	Recheck     []string
-	RecheckKeys map[string][]string
+	// Recheck are the kinds with room free while jobs wait for their turn,
+	// and the keys of those jobs' lines (kind → keys): a grant round is
+	// due, of those lines (Release.KeyRounds: under per-key limits alone
+	// those lines only, else the kind's whole line).
+	Recheck map[string][]string
 	// Wakes are the kinds whose rate window frees a start for a waiting
 	// job, and when.
 	Wakes map[string]time.Duration
@@ -237,7 +236,7 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 		k := &st.Keys[i]
 		keyLines[keyRef{k.Kind, k.Key}] = k
 	}
-	out := &Decided{RecheckKeys: map[string][]string{}, Wakes: map[string]time.Duration{}, Limits: limits}
+	out := &Decided{Recheck: map[string][]string{}, Wakes: map[string]time.Duration{}, Limits: limits}
 	byKind := map[string][]*decided{}
 	all := make([]*decided, len(jobs))
 	for i, j := range jobs {
@@ -260,11 +259,8 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 		} else {
 			kd := kindDecision{c: c, line: lines[kind], keys: keyLines, parkAfter: parkAfter, now: now}
 			kd.decide(ds)
-			switch {
-			case len(kd.recheckKeys) > 0:
-				out.RecheckKeys[kind] = kd.recheckKeys
-			case kd.recheck:
-				out.Recheck = append(out.Recheck, kind)
+			if len(kd.recheck) > 0 {
+				out.Recheck[kind] = kd.recheck
 			}
 			if kd.wakeIn > 0 {
 				out.Wakes[kind] = kd.wakeIn
@@ -309,11 +305,9 @@ type kindDecision struct {
 	keys      map[keyRef]*keyLine
 	parkAfter time.Duration
 	now       time.Time
-	// recheck: room was free while jobs wait for their turn only;
-	// recheckKeys, under per-key limits alone, the keys whose lines it
-	// was free in (recheckLine).
-	recheck     bool
-	recheckKeys []string
+	// recheck are the keys of the lines where room was free while jobs
+	// wait for their turn only ("": the kind's line; recheckLine).
+	recheck []string
 	// wakeIn is when a rate window frees a start for a waiting job.
 	wakeIn time.Duration
 	// batch is the kind's jobs of the decision, in job-id order.
@@ -321,12 +315,10 @@ type kindDecision struct {
 }
 
 // recheckLine notes that room is free while jobs of d's line wait for
-// their turn only: a grant round is due, under per-key limits alone of
-// d's key's line.
+// their turn only: a grant round of that line is due.
 func (k *kindDecision) recheckLine(d *decided) {
-	k.recheck = true
-	if k.c.Regime() == Keys && !slices.Contains(k.recheckKeys, d.h.Key) {
-		k.recheckKeys = append(k.recheckKeys, d.h.Key)
+	if !slices.Contains(k.recheck, d.h.Key) {
+		k.recheck = append(k.recheck, d.h.Key)
 	}
 }
 

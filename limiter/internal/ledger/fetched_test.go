@@ -198,8 +198,7 @@ func TestAJobLetGoGoesFirst(t *testing.T) {
 func requireRoundDue(t *testing.T, out *ledger.Decided, kind, key, why string) {
 	t.Helper()
 	if key != "" {
-		require.Equal(t, []string{key}, out.RecheckKeys[kind], "%s: a grant round of its key's line is due", why)
-		require.NotContains(t, out.Recheck, kind, "%s: a grant round of its kind's whole line was asked for under per-key limits alone", why)
+		require.Equal(t, []string{key}, out.Recheck[kind], "%s: a grant round of its key's line (its alone) is due", why)
 		return
 	}
 	require.Contains(t, out.Recheck, kind, "%s: a grant round is due", why)
@@ -208,7 +207,7 @@ func requireRoundDue(t *testing.T, out *ledger.Decided, kind, key, why string) {
 // dueRound is the release that runs the grant rounds decision out asks
 // for, as the worker sends it.
 func dueRound(out *ledger.Decided) ledger.Release {
-	return ledger.Release{Rounds: out.Recheck, KeyRounds: out.RecheckKeys}
+	return ledger.Release{KeyRounds: out.Recheck}
 }
 
 // TestParkAheadParksTheBacklogBehindALongLine: before a fetch, the

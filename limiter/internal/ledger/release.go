@@ -38,7 +38,8 @@ type Release struct {
 	// limits, the safety net).
 	Rounds []string
 	// KeyRounds are kinds whose grant rounds read the lines of the keys
-	// given (kind → keys), although nothing of them ended (a recheck after
+	// given (kind → keys; "": a kind without a partition), although
+	// nothing of them ended (a recheck after
 	// a decision or a parking, jobs waiting long in the line): under
 	// per-key limits alone, where each key's room is its own, those lines
 	// only, under the kind's lock shared and the keys' rows; under any
@@ -79,7 +80,8 @@ func (r Release) kinds() []string {
 // transaction. Under per-key limits alone a release takes its keys' rows
 // and the kind's lock shared, and its round reads only the keys whose
 // slots freed and those of KeyRounds; a kind of Rounds is locked
-// exclusive and its round reads every key. guess is the worker's copy of the kinds' limits.
+// exclusive and its round reads every key. guess is the worker's copy of
+// the kinds' limits.
 func (l *Ledger) Release(ctx context.Context, r Release, guess map[string]Limits) (*Granted, error) {
 	var out *Granted
 	err := withRelock(guess, func(guess map[string]Limits) error {
