@@ -107,7 +107,7 @@ func TestWorkerExitsWhenReaped(t *testing.T) {
 		Scan(&incarnation, &backend))
 	require.NotEmpty(t, incarnation)
 	require.Equal(t, liveness.WorkerAppName(w.ID()), backend)
-	require.Positive(t, countRows(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, backend))
+	require.Positive(t, countRows(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, backend))
 
 	_, err := pool.Exec(ctx, `DELETE FROM sluice_workers WHERE id = $1`, w.ID())
 	require.NoError(t, err)

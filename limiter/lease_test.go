@@ -221,7 +221,7 @@ func TestClearLimitRacesGrant(t *testing.T) {
 	// other statement of that name waited on the row, and failed once the
 	// safety net's clean-up took the row-creation lock first.
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%EnsureLimitRow%'") == 1
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%EnsureLimitRow%'") == 1
 	}, 10*time.Second, 5*time.Millisecond, "clear waits for the lock")
 	_, err = tx.Exec(ctx, `INSERT INTO concurrency_leases (kind, worker_id, slots) VALUES ('demo.sleep', 'w', 2)`)
 	require.NoError(t, err)

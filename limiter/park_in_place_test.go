@@ -387,7 +387,7 @@ func TestAdmitLostReservation(t *testing.T) {
 	// The decision waits for the kind's ledger lock (LedgerLockKinds, sent
 	// with the reading of the line).
 	require.Eventually(t, func() bool {
-		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%LedgerLockKinds%'") >= 1
+		return count(t, pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%LedgerLockKinds%'") >= 1
 	}, 10*time.Second, 5*time.Millisecond, "the decision waits for the lock")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-done)

@@ -176,12 +176,13 @@ func TestLivenessKill9(t *testing.T) {
 		return qInt(t, pool, `SELECT count(*) FROM river_job WHERE kind = 'demo.sleep' AND state = 'running' AND attempted_by[1] = 'victim'`) == 2 &&
 			qInt(t, pool, `SELECT count(*) FROM concurrency_parked_jobs`) == n-2 &&
 			qInt(t, pool, `SELECT count(*) FROM maintenance_runs WHERE worker_id = 'victim' AND status = 'running'`) == 1 &&
-			qInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sluice worker victim' AND wait_event_type = 'Lock'`) == 1
+			qInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'sluice worker victim' AND wait_event_type = 'Lock'`) == 1
 	}, 60*time.Second, 20*time.Millisecond, "the victim runs 2 limited jobs and a blocked maintenance run")
 	lockHeld := func() bool {
 		return qInt(t, pool, `
 			SELECT count(*) FROM pg_locks
 			WHERE locktype = 'advisory' AND granted AND objsubid = 1
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('ci.drop_canceling_builds', 0)`) > 0
 	}
 	require.True(t, lockHeld())
@@ -212,7 +213,7 @@ func TestLivenessKill9(t *testing.T) {
 	// process go when they notice their client's end (at once, or a moment
 	// later on a loaded machine).
 	require.Eventually(t, func() bool {
-		return qInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sluice worker victim'`) == 0
+		return qInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'sluice worker victim'`) == 0
 	}, 10*time.Second, 10*time.Millisecond, "the victim's backends are gone")
 	// The victim's lock is gone with its backends; the rescued maintenance
 	// job may already run again on the rescuer, holding the lock anew.
@@ -221,6 +222,7 @@ func TestLivenessKill9(t *testing.T) {
 		              a.backend_start, a.state, left(a.query, 200))
 		FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('ci.drop_canceling_builds', 0)
 		  AND a.application_name <> 'sluice worker rescuer'`)
 	require.NoError(t, err)

@@ -60,6 +60,7 @@ func TestSessionLock(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `
 			SELECT count(*) FROM pg_locks
 			WHERE locktype = 'advisory' AND granted AND objsubid = 1
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND ((classid::bigint << 32) | objid::bigint) = hashtextextended('lock.visible', 0)`).Scan(&n))
 		require.Equal(t, 1, n)
 	})

@@ -595,7 +595,7 @@ func TestTaskCancellationMonitorKilledMidRun(t *testing.T) {
 	require.Eventually(t, func() bool {
 		err := pool.QueryRow(ctx, `
 			SELECT pid FROM pg_stat_activity
-			WHERE application_name = 'doomed_monitor' AND wait_event_type = 'Lock' AND query LIKE '%CountTaskCancellations%'`).Scan(&pid)
+			WHERE datname = current_database() AND application_name = 'doomed_monitor' AND wait_event_type = 'Lock' AND query LIKE '%CountTaskCancellations%'`).Scan(&pid)
 		return err == nil
 	}, 30*time.Second, 10*time.Millisecond, "the pass never blocked on the counter row")
 	_, err = pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
