@@ -212,7 +212,9 @@ func startWorker(t testing.TB, url, runsDir, id string, parkAfter time.Duration,
 		workerParkEnv+"="+parkAfter.String(), workerSlotsEnv+"="+strconv.Itoa(slots))
 	var stderr io.Writer = &w.log
 	if dir := os.Getenv("TORTURE_WORKER_LOGS"); dir != "" {
-		// Each worker's log in a file of its own too, for diagnosis.
+		// Each worker's log in a file of its own too, for diagnosis, in a
+		// directory per test (per seed, in a run of many).
+		dir = filepath.Join(dir, strings.NewReplacer("/", "_", "=", "-").Replace(t.Name()))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatalf("TORTURE_WORKER_LOGS: %v", err)
 		}
