@@ -34,6 +34,13 @@
 -- estimated) scanned every running job's index entry once per line row:
 -- 274 entries a probe, 24 ms of a 27-ms LedgerDecideState in P10, and
 -- about 15 of a 26-ms LedgerGrantState.
+-- For the same reason a row's absence from a line table (a waiter without
+-- a slot, say) is tested as `(SELECT e.job_id FROM concurrency_executions
+-- e WHERE e.job_id = w.job_id) IS NULL`, a probe of the primary key per
+-- row: written NOT EXISTS, it was planned as an anti join whose inner side
+-- read the primary key end to end for every outer row (200 slot rows for
+-- each of 3 waiters of each of 100 keys: 10 of a 24-ms LedgerDecideState
+-- in P10).
 SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true),
        set_config('plan_cache_mode', CASE WHEN sqlc.arg(generic)::boolean THEN 'force_generic_plan' ELSE 'auto' END, true);
 
@@ -137,12 +144,14 @@ jobs AS (
                      AND NOT (e.worker_id = sqlc.arg(worker_id)::text AND e.admitted_at >= b.fetched_at)) AS slot_stale,
            EXISTS (SELECT 1 FROM concurrency_starts s
                    WHERE s.job_id = b.job_id AND NOT s.reserved AND s.started_at >= b.fetched_at) AS start_held,
-           w.job_id IS NOT NULL AS waiter,
+           w.ahead IS NOT NULL AS waiter,
            COALESCE(w.ahead, false) AS ahead
     FROM batch b
     LEFT JOIN river_job j ON j.id = b.job_id
     LEFT JOIN lim ON lim.kind = b.kind
-    LEFT JOIN concurrency_waiters w ON w.job_id = b.job_id
+    -- a probe by primary key per job (see LedgerSettings): joined, the
+    -- waiters were read whole for each job of the batch
+    CROSS JOIN LATERAL (SELECT (SELECT w.ahead FROM concurrency_waiters w WHERE w.job_id = b.job_id) AS ahead) AS w
 ),
 keys AS (
     -- The jobs' keys as the database computes them (the caller's locked the
@@ -193,7 +202,7 @@ SELECT jsonb_build_object(
                  ORDER BY s.job_id LIMIT 1)) x),
             'waiting', (SELECT min(w.job_id) FROM concurrency_waiters w
                         WHERE lim.fields IS NULL AND w.kind = lim.kind AND w.worker_id IS NOT NULL
-                          AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+                          AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = lim.kind AND lim.fields IS NULL
                  LIMIT sqlc.arg(max_ahead)::integer)
@@ -213,32 +222,25 @@ SELECT jsonb_build_object(
         SELECT jsonb_agg(jsonb_build_object(
             'kind', k.kind, 'key', k.key,
             'slots', COALESCE(kl.slots, 0),
-            'reserved_slot', (SELECT max(e.job_id) FROM concurrency_executions e
-                              WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
-            'transit', (SELECT min(e.job_id) FROM concurrency_executions e JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
-                        WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
+            'reserved_slot', r.last_id,
+            'transit', r.transit_id,
             'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
                                WHERE s.kind = k.kind AND s.key = k.key AND s.reserved),
-            'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
-                              JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
-                              WHERE e.kind = k.kind AND e.key = k.key AND e.reserved),
+            'reserved_both', r.both_id,
             'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND (o.state = 'running') IS TRUE
                         WHERE f.kind = k.kind AND f.key = k.key
                           AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
                           AND f.job_id <> ALL(sqlc.arg(job_ids)::bigint[])),
-            'front', (SELECT min(x.job_id) FROM (
+            'front', LEAST(r.first_id, (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key ORDER BY w.job_id LIMIT 1)
                 UNION ALL
                 (SELECT p.job_id FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key ORDER BY p.job_id LIMIT 1)
                 UNION ALL
-                (SELECT e.job_id FROM concurrency_executions e WHERE e.kind = k.kind AND e.key = k.key AND e.reserved
-                 ORDER BY e.job_id LIMIT 1)
-                UNION ALL
                 (SELECT s.job_id FROM concurrency_starts s WHERE s.kind = k.kind AND s.key = k.key AND s.reserved
-                 ORDER BY s.job_id LIMIT 1)) x),
+                 ORDER BY s.job_id LIMIT 1)) x)),
             'waiting', (SELECT min(w.job_id) FROM concurrency_waiters w
                         WHERE w.kind = k.kind AND w.key = k.key AND w.worker_id IS NOT NULL
-                          AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+                          AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT sqlc.arg(max_ahead)::integer)
                 UNION ALL
@@ -253,7 +255,20 @@ SELECT jsonb_build_object(
                    AND s.key = k.key AND NOT s.reserved AND s.started_at > statement_timestamp() - lim.period),
                 (SELECT extract(epoch FROM lim.period) * 1000 FROM lim WHERE lim.kind = k.kind))::bigint))
         FROM keys k
-        LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key), '[]')
+        LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
+        -- The key's reserved slots, read once by its index: its oldest
+        -- (the front), its newest, its oldest on its way (available), its
+        -- newest with a reserved start too. Written as a max() or an ORDER
+        -- BY job_id LIMIT 1 each, a plan made with the table analyzed small
+        -- read concurrency_executions_pkey end to end for each, once per key
+        -- (200 rows a probe in P10); an aggregate with filters cannot be
+        -- read off the primary key's order.
+        CROSS JOIN LATERAL (
+            SELECT min(e.job_id) AS first_id, max(e.job_id) AS last_id,
+                   min(e.job_id) FILTER (WHERE (SELECT o.state FROM river_job o WHERE o.id = e.job_id) = 'available') AS transit_id,
+                   max(e.job_id) FILTER (WHERE EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = e.job_id AND s.reserved)) AS both_id
+            FROM concurrency_executions e
+            WHERE e.kind = k.kind AND e.key = k.key AND e.reserved) AS r), '[]')
 )::jsonb AS state;
 
 -- name: LedgerRelease :exec
@@ -278,7 +293,7 @@ handed AS (
     SET job_id = p.to_id, admitted_at = clock_timestamp()
     FROM pairs p
     WHERE e.job_id = p.from_id AND e.worker_id = sqlc.arg(worker_id)::text
-      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = p.to_id)
+      AND (SELECT x.job_id FROM concurrency_executions x WHERE x.job_id = p.to_id) IS NULL
     RETURNING e.job_id
 ),
 granted AS (
@@ -403,11 +418,11 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                                  WHERE p.kind = lim.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
                          OR EXISTS (SELECT 1 FROM concurrency_waiters w
                                     WHERE w.kind = lim.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')
-                                      AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id))),
+                                      AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL)),
     'ahead', (SELECT count(*) FROM concurrency_waiters w
               JOIN river_job j ON j.id = w.job_id AND (j.state IN ('running', 'available')) IS TRUE
               WHERE w.kind = lim.kind AND w.ahead
-                AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+                AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
     'front', CASE WHEN lim.fields IS NULL THEN (
         SELECT COALESCE(jsonb_agg(to_jsonb(f) ORDER BY f.job_id), '[]') FROM (
             SELECT x.* FROM (
@@ -422,14 +437,14 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = lim.kind AND w.key IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL
                  ORDER BY w.job_id LIMIT sqlc.arg(depth)::integer)
                 UNION ALL
                 (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND (j.state = 'running') IS TRUE
                  WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds'
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id)
+                   AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = f.job_id) IS NULL
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = f.job_id) IS NULL
                  ORDER BY f.job_id LIMIT sqlc.arg(depth)::integer)
                 UNION ALL
                 -- waiting in a worker for a leased slot, published: a job
@@ -438,8 +453,8 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
                  JOIN river_job j ON j.id = u.job_id AND (j.state = 'running') IS TRUE
                  WHERE cl.kind = lim.kind
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = u.job_id)
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = u.job_id)
+                   AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = u.job_id) IS NULL
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = u.job_id) IS NULL
                  ORDER BY u.job_id LIMIT sqlc.arg(depth)::integer)
             ) x ORDER BY x.job_id LIMIT sqlc.arg(depth)::integer
         ) f) END,
@@ -486,13 +501,13 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = k.kind AND w.key = k.key
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id))
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL)
                 UNION ALL
                 (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false, false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND (j.state = 'running') IS TRUE
                  WHERE f.kind = k.kind AND f.key = k.key AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.job_id)
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.job_id))
+                   AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = f.job_id) IS NULL
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = f.job_id) IS NULL)
             ) x
         ) f)
     ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, k.key), '[]')
@@ -842,7 +857,7 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
        COALESCE((SELECT min(e.job_id) FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved), 0)::bigint AS oldest_reserved,
        COALESCE(LEAST((SELECT min(w.job_id) FROM concurrency_waiters w
                        WHERE w.kind = l.kind AND w.worker_id IS DISTINCT FROM sqlc.arg(worker_id)::text
-                         AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = w.job_id)),
+                         AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
                       (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND (j.state = 'running') IS TRUE
                        WHERE f.kind = l.kind AND f.worker_id <> sqlc.arg(worker_id)::text
                          AND f.fetched_at > statement_timestamp() - interval '2 seconds'),
@@ -1091,8 +1106,8 @@ SELECT r.job_id::bigint AS job_id,
        EXISTS (SELECT 1 FROM concurrency_executions e
                WHERE e.job_id = r.job_id AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text) AS slot,
        EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = r.job_id
-               AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id)) AS start,
-       NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id) AS out_of_line,
+               AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = r.job_id) IS NULL) AS start,
+       ((SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = r.job_id) IS NULL)::boolean AS out_of_line,
        EXISTS (SELECT 1 FROM concurrency_waiters w
                JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved
                                             AND e.job_id < w.job_id
@@ -1299,7 +1314,7 @@ slot AS (
     SELECT e.kind, e.key FROM concurrency_executions e
     WHERE e.job_id = sqlc.arg(from_id)::bigint AND NOT e.reserved AND e.worker_id = sqlc.arg(worker_id)::text
       AND EXISTS (SELECT 1 FROM waiter) AND e.key IS NOT DISTINCT FROM (SELECT key FROM waiter)
-      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = sqlc.arg(to_id)::bigint)
+      AND (SELECT x.job_id FROM concurrency_executions x WHERE x.job_id = sqlc.arg(to_id)::bigint) IS NULL
 ),
 start AS (
     -- Under a rate alone (from_id holds no slot row): from_id's start of
@@ -1308,7 +1323,7 @@ start AS (
     WHERE s.job_id = sqlc.arg(from_id)::bigint AND (s.reserved OR s.started_at >= j.attempted_at)
       AND j.attempted_by[array_upper(j.attempted_by, 1)] = sqlc.arg(worker_id)::text
       AND EXISTS (SELECT 1 FROM waiter) AND s.key IS NOT DISTINCT FROM (SELECT key FROM waiter)
-      AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = sqlc.arg(from_id)::bigint)
+      AND (SELECT x.job_id FROM concurrency_executions x WHERE x.job_id = sqlc.arg(from_id)::bigint) IS NULL
       AND NOT EXISTS (SELECT 1 FROM concurrency_starts t JOIN river_job o ON o.id = t.job_id
                       WHERE t.job_id = sqlc.arg(to_id)::bigint AND (t.reserved OR t.started_at >= o.attempted_at))
 ),
@@ -1320,7 +1335,7 @@ older AS (
         SELECT 1 FROM held m, concurrency_waiters w
         WHERE w.kind = m.kind AND w.key IS NOT DISTINCT FROM m.key AND w.job_id < sqlc.arg(to_id)::bigint
           AND w.job_id <> sqlc.arg(from_id)::bigint
-          AND NOT EXISTS (SELECT 1 FROM concurrency_executions x WHERE x.job_id = w.job_id)
+          AND (SELECT x.job_id FROM concurrency_executions x WHERE x.job_id = w.job_id) IS NULL
         UNION ALL
         SELECT 1 FROM held m, concurrency_parked_jobs p
         WHERE p.kind = m.kind AND p.key IS NOT DISTINCT FROM m.key AND p.job_id < sqlc.arg(to_id)::bigint
@@ -1439,8 +1454,8 @@ behind AS (
                ELSE (SELECT count(*) FROM (SELECT 1 FROM concurrency_parked_jobs p
                                            WHERE p.kind = f.kind AND p.key = f.key AND p.job_id < f.id LIMIT f.cap) x)
           END >= f.cap
-      AND NOT EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = f.id)
-      AND NOT EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = f.id)
+      AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = f.id) IS NULL
+      AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = f.id) IS NULL
       AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = f.id)
 )
 SELECT b.id, b.kind, COALESCE(b.key, '')::text AS key,
