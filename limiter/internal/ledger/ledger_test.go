@@ -1055,3 +1055,53 @@ func keyLineOf(t *testing.T, pool *pgxpool.Pool, l *ledger.Ledger, kind string, 
 		require.Equal(t, ledger.Wait, decideOne(t, l, j, nil).Action, "waiting job %d", i)
 	}
 }
+
+// TestAJobAheadStepsBackBehindAnOlderOneOnItsWay: under a per-key limit
+// of 1, key k1's slot is reserved for its older job, granted and not
+// fetched yet (available: on its way), and a younger job of k1 resumed
+// ahead is fetched first. The younger steps back (its worker's River slot
+// is for the older one) rather than wait in the line; with no job of its
+// key on its way (the older one fetched: running) it waits ahead.
+func TestAJobAheadStepsBackBehindAnOlderOneOnItsWay(t *testing.T) {
+	t.Parallel()
+	const kind = "test.stepback"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{key}', key_max = 1")
+	older := queued(t, pool, kind, `{"key": "k1"}`, "available")
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved)
+		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, true)`, older, kind)
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots)
+		VALUES ($1, sluice_partition_key('{"key": "k1"}', '{key}'), 1)`, kind)
+	ahead := running(t, pool, kind, `{"key": "k1"}`, "w1", 1, time.Now())
+	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, 'key_limit', true)`, ahead.ID, kind)
+
+	require.Equal(t, ledger.StepBack, decideOne(t, l, ahead, nil).Action,
+		"the older job of its key is on its way to the reserved slot: the younger steps back")
+
+	exec(t, pool, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now(), attempted_by = ARRAY['w2'] WHERE id = $1`, older)
+	d := decideOne(t, l, ahead, nil)
+	require.Equal(t, ledger.Wait, d.Action, "the older job was fetched: the younger waits ahead")
+	require.True(t, d.Ahead)
+}
+
+// TestAJobWaitsBehindAnOlderOneOnItsWay: under a per-key limit of 2, key
+// k1's older job was granted a slot (reserved, not fetched yet) and the
+// key has room for one more; a younger job of k1, fetched first, does not
+// start past the older one on its way: it waits in the line.
+func TestAJobWaitsBehindAnOlderOneOnItsWay(t *testing.T) {
+	t.Parallel()
+	const kind = "test.behindtransit"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{key}', key_max = 2")
+	older := queued(t, pool, kind, `{"key": "k1"}`, "available")
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved)
+		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, true)`, older, kind)
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots)
+		VALUES ($1, sluice_partition_key('{"key": "k1"}', '{key}'), 1)`, kind)
+	younger := running(t, pool, kind, `{"key": "k1"}`, "w1", 1, time.Now())
+
+	d := decideOne(t, l, younger, nil)
+	require.Equal(t, ledger.Wait, d.Action, "an older job of its key is on its way to its slot: the younger waits")
+	require.Equal(t, ledger.ReasonKeyFIFO, d.Reason)
+}
