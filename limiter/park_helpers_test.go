@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/limiter"
@@ -51,10 +52,21 @@ func jobState(t *testing.T, pool *pgxpool.Pool, id int64) string {
 // completion for a row its update left pending).
 func waitParked(t *testing.T, pool *pgxpool.Pool, ids ...int64) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	if !assert.Eventually(t, func() bool {
 		return count(t, pool, `SELECT count(*) FROM river_job j JOIN concurrency_parked_jobs p ON p.job_id = j.id
 			WHERE j.id = ANY($1) AND j.state = 'pending'`, ids) == len(ids)
-	}, 30*time.Second, 10*time.Millisecond, "jobs %v parked", ids)
+	}, 30*time.Second, 10*time.Millisecond, "jobs %v parked", ids) {
+		// Say where they are: their rows, their errors, their place in the
+		// limiter's tables.
+		var where string
+		require.NoError(t, pool.QueryRow(context.Background(), `
+			SELECT COALESCE(string_agg(format('job %s: %s, attempt %s, errors %s, parked %s, waiting %s, slot %s', j.id, j.state, j.attempt,
+			         j.errors::text, EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.job_id = j.id),
+			         EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = j.id),
+			         EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = j.id)), '; ' ORDER BY j.id), '')
+			FROM river_job j WHERE j.id = ANY($1)`, ids).Scan(&where))
+		t.Fatalf("jobs %v not parked: %s", ids, where)
+	}
 }
 
 // clearLimits clears every limit of kind, as `sluice limits clear` does.
