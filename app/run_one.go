@@ -152,6 +152,10 @@ func RunOne(ctx context.Context, cfg Config, args river.JobArgs, opts RunOptions
 	if err != nil {
 		return nil, err
 	}
+	// The work client started the limiter's services (its listener holds a
+	// connection of its own): they stop before the pool closes, whichever
+	// way run returns.
+	defer j.Limiter.Flush()
 	defer func() {
 		// The private queue's row is of no use once the job is done.
 		cleanupCtx, cancel := bookkeeping()

@@ -112,6 +112,16 @@ func TestRunOneDuplicate(t *testing.T) {
 	require.Equal(t, waiting.Job.ID, dup.Job.ID)
 	require.Equal(t, rivertype.JobStateScheduled, dup.Job.State)
 	require.Equal(t, before, testdb.Checksum(t, pool, "river_job"), "nothing inserted, nothing changed")
+	// Run returned at once, its limiter's listener still connecting or just
+	// connected: it stops with run, and none of run's connections stays
+	// (one left listening logged "listener lost its connection" as the
+	// pool closed under it).
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'sluice run%'`).Scan(&n))
+		return n == 0
+	}, 10*time.Second, 10*time.Millisecond, "run's connections are closed when it returns")
 }
 
 // toQueue is a program's insert middleware that puts every job in queue.
