@@ -200,11 +200,16 @@ func (w *Worker) Client() *Client { return w.client }
 // Jobs is what the worker's River client works with.
 func (w *Worker) Jobs() *Jobs { return w.jobs }
 
-// Close releases the pool and the HTTP listener of a worker that was never
-// run; Run releases them itself.
+// Close releases the pool, the HTTP listener and the limiter's services of
+// a worker that was never run; Run releases them itself.
 func (w *Worker) Close() {
 	if w.listener != nil {
 		_ = w.listener.Close()
+	}
+	if w.jobs != nil {
+		// The River client started the limiter's services (its listener
+		// holds a connection of its own): they stop before the pool closes.
+		w.jobs.Limiter.Flush()
 	}
 	w.pool.Close()
 	w.livePool.Close()

@@ -250,3 +250,25 @@ func TestRiverLogsQuietUnlessDebug(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkerClosedUnrunLeavesNoConnection: a worker built and closed
+// without running (a program that gives up before Run) stops the limiter's
+// services that its River client started: the listener's connection of
+// its own does not outlive Close.
+func TestWorkerClosedUnrunLeavesNoConnection(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	cfg := app.Config{Modules: jobtest.Modules(), DatabaseURL: url, ID: "closed-unrun", Logger: jobtest.Logger(t)}
+	w, err := app.NewWorker(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return countRows(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'sluice worker closed-unrun' AND query LIKE '%LISTEN %'`) > 0
+	}, 10*time.Second, 10*time.Millisecond, "the limiter's listener is up")
+	w.Close()
+	require.Eventually(t, func() bool {
+		return countRows(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'sluice worker closed-unrun'`) == 0
+	}, 10*time.Second, 10*time.Millisecond, "the worker's connections are closed")
+}
