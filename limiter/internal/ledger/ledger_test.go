@@ -1065,13 +1065,7 @@ func keyLineOf(t *testing.T, pool *pgxpool.Pool, l *ledger.Ledger, kind string, 
 func TestAJobAheadStepsBackBehindAnOlderOneOnItsWay(t *testing.T) {
 	t.Parallel()
 	const kind = "test.stepback"
-	pool, l := newLedger(t, "w1")
-	setLimits(t, l, kind, "partition_fields = '{key}', key_max = 1")
-	older := queued(t, pool, kind, `{"key": "k1"}`, "available")
-	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved)
-		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, true)`, older, kind)
-	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots)
-		VALUES ($1, sluice_partition_key('{"key": "k1"}', '{key}'), 1)`, kind)
+	pool, l, older := olderOnItsWay(t, kind, 1)
 	ahead := running(t, pool, kind, `{"key": "k1"}`, "w1", 1, time.Now())
 	exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
 		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, 'key_limit', true)`, ahead.ID, kind)
@@ -1092,16 +1086,25 @@ func TestAJobAheadStepsBackBehindAnOlderOneOnItsWay(t *testing.T) {
 func TestAJobWaitsBehindAnOlderOneOnItsWay(t *testing.T) {
 	t.Parallel()
 	const kind = "test.behindtransit"
-	pool, l := newLedger(t, "w1")
-	setLimits(t, l, kind, "partition_fields = '{key}', key_max = 2")
-	older := queued(t, pool, kind, `{"key": "k1"}`, "available")
-	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved)
-		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, true)`, older, kind)
-	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots)
-		VALUES ($1, sluice_partition_key('{"key": "k1"}', '{key}'), 1)`, kind)
+	pool, l, _ := olderOnItsWay(t, kind, 2)
 	younger := running(t, pool, kind, `{"key": "k1"}`, "w1", 1, time.Now())
 
 	d := decideOne(t, l, younger, nil)
 	require.Equal(t, ledger.Wait, d.Action, "an older job of its key is on its way to its slot: the younger waits")
 	require.Equal(t, ledger.ReasonKeyFIFO, d.Reason)
+}
+
+// olderOnItsWay sets up kind under a per-key limit of keyMax with one job
+// of key k1 granted a slot and not fetched yet (available, its slot
+// reserved: on its way), and returns it.
+func olderOnItsWay(t *testing.T, kind string, keyMax int) (*pgxpool.Pool, *ledger.Ledger, int64) {
+	t.Helper()
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, fmt.Sprintf("partition_fields = '{key}', key_max = %d", keyMax))
+	older := queued(t, pool, kind, `{"key": "k1"}`, "available")
+	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, worker_id, reserved)
+		VALUES ($1, $2, sluice_partition_key('{"key": "k1"}', '{key}'), NULL, true)`, older, kind)
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots)
+		VALUES ($1, sluice_partition_key('{"key": "k1"}', '{key}'), 1)`, kind)
+	return pool, l, older
 }
