@@ -170,8 +170,32 @@ func (d *deciders) of(kind string) *batcher[decideRequest] {
 // it could not decide (the ledger failed) stays Deciding: the middleware
 // decides it.
 func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatched bool) (gone map[int64]ledger.Decision, err error) {
-	var toLedger []ledger.Job
-	queues := map[int64]*local.Queue{}
+	a, err := l.admitLocal(ctx, jobs, dispatched, nil)
+	if err != nil {
+		return nil, err
+	}
+	return l.admitLedger(a)
+}
+
+// admission is jobs of one fetch put in their kinds' queues by admitLocal:
+// those the worker's memory decided, and those left for the ledger.
+type admission struct {
+	// queues holds every job put in a queue, by id.
+	queues map[int64]*local.Queue
+	// took are the jobs that took a leased slot at once.
+	took map[int64]bool
+	// toLedger are the jobs for one ledger decision (admitLedger).
+	toLedger []ledger.Job
+}
+
+// admitLocal is admit's first part: it puts jobs in their kinds' queues
+// and decides those on the leased path in the worker's memory. It reads
+// nothing when given the copy of the limits to decide by (snap: within a
+// fetch's transaction), else the worker's copy (re-read if expired). It
+// returns what it did, even with an error (a kind's limits not read: that
+// kind's jobs and those after are left out).
+func (l *Limiter) admitLocal(ctx context.Context, jobs []*rivertype.JobRow, dispatched bool, snap *limitsSnapshot) (a *admission, err error) {
+	a = &admission{queues: map[int64]*local.Queue{}, took: map[int64]bool{}}
 	byKind := map[string][]*rivertype.JobRow{}
 	var kinds []string
 	for _, job := range jobs {
@@ -181,9 +205,12 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 		byKind[job.Kind] = append(byKind[job.Kind], job)
 	}
 	for _, kind := range kinds {
-		lim, err := l.limits.of(ctx, kind)
-		if err != nil {
-			return nil, err
+		var lim ledger.Limits
+		heard := l.limits.gen.Load()
+		if snap != nil {
+			lim, heard = snap.of(kind), snap.gen
+		} else if lim, err = l.limits.of(ctx, kind); err != nil {
+			return a, err
 		}
 		var fetched []local.Fetched
 		var kept []*rivertype.JobRow
@@ -200,42 +227,70 @@ func (l *Limiter) admit(ctx context.Context, jobs []*rivertype.JobRow, dispatche
 		}
 		q := l.queues.of(kind)
 		q.SetByFetch(lim.Regime() == ledger.Leased)
-		heard := l.limits.gen.Load()
 		for _, j := range q.Fetch(fetched) {
 			j.Stamp(heard)
 		}
 		for _, job := range kept {
-			queues[job.ID] = q
+			a.queues[job.ID] = q
 			// A first attempt that never parked never waited in the line (a
 			// wait is part of an attempt): on the leased path it asks only
 			// the worker's memory.
 			if lim.Regime() == ledger.Leased && !l.neverPark && job.Attempt <= 1 && !everParked(job) {
 				if works, ok := q.TakeLeased(job.ID, true, lim.Max, time.Now()); ok {
-					if !works {
+					if works {
+						a.took[job.ID] = true
+					} else {
 						l.keeper.wakeUp() // it waits for a leased slot
 					}
 					continue
 				}
 			}
-			toLedger = append(toLedger, l.ledgerJob(job, dispatched))
+			a.toLedger = append(a.toLedger, l.ledgerJob(job, dispatched))
 		}
 	}
-	if len(toLedger) == 0 {
+	return a, nil
+}
+
+// admitLedger is admit's second part: one ledger decision of the jobs
+// admitLocal left for it.
+func (l *Limiter) admitLedger(a *admission) (gone map[int64]ledger.Decision, err error) {
+	if len(a.toLedger) == 0 {
 		return nil, nil
 	}
-	decisions, err := l.decide(toLedger)
+	decisions, err := l.decide(a.toLedger)
 	if err != nil {
 		return nil, err
 	}
 	gone = map[int64]ledger.Decision{}
-	for _, j := range toLedger {
+	for _, j := range a.toLedger {
 		d := decisions[j.ID]
-		switch l.apply(queues[j.ID], d) {
+		switch l.apply(a.queues[j.ID], d) {
 		case ledger.Parked, ledger.StepBack, ledger.Fail:
 			gone[j.ID] = d
 		}
 	}
 	return gone, nil
+}
+
+// unadmit takes back what admitLocal did for jobs whose fetch did not
+// commit (they are available again): each leaves its queue, and a leased
+// slot one took goes to the next job (or back), as at a job's end.
+func (l *Limiter) unadmit(a *admission) {
+	var working []int64
+	for id, q := range a.queues {
+		if j := q.Get(id); j != nil && j.State() == local.Working {
+			working = append(working, id)
+			continue
+		}
+		q.Forget(id)
+	}
+	// The jobs that wait are gone first: no slot freed here goes to them.
+	for _, id := range working {
+		q := a.queues[id]
+		if j := q.Get(id); j != nil {
+			l.end(q, j)
+		}
+	}
 }
 
 // ledgerJob is job as the ledger decides it.

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -101,21 +102,22 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 	for range maxFetchThrough {
 		p := *params
 		p.MaxToLock = want - len(out.Jobs)
-		res, leased, ahead, err := e.fetch(ctx, &p, parkedAny || e.d.parks(params.Queue))
+		f, err := e.fetch(ctx, &p, parkedAny || e.d.parks(params.Queue))
 		if err != nil {
 			if len(out.Jobs) > 0 {
 				return out, nil // River gets what it has; the error comes back at its next fetch
 			}
-			return res, err
+			return nil, err
 		}
-		parkedAny = parkedAny || ahead > 0
+		res := f.res
+		parkedAny = parkedAny || f.ahead > 0
 		if res == nil || len(res.Jobs) == 0 {
 			more = false
 			break
 		}
-		parked, longLine := l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds)
+		parked, longLine := l.fetched(ctx, res.Jobs, res.DecodeErrors, e.d.kinds, f.admitted, f.admitErr)
 		parkedAny = parkedAny || longLine
-		l.noteLeasedMarks(leased)
+		l.noteLeasedMarks(f.leased)
 		for _, job := range res.Jobs {
 			if parked[job.ID] {
 				continue
@@ -142,61 +144,91 @@ func (e *fetchExecutor) JobGetAvailable(ctx context.Context, params *riverdriver
 	return out, nil
 }
 
+// fetchedJobs is what one fetch brought.
+type fetchedJobs struct {
+	res *riverdriver.JobGetAvailableResult
+	// leased are the jobs marked leased (for the lease keeper).
+	leased []ledger.Fetched
+	// ahead is how many jobs the fetch parked ahead of it.
+	ahead int
+	// admitted is the jobs of limited kinds put in their queues within the
+	// fetch's transaction (nil: not done; fetched does it), and admitErr
+	// what kept it from finishing.
+	admitted *admission
+	admitErr error
+}
+
 // fetch fetches as River does. While a kind the client works is limited
 // (as the worker's copy of the limits has it), it fetches in a
-// transaction that also marks the fetched jobs of limited kinds as not
-// decided yet (ledger.MarkFetched; toMark): another worker's decision lets
-// no younger job of their lines start before theirs. A first attempt of a
-// kind whose leased path is open in this worker (the worker's memory
-// decides it) is marked leased: for the other workers' leases it waits,
-// until this worker's lease keeper publishes what waits; those are
-// returned for the keeper (noteLeasedMarks). With parkAhead (the last
-// fetch parked jobs for a long line), the same transaction first parks the
-// available jobs behind long lines (ledger.ParkAhead; how many it
-// returns).
-func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAvailableParams, parkAhead bool) (*riverdriver.JobGetAvailableResult, []ledger.Fetched, int, error) {
+// transaction in which the worker's memory decides the fetched jobs of
+// limited kinds on the leased path (admitLocal: a first attempt takes a
+// spare leased slot at once, or waits in the worker for one), and which
+// marks the others as not decided yet (ledger.MarkFetched; toMark):
+// another worker's decision lets no younger job of their lines start
+// before theirs. A job waiting for a leased slot is marked leased: for the
+// other workers' leases it waits, until this worker's lease keeper
+// publishes what waits; those are returned for the keeper
+// (noteLeasedMarks). A job that took a slot is not marked: it waits for
+// nothing. With parkAhead (the last fetch parked jobs for a long line),
+// the same transaction first parks the available jobs behind long lines
+// (ledger.ParkAhead; how many it returns).
+func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAvailableParams, parkAhead bool) (*fetchedJobs, error) {
 	l := e.d.l
 	limited := l.markedKinds(ctx, e.d.kinds)
 	if len(limited) == 0 {
 		res, err := e.Executor.JobGetAvailable(ctx, params)
-		return res, nil, 0, err
+		return &fetchedJobs{res: res}, err
 	}
 	tx, err := e.Executor.Begin(ctx)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("begin the fetch: %w", err)
+		return nil, fmt.Errorf("begin the fetch: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op once committed
-	var ahead []int64
+	out := &fetchedJobs{}
 	t0 := time.Now()
 	if parkAhead {
-		if ahead, err = l.ledger.ParkAhead(ctx, e.d.UnwrapTx(tx), params.Queue, limited, parkAheadScan, l.gate.slotsOf(params.Queue)); err != nil {
-			return nil, nil, 0, err
+		ahead, err := l.ledger.ParkAhead(ctx, e.d.UnwrapTx(tx), params.Queue, limited, parkAheadScan, l.gate.slotsOf(params.Queue))
+		if err != nil {
+			return nil, err
 		}
+		out.ahead = len(ahead)
 	}
-	res, err := tx.JobGetAvailable(ctx, params)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("fetch: %w", err)
+	if out.res, err = tx.JobGetAvailable(ctx, params); err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
 	}
 	var marks []ledger.Fetched
-	if res != nil {
-		marks = l.toMark(res, limited)
+	if out.res != nil {
+		// By the copy of the limits as it is (no statement on another
+		// connection while this transaction holds one): expired, the jobs
+		// are all marked, and decided after the commit.
+		var took map[int64]bool
+		if snap := l.limits.held(); snap != nil {
+			out.admitted, out.admitErr = l.admitLocal(ctx, l.limitedOf(out.res.Jobs, out.res.DecodeErrors, e.d.kinds), false, snap)
+			took = out.admitted.took
+		}
+		marks = l.toMark(out.res, limited, took)
 		if err := l.ledger.MarkFetched(ctx, e.d.UnwrapTx(tx), marks); err != nil {
-			return nil, nil, 0, err
+			if out.admitted != nil {
+				l.unadmit(out.admitted)
+			}
+			return nil, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, 0, fmt.Errorf("commit the fetch: %w", err)
+		if out.admitted != nil {
+			l.unadmit(out.admitted)
+		}
+		return nil, fmt.Errorf("commit the fetch: %w", err)
 	}
-	if len(ahead) > 0 {
-		l.trace("parked ahead", "queue", params.Queue, "jobs", len(ahead), "took", time.Since(t0))
+	if out.ahead > 0 {
+		l.trace("parked ahead", "queue", params.Queue, "jobs", out.ahead, "took", time.Since(t0))
 	}
-	leased := marks[:0]
 	for _, m := range marks {
 		if m.Leased {
-			leased = append(leased, m)
+			out.leased = append(out.leased, m)
 		}
 	}
-	return res, leased, len(ahead), nil
+	return out, nil
 }
 
 // noteLeasedMarks tells the kinds' queues of the jobs their fetch marked
@@ -234,19 +266,17 @@ func (l *Limiter) markedKinds(ctx context.Context, kinds []string) map[string]le
 	return out
 }
 
-// toMark is the jobs of res of limited kinds (limits), each marked leased
-// when it is a first attempt, never parked, of a kind whose leased path is
-// open in this worker (the worker's memory decides it). Those that take a
-// spare leased slot at once are marked too: until the keeper's next
-// publication takes the marks away, the other workers' lines hold their
-// younger jobs back for them, and a job that finds no slot after all (its
-// decision comes late; the path closed meanwhile) is not passed.
-func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[string]ledger.Limits) []ledger.Fetched {
+// toMark is the jobs of res of limited kinds (limits) but those that took
+// a leased slot at once (took), each marked leased when it is a first
+// attempt, never parked, of a kind whose leased path is open in this
+// worker (the worker's memory decides it: it waits for a leased slot, or,
+// the path closed meanwhile, the ledger decides it).
+func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[string]ledger.Limits, took map[int64]bool) []ledger.Fetched {
 	var out []ledger.Fetched
 	open := map[string]bool{} // per kind, read once a fetch
 	for _, job := range res.Jobs {
 		lim, ok := limits[job.Kind]
-		if !ok || job.Kind == ResumeKind || res.DecodeErrors[job.ID] != nil {
+		if !ok || job.Kind == ResumeKind || res.DecodeErrors[job.ID] != nil || took[job.ID] {
 			continue
 		}
 		leased := false
@@ -267,24 +297,36 @@ func (l *Limiter) toMark(res *riverdriver.JobGetAvailableResult, limits map[stri
 	return out
 }
 
-// fetched decides the fetched jobs of kinds (those of limited kinds) and
-// returns those that parked. A decision that fails leaves its jobs to the
-// middleware.
-func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeErrs map[int64]error, kinds []string) (parked map[int64]bool, longLine bool) {
-	if l.ignoreLimits || l.neverPark || l.isStopped() {
-		return nil, false
-	}
+// limitedOf is the jobs of kinds (the client's) that the limiter decides:
+// not ResumeKind, args decoded.
+func (l *Limiter) limitedOf(jobs []*rivertype.JobRow, decodeErrs map[int64]error, kinds []string) []*rivertype.JobRow {
 	mine := make([]*rivertype.JobRow, 0, len(jobs))
 	for _, job := range jobs {
 		if job.Kind != ResumeKind && decodeErrs[job.ID] == nil && slices.Contains(kinds, job.Kind) {
 			mine = append(mine, job)
 		}
 	}
+	return mine
+}
+
+// fetched decides the fetched jobs of kinds (those of limited kinds) and
+// returns those that parked: admitted is what the fetch's transaction
+// did of it (admitLocal; nil: nothing, and admitErr what stopped it). A
+// decision that fails leaves its jobs to the middleware.
+func (l *Limiter) fetched(ctx context.Context, jobs []*rivertype.JobRow, decodeErrs map[int64]error, kinds []string,
+	admitted *admission, admitErr error) (parked map[int64]bool, longLine bool) {
+	if admitted == nil && (l.ignoreLimits || l.neverPark || l.isStopped()) {
+		return nil, false
+	}
+	mine := l.limitedOf(jobs, decodeErrs, kinds)
 	if len(mine) == 0 {
 		return nil, false
 	}
-	gone, err := l.admit(ctx, mine, false)
-	if err != nil {
+	if admitted == nil {
+		admitted, admitErr = l.admitLocal(ctx, mine, false, nil)
+	}
+	gone, err := l.admitLedger(admitted)
+	if err = cmp.Or(admitErr, err); err != nil {
 		l.logger.Warn("concurrency limits: fetched jobs not decided at their fetch; deciding them in the middleware", "error", err)
 	}
 	parked = map[int64]bool{}

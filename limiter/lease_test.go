@@ -260,3 +260,88 @@ func TestConcurrencyLeaseCountedButNotHeld(t *testing.T) {
 			count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind) == 1
 	}, 3*limiter.LeaseRenew, 20*time.Millisecond, "the extra slots went back")
 }
+
+// TestLeasedSlotTakenAtFetchLeavesNoMark: a job that takes a spare leased
+// slot at its fetch is decided within the fetch's transaction and writes
+// no mark as "fetched and not decided" (concurrency_fetches): only the jobs
+// that wait for a leased slot are marked (the other workers let them go
+// first). A stream under a limit it never reaches on one worker: the first
+// fetch waits for the lease, and later fetches find the slots that jobs
+// ended spare.
+func TestLeasedSlotTakenAtFetchLeavesNoMark(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "nomark"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 1000)
+	logParkings(t, pool)
+	// Every mark written, as the fetch transactions insert them.
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE marks_seen (job_id bigint, leased boolean);
+		CREATE FUNCTION note_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO marks_seen VALUES (NEW.job_id, NEW.leased); RETURN NULL; END $$;
+		CREATE TRIGGER note_mark AFTER INSERT ON concurrency_fetches FOR EACH ROW EXECUTE FUNCTION note_mark();`)
+	require.NoError(t, err)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 0, nil)
+
+	const n = 2000
+	insertProbes(t, a, kind, 0, n, 0)
+	waitAllDone(t, pool, tracker, fullKind, n, time.Minute)
+
+	marks := count(t, pool, "SELECT count(*) FROM marks_seen")
+	unleased := count(t, pool, "SELECT count(*) FROM marks_seen WHERE NOT leased")
+	t.Logf("%d marks for %d jobs (%d not leased)", marks, n, unleased)
+	require.Less(t, marks, n/10, "jobs that took a spare leased slot at their fetch were marked")
+	require.Zero(t, unleased, "a job of a kind on the leased path was marked for the line")
+	require.Zero(t, parkings(t, pool, fullKind), "nothing parked")
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM concurrency_fetches") == 0
+	}, 10*time.Second, 10*time.Millisecond, "the marks of the jobs that waited went with the keeper's publication")
+}
+
+// TestLeasedFetchRolledBack: a fetch whose transaction fails after the
+// worker's memory decided its jobs (here: the mark of a job waiting for a
+// leased slot fails) takes the decisions back: its jobs are available
+// again and fetched later, each works once, the limit holds, and no slot
+// taken by a job of a failed fetch stays in use (the worker gives every
+// leased slot back once idle).
+func TestLeasedFetchRolledBack(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "unfetched"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 5)
+	logParkings(t, pool)
+	// Once 50 jobs are done (the worker holds its lease), the next 30
+	// fetches that mark a job fail: each took spare leased slots for its
+	// first jobs and left the others waiting for one.
+	_, err := pool.Exec(ctx, `
+		CREATE SEQUENCE mark_tries;
+		CREATE FUNCTION fail_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT count(*) FROM river_job WHERE state = 'completed') >= 50 AND nextval('mark_tries') <= 30 THEN
+				RAISE EXCEPTION 'injected: mark refused';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fail_mark BEFORE INSERT ON concurrency_fetches FOR EACH ROW EXECUTE FUNCTION fail_mark();`)
+	require.NoError(t, err)
+	a := startProbeWorker(t, url, kind+"-a", kind, tracker, 5*time.Second, nil)
+
+	const n = 300
+	insertProbes(t, a, kind, 0, n, 5)
+	waitAllDone(t, pool, tracker, fullKind, n, time.Minute)
+
+	require.Greater(t, count(t, pool, "SELECT last_value FROM mark_tries"), 30, "fetches failed and later ones passed")
+	require.LessOrEqual(t, tracker.max.Load(), int32(5), "the limit held")
+	_, worked := tracker.snapshot()
+	for seq := range n {
+		require.Equal(t, 1, worked[seq], "job %d worked %d times", seq, worked[seq])
+	}
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", fullKind) == 0 &&
+			count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases") == 0
+	}, 10*time.Second, 10*time.Millisecond, "idle leases given back")
+}

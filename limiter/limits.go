@@ -63,6 +63,30 @@ func (c *limitsCopy) of(ctx context.Context, kind string) (ledger.Limits, error)
 	return ledger.Limits{Kind: kind}, nil
 }
 
+// held returns the copy as it is, without reading it again: nil when it
+// is expired (or was never read, or is a last copy kept when a read
+// failed).
+func (c *limitsCopy) held() *limitsSnapshot {
+	if s := c.cur.Load(); s != nil && !s.loaded.IsZero() && s.gen != 0 {
+		ttl := LimitCacheTTL
+		if c.listening.Load() {
+			ttl = listeningTTL
+		}
+		if time.Since(s.loaded) <= ttl {
+			return s
+		}
+	}
+	return nil
+}
+
+// of returns kind's limits in s (Present false: no limit row).
+func (s *limitsSnapshot) of(kind string) ledger.Limits {
+	if lim, ok := s.kinds[kind]; ok {
+		return lim
+	}
+	return ledger.Limits{Kind: kind}
+}
+
 // heldAs returns the count of changes heard up to which the copy holds
 // kind's limits with tag (ledger.Limits.Tag), 0 when it holds other ones
 // (or cannot tell): a grant made under limits with that tag fits every
