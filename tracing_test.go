@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-dev/sluice"
+	"github.com/sluice-dev/sluice/limiter"
 	"github.com/sluice-dev/sluice/tracing"
 )
 
@@ -150,12 +151,18 @@ func TestTracingInsertToWork(t *testing.T) {
 		require.Equal(t, "default", attr(s, "queue").AsString())
 		require.Equal(t, int64(1), attr(s, "attempt").AsInt64())
 		require.Equal(t, tracing.OutcomeCompleted, attr(s, "outcome").AsString())
+		// Under a limit of 1, the slot it held: its worker's lease, or, once
+		// the kind's line holds parked jobs, a slot of the line (every
+		// resumed job's).
+		slot := attr(s, tracing.AttrLimiterSlot).AsString()
+		require.Contains(t, []string{limiter.SlotLeased, limiter.SlotLine}, slot, "job %d's slot", id)
 
 		if hadParking[id] {
 			parked++
 			names := eventNames(s)
 			require.Contains(t, names, tracing.EventParked, "job %d parked", id)
 			require.Contains(t, names, tracing.EventResumed, "job %d was resumed", id)
+			require.Equal(t, limiter.SlotLine, slot, "job %d, resumed, ran on a slot of the line", id)
 			for _, e := range s.Events {
 				require.False(t, e.Time.Before(s.StartTime), "event %s of job %d within its span", e.Name, id)
 				if e.Name == tracing.EventParked {

@@ -262,10 +262,17 @@ func (l *Limiter) run(ctx context.Context, q *local.Queue, j *local.Job, job *ri
 	if reason == "" && j.Slot() == local.LeasedSlot && waited >= leaseWaitShown {
 		reason = ledger.ReasonLimit
 	}
-	if reason != "" {
-		ctx = withHeld(ctx, Held{Since: fetchedAt(job), Reason: reason})
+	a := Admission{}
+	switch j.Slot() {
+	case local.LeasedSlot:
+		a.Slot = SlotLeased
+	case local.LineSlot:
+		a.Slot = SlotLine
 	}
-	return doInner(ctx)
+	if reason != "" {
+		a.held, a.wasHeld = Held{Since: fetchedAt(job), Reason: reason}, true
+	}
+	return doInner(withAdmission(ctx, a))
 }
 
 // end ends j in q, and gives its slot to the next job: a leased slot to

@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,6 +36,11 @@ const (
 	EventResumed = "sluice.resumed"
 )
 
+// AttrLimiterSlot is the work span's attribute of the concurrency slot a
+// job of a limited kind holds (limiter.AdmissionFrom): leased, line, or
+// none (a rate alone).
+const AttrLimiterSlot = "limiter_slot"
+
 // Work span outcomes (attribute outcome).
 const (
 	OutcomeCompleted = "completed"
@@ -51,8 +57,9 @@ const (
 // parks: its run's span starts when the attempt first waited (its first
 // fetch) and carries the parking and the resume as events (from the job's
 // metadata.sluice_parking), and the wait in the worker for a slot or a rate
-// (limiter.HeldFrom). Attributes: kind, queue, priority, attempt, id and
-// outcome (completed, error, cancelled, snoozed, panic).
+// (limiter.HeldFrom). Attributes: kind, queue, priority, attempt, id,
+// outcome (completed, error, cancelled, snoozed, panic), and for a job its
+// kind's limits let start, limiter_slot (AttrLimiterSlot).
 func (t *Tracing) WorkMiddleware() rivertype.WorkerMiddleware {
 	return &workMiddleware{tracer: t.tracer}
 }
@@ -136,6 +143,9 @@ func addLimiterEvents(ctx context.Context, span trace.Span, parking *parkingReco
 		if parking.ResumedAt != nil {
 			span.AddEvent(EventResumed, trace.WithTimestamp(*parking.ResumedAt))
 		}
+	}
+	if a, ok := limiter.AdmissionFrom(ctx); ok {
+		span.SetAttributes(attribute.String(AttrLimiterSlot, cmp.Or(a.Slot, "none")))
 	}
 	if held, ok := limiter.HeldFrom(ctx); ok {
 		span.AddEvent(EventWaited, trace.WithTimestamp(held.Since), trace.WithAttributes(

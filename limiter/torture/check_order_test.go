@@ -37,7 +37,10 @@ import (
 // window) is exempt, unless the limiter's own rows show it decided the run
 // (a slot, a start or a place in the line written between its fetch and
 // its start): then it is judged under the limits its decisions may have
-// followed (a decision under way finishes by the limits it read).
+// followed (a decision under way finishes by the limits it read); or
+// unless its worker's run log says it started on a leased slot (which
+// writes no row per job): then it is judged under the per-kind limits
+// alone that its worker may have read between its fetch and its start.
 func checkOrder(r *record, vs *violations, cov coverage) {
 	for _, kind := range kinds {
 		ids := r.kindJobs(kind)
@@ -68,6 +71,12 @@ func checkOrder(r *record, vs *violations, cov coverage) {
 				// an exemption into a judgment): under the limits in force
 				// when it did.
 				followed = r.limitedRegimesAt(kind, decided)
+			case xj.slot == "leased" && len(leasedRegimes(r.limitedRegimesAt(kind, []time.Time{fj.at, xj.start}))) > 0:
+				// Its worker's limiter let it start on a leased slot (its run
+				// log says so; a leased slot writes no row per job): under a
+				// per-kind limit alone, as its worker read the limits between
+				// its fetch and its start.
+				followed = leasedRegimes(r.limitedRegimesAt(kind, []time.Time{fj.at, xj.start}))
 			case regime(r.limitsAt(kind, fj.at)) == "none":
 				continue // fetched with no limit: no order to keep
 			default:
@@ -139,6 +148,18 @@ func (r *record) regimesOf(kind string, fetch, start time.Time) []limits {
 		}
 		if !seen[rg] {
 			seen[rg] = true
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// leasedRegimes is the limits of ls whose order regime is the leased
+// path's (a per-kind limit alone: by fetch).
+func leasedRegimes(ls []limits) []limits {
+	var out []limits
+	for _, l := range ls {
+		if regime(l) == "by fetch" {
 			out = append(out, l)
 		}
 	}

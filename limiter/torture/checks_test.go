@@ -1129,6 +1129,35 @@ func TestCheckOrderTellsTheDrainsExemptions(t *testing.T) {
 	}
 }
 
+// TestCheckOrderJudgesLeasedRuns: a run fetched within the window of a
+// change that set a per-kind limit (from none) may have run with no limit,
+// and is exempt; unless its worker's run log says the limiter let it start
+// on a leased slot: then it is judged by fetch, and starting while an
+// older job fetched well before it waits is a violation (seed 441286793
+// starved on 16 such runs).
+func TestCheckOrderJudgesLeasedRuns(t *testing.T) {
+	order := func(slot string) (map[string]int, []string) {
+		f := newFakeRecord(limits{max: 4})
+		f.r.limits["torture.a"] = append(f.r.limits["torture.a"],
+			limitChange{at: f.at(90), limits: limits{}},
+			limitChange{at: f.at(380), limits: limits{present: true, max: 1}})
+		f.job(1, "")
+		f.job(2, "")
+		f.fetched(1, "w1", 330) // waits for a slot until 600
+		f.started(1, "w1", 600, 10)
+		f.fetched(2, "w2", 395) // within the change's window
+		f.started(2, "w2", 400, 10)
+		f.r.runs[len(f.r.runs)-1].slot = slot
+		return check(f.r).coverage["order"].exempt, f.found("order")
+	}
+	if exempt, vs := order(""); exempt["may have run with no limit"] != 1 || len(vs) != 0 {
+		t.Fatalf("no slot recorded: exempt %v, violations %q", exempt, vs)
+	}
+	if exempt, vs := order("leased"); len(exempt) != 0 || len(vs) != 1 || !strings.Contains(vs[0], "job 2 started") {
+		t.Fatalf("on a leased slot: exempt %v, violations %q", exempt, vs)
+	}
+}
+
 // TestCheckFairnessKeyRate: under a per-key rate of 2/1s, key B's job
 // arrives behind A's backlog (the kind's limit 2), fetched at 110 ms,
 // after two of B's own jobs started at 5 and 6 ms: its own window holds

@@ -13,11 +13,13 @@
 //
 // The checks read an independent record only: each real execution from
 // its worker's run log (a file of JSON lines, each written as it happens,
-// so a killed worker loses none), River's state history of every job and
+// so a killed worker loses none; with the slot the limiter let it start
+// on, limiter.AdmissionFrom), River's state history of every job and
 // the history of the limits (by triggers), and what the test itself did
 // (inserts, River client calls, worker events, accounting samples). The
 // limiter's own tables may explain a violation in its report, never excuse
-// one. They verify the README's promises table together: the limits held
+// one (they, and a run's leased slot, only turn an exemption into a
+// judgment). They verify the README's promises table together: the limits held
 // at every start; no rate window held more starts than its rate; order
 // within a key (strict under a per-key or rate limit, by fetch under a
 // per-kind limit alone); fairness across keys; no key waited long while

@@ -29,6 +29,9 @@ type run struct {
 	attempt int
 	worker  string
 	start   time.Time
+	// slot is the concurrency slot its worker's limiter let it start on
+	// (leased, line, none; "": the limiter did not decide it).
+	slot string
 	// end is when it ended: as recorded, or when its worker was killed;
 	// zero if neither (still running).
 	end     time.Time
@@ -471,7 +474,7 @@ func readRunLogs(dir string) ([]run, error) {
 			if l.Outcome == "" {
 				byRun[l.Run] = len(out)
 				out = append(out, run{id: int64(len(out) + 1), job: l.Job, kind: l.Kind, key: l.Key, attempt: l.Attempt,
-					worker: worker, start: at})
+					worker: worker, start: at, slot: l.Slot})
 				continue
 			}
 			k, ok := byRun[l.Run]

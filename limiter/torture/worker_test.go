@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/sluice-dev/sluice/app"
+	"github.com/sluice-dev/sluice/limiter"
 )
 
 // Environment of a worker process: the test binary runs itself as one when
@@ -83,7 +85,11 @@ const failMsg = "torture: this execution fails"
 // counts snoozes in its metadata), then fails until Fail of its attempts
 // have failed (River keeps each failure's error).
 func (w *recorder) Work(ctx context.Context, job *river.Job[jobArgs]) error {
-	n, err := w.log.start(job.ID, job.Kind, job.Args.Key, job.Attempt)
+	slot := ""
+	if a, ok := limiter.AdmissionFrom(ctx); ok {
+		slot = cmp.Or(a.Slot, "none")
+	}
+	n, err := w.log.start(job.ID, job.Kind, job.Args.Key, job.Attempt, slot)
 	if err != nil {
 		return fmt.Errorf("record the start: %w", err)
 	}
@@ -133,6 +139,10 @@ type runLine struct {
 	Kind    string `json:"kind,omitempty"`
 	Key     string `json:"key,omitempty"`
 	Attempt int    `json:"attempt,omitempty"`
+	// Slot is the concurrency slot its worker's limiter let it start on
+	// (limiter.AdmissionFrom: leased, line, none); "" when the limiter did
+	// not decide it (its kind had no limit as the worker saw it).
+	Slot    string `json:"slot,omitempty"`
 	Outcome string `json:"outcome,omitempty"` // "" on a start line
 	At      int64  `json:"at"`                // Unix nanoseconds
 }
@@ -148,14 +158,15 @@ func (l *runLog) write(line runLine) error {
 	return err
 }
 
-// start records the start of an execution and returns its number.
-func (l *runLog) start(job int64, kind, key string, attempt int) (int64, error) {
+// start records the start of an execution (slot: as runLine.Slot) and
+// returns its number.
+func (l *runLog) start(job int64, kind, key string, attempt int, slot string) (int64, error) {
 	at := time.Now().UnixNano()
 	l.mu.Lock()
 	l.next++
 	n := l.next
 	l.mu.Unlock()
-	return n, l.write(runLine{Run: n, Job: job, Kind: kind, Key: key, Attempt: attempt, At: at})
+	return n, l.write(runLine{Run: n, Job: job, Kind: kind, Key: key, Attempt: attempt, Slot: slot, At: at})
 }
 
 // end records how execution n ended.
