@@ -92,13 +92,18 @@ ON CONFLICT (kind, worker_id) DO UPDATE SET waiting = EXCLUDED.waiting;
 -- transaction before they are rescued: each is marked for parking, so that
 -- the rescue's update turns it back into a pending job with its attempt
 -- undone (sluice_park_in_place: it never ran), and recorded as parked with
--- the reason it waited for. Returns the jobs and kinds.
+-- the reason it waited for, and its key by the kind's partition now (a
+-- job published as waiting for a leased slot, or for its decision, may be
+-- of a kind partitioned since: its line is its key's). Returns the jobs
+-- and kinds.
 WITH waiting AS (
     SELECT w.job_id, w.kind, w.key, w.reason FROM concurrency_waiters w
     WHERE w.worker_id = sqlc.arg(worker_id)::text
     UNION
-    SELECT u.job_id, cl.kind, NULL::text, 'limit'::text
+    SELECT u.job_id, cl.kind, sluice_partition_key(j.args, l.partition_fields), 'limit'::text
     FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
+    JOIN river_job j ON j.id = u.job_id
+    LEFT JOIN concurrency_limits l ON l.kind = cl.kind
     WHERE cl.worker_id = sqlc.arg(worker_id)::text
 ),
 marked AS (

@@ -1108,3 +1108,32 @@ func olderOnItsWay(t *testing.T, kind string, keyMax int) (*pgxpool.Pool, *ledge
 		VALUES ($1, sluice_partition_key('{"key": "k1"}', '{key}'), 1)`, kind)
 	return pool, l, older
 }
+
+// TestReapParksAPublishedJobUnderItsKey: a dead worker's job that its
+// lease keeper published as waiting (for a leased slot, or for its
+// decision) is parked by the reap under its key by the kind's partition
+// now, when the kind was partitioned since: parked with no key, its key's
+// line would not hold it, and younger jobs of the key were let go first
+// (torture seed 682034841).
+func TestReapParksAPublishedJobUnderItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.reap.published"
+	pool, live := newLedger(t, "w1")
+	dead := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, live, kind, "max_concurrency = 2")
+	job := running(t, pool, kind, `{"key": "a"}`, "w2", 1, time.Now())
+	require.NoError(t, dead.PublishWaiting(ctx, kind, []int64{job.ID}, nil))
+	setLimits(t, live, kind, "partition_fields = '{key}', key_max = 1")
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	r, err := live.Reap(ctx, tx, "w2", []string{kind})
+	require.NoError(t, err)
+	require.NotNil(t, r)
+	var key *string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT key FROM concurrency_parked_jobs WHERE job_id = $1`, job.ID).Scan(&key))
+	require.NotNil(t, key, "parked with no key")
+	require.Equal(t, `"a"`, *key)
+}
