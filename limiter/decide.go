@@ -307,11 +307,12 @@ func fetchedAt(job *rivertype.JobRow) time.Time {
 	return time.Now()
 }
 
-// apply tells q what the ledger decided for a job of it, and returns the
-// action. A job that waits in the line here closes the kind's leased path
+// apply tells q what the ledger decided for a job of it (its key first,
+// as the ledger read it), and returns the action. A job that waits in the line here closes the kind's leased path
 // in this worker (local.Queue.Line): the line alone orders its jobs then.
 func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 	l.trace("decided", "kind", d.Kind, "job_id", d.Job, "action", int(d.Action), "reason", d.Reason, "ahead", d.Ahead)
+	q.SetKey(d.Job, d.Key) // by the partition the ledger decided it under
 	switch d.Action {
 	case ledger.Run:
 		q.Work(d.Job, local.NoSlot)

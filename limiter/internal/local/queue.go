@@ -367,6 +367,23 @@ func (q *Queue) releaseHeldLocked() {
 	}
 }
 
+// SetKey sets job id's key to key, its key by the kind's partition as the
+// ledger read it for its decision: a job's key is its args' by the limits
+// its worker had at its fetch, and a change of the kind's partition since
+// leaves it stale (jobs of different keys now held behind each other, or
+// asked to swap slots the ledger will not move). Held jobs no longer
+// blocked by it start.
+func (q *Queue) SetKey(id int64, key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.Key == key {
+		return
+	}
+	j.Key = key
+	q.releaseHeldLocked()
+}
+
 // Get returns job id (nil: not in the queue).
 func (q *Queue) Get(id int64) *Job {
 	q.mu.Lock()

@@ -531,6 +531,33 @@ func TestAYoungerJobDecidingFirstHoldsNoOlderOne(t *testing.T) {
 	}
 }
 
+// TestAJobRekeyedHoldsNoJobOfItsOldKey: jobs fetched before their kind
+// was partitioned share a key (none); once the ledger decides the older
+// one under its key now, a younger one of another key given a slot is no
+// longer held behind it, and is not asked to give it its slot (torture
+// seed 682034841: an older job of k0 decided again and again, asking for
+// the slot of a held job of k3).
+func TestAJobRekeyedHoldsNoJobOfItsOldKey(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 1, Key: "", Fetched: now}, {ID: 2, Key: "", Fetched: now}})
+	q.Work(2, LineSlot)
+	if q.Begin(2) {
+		t.Fatal("job 2 began while job 1, of its key then, was deciding")
+	}
+	q.SetKey(1, `"k0"`)
+	if j := q.Get(2); j.State() != Working {
+		t.Fatalf("job 2 (key none) is %s behind job 1 of another key", j.State())
+	}
+	q.SetKey(2, `"k3"`)
+	if y := q.SwapFor(1); y != nil {
+		t.Fatalf("job 1 of k0 was offered the slot of job %d of k3", y.ID)
+	}
+	if !q.Begin(2) {
+		t.Fatal("job 2 of k3 was held at its begin behind job 1 of k0")
+	}
+}
+
 // TestAGrantNotReadYetIsSwapped: a job of a key granted a slot of the
 // line whose goroutine has not read the grant yet has not begun: an older
 // job of its key deciding here (a retry fetched since, say) is held behind
