@@ -262,7 +262,7 @@ func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (wor
 	// It takes a slot at once only on a fresh view of the kind (of the
 	// jobs waiting in other workers, of its line): else the keeper serves
 	// it once it read one.
-	known := q.lease.view.fresh(now, q.lease.heard)
+	known := q.lease.view.fresh(now, q.lease.heard) && !q.parkedBeforeLocked(j.ID, now)
 	if first && known && q.lease.InUse < q.lease.usable() && q.lease.letsGo(j.Fetched) {
 		q.workLocked(j, LeasedSlot)
 		q.serveLocked()
@@ -305,8 +305,8 @@ func (q *Queue) GiveLeased() *Job {
 		l.ToReturn++
 		return nil
 	}
-	if j == nil || l.InUse >= l.usable() {
-		return nil
+	if j == nil || l.InUse >= l.usable() || q.parkedBeforeLocked(j.ID, time.Now()) {
+		return nil // (an older job parked here since the view was read: the keeper serves it once it looked again)
 	}
 	q.workLocked(j, LeasedSlot)
 	j.notify(Granted)
@@ -398,10 +398,11 @@ func (q *Queue) Leased(n int) []*Job {
 func (q *Queue) serveLocked() []*Job {
 	l := &q.lease
 	var out []*Job
+	now := time.Now()
 	for l.InUse < l.usable() {
 		j := q.frontLocked(Queued)
-		if j == nil || !l.letsGo(j.Fetched) {
-			break
+		if j == nil || !l.letsGo(j.Fetched) || q.parkedBeforeLocked(j.ID, now) {
+			break // (an older job parked here since the view was read: its next read closes the path)
 		}
 		q.workLocked(j, LeasedSlot)
 		j.notify(Granted)

@@ -757,6 +757,37 @@ func TestNoHandOverPastAJobParkedHere(t *testing.T) {
 	}
 }
 
+// TestNoLeasedSlotPastAJobParkedHere: under a per-kind limit alone, job 1
+// waited in the line here and parked (its park-after time ran out). Job
+// 2, younger, fetched since, takes no spare leased slot on a view read
+// before the parking (it does not show job 1 parked, which closes the
+// leased path): it waits for the keeper's next view (torture seeds
+// 991982367 and 806688236: a job took a leased slot 2 ms after an older
+// one of its worker parked, before River completed the parking). On a
+// view read after the parking (job 1 resumed since: not parked), it gets
+// the slot.
+func TestNoLeasedSlotPastAJobParkedHere(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 2})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}})
+	q.Line(1, false, "limit")
+	if !q.Leave(1) {
+		t.Fatal("job 1 did not leave its wait")
+	}
+	q.Park(1, now.Add(time.Millisecond))
+	q.Leased(1)
+	q.Fetch([]Fetched{{ID: 2, Fetched: now.Add(time.Millisecond)}})
+	if works, ok := q.TakeLeased(2, true, 2, now.Add(2*time.Millisecond)); !ok || works {
+		t.Fatalf("job 2 on the leased path: works %v, decided %v; want it waiting for a leased slot", works, ok)
+	}
+	q.SetView(View{At: now.Add(3 * time.Millisecond), Limit: 2})
+	if st := q.Get(2).State(); st != Working {
+		t.Fatalf("on a view read after the parking, job 2 is %s", st)
+	}
+}
+
 // TestParkedJobsAreForgottenAfterViewFresh: the jobs a worker parked are
 // remembered only while a usable view may have been read before them, so
 // that a worker parking jobs all day (of a keyed kind, say, which never
