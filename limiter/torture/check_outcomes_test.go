@@ -71,13 +71,7 @@ func checkOutcomes(r *record, vs *violations, cov coverage) {
 			}
 			// Every successful run but the last must have lost its
 			// completion to a kill.
-			lost := 0
-			for _, x := range runs[:len(runs)-1] {
-				if killed := r.killedAt(x.worker); x.outcome == "ok" && !killed.IsZero() && !x.end.IsZero() &&
-					killed.Sub(x.end) < completionWindow {
-					lost++
-				}
-			}
+			lost := r.lostToKills(runs[:len(runs)-1])
 			if ok-lost != 1 || runs[len(runs)-1].outcome != "ok" {
 				vs.add("outcome", "job %d completed with %d successful runs of %d (%d of them on a worker killed right after)",
 					id, ok, len(runs), lost)
@@ -86,7 +80,11 @@ func checkOutcomes(r *record, vs *violations, cov coverage) {
 			// A kill may have had River count an attempt that never ran
 			// (over), or undo one that did (under, the attempt check below).
 			over, under := r.killBlur(id)
-			if ok != 0 || failed > j.maxAttempts+under || failed+over < j.maxAttempts {
+			// A successful run may have lost its completion to a kill (River
+			// counts its attempt, as the rescue's), and the job failed after
+			// (an enqueue policy's replace gave it args that fail).
+			lost := r.lostToKills(runs)
+			if ok-lost != 0 || failed > j.maxAttempts+under || failed+over+lost < j.maxAttempts {
 				vs.add("outcome", "job %d discarded after %d failed runs (max attempts %d) and %d successful; %s", id, failed,
 					j.maxAttempts, ok, r.history(id))
 			}
@@ -183,4 +181,18 @@ func (r *record) killBlur(id int64) (over, under int) {
 		}
 	}
 	return over, under
+}
+
+// lostToKills counts the successful runs of runs whose worker was killed
+// within completionWindow of their end: River may not have written their
+// completion, and works the job again (at least once).
+func (r *record) lostToKills(runs []run) int {
+	lost := 0
+	for _, x := range runs {
+		if killed := r.killedAt(x.worker); x.outcome == "ok" && !killed.IsZero() && !x.end.IsZero() &&
+			killed.Sub(x.end) < completionWindow {
+			lost++
+		}
+	}
+	return lost
 }

@@ -695,6 +695,39 @@ func TestCheckOutcomesToleratesAnUndoneFailedAttempt(t *testing.T) {
 	}
 }
 
+// TestCheckOutcomesToleratesASuccessLostToAKill: a job of 2 attempts ran
+// successfully on w1, which was killed before River wrote the completion
+// (within completionWindow: the rescue made it retryable), and an enqueue
+// policy's replace gave it args that always fail, so it failed on w2 and
+// was discarded (CI's seed 450221669). The lost success is River's at
+// least once, as for a completed job; with w1 killed long after the run,
+// the success was River's to record, and a discarded job with it is a
+// violation.
+func TestCheckOutcomesToleratesASuccessLostToAKill(t *testing.T) {
+	for _, c := range []struct {
+		killMs int
+		want   int
+	}{{150, 0}, {5000, 1}} {
+		f := newFakeRecord(limits{})
+		f.r.workers = append(f.r.workers, workerEvent{worker: "w2", what: "start", at: f.at(-10000)},
+			workerEvent{worker: "w1", what: "kill", at: f.at(c.killMs)})
+		f.r.jobs[1] = &job{id: 1, kind: "torture.a", args: jobArgs{Fail: 9}, maxAttempts: 2, final: "discarded", attempt: 2}
+		f.state(1, "", "available", 0)
+		f.r.changes[1] = append(f.r.changes[1], change{job: 1, from: "available", to: "running", client: "w1", at: f.at(0)})
+		f.r.runs = append(f.r.runs, run{id: 1, job: 1, kind: "torture.a", attempt: 1, worker: "w1",
+			start: f.at(5), end: f.at(15), outcome: "ok"})
+		f.state(1, "running", "retryable", c.killMs+500)
+		f.state(1, "retryable", "available", c.killMs+600)
+		f.r.changes[1] = append(f.r.changes[1], change{job: 1, from: "available", to: "running", client: "w2", at: f.at(c.killMs + 610)})
+		f.r.runs = append(f.r.runs, run{id: 2, job: 1, kind: "torture.a", attempt: 2, worker: "w2",
+			start: f.at(c.killMs + 620), end: f.at(c.killMs + 630), outcome: "fail"})
+		f.state(1, "running", "discarded", c.killMs+640)
+		if got := f.found("outcome"); len(got) != c.want {
+			t.Fatalf("w1 killed %d ms after the success: outcome violations %q, want %d", c.killMs-15, got, c.want)
+		}
+	}
+}
+
 // TestCheckHerdFindsAResumeUnderARate: under a rate of 3 a second (no
 // lookahead), 6 parked jobs resumed at once are a herd.
 func TestCheckHerdFindsAResumeUnderARate(t *testing.T) {
