@@ -40,6 +40,9 @@ type JobsConfig struct {
 	ParkAfter time.Duration
 	// IgnoreLimits and NeverPark are the Limiter's (sluice run).
 	IgnoreLimits, NeverPark bool
+	// LimiterGrants configures the Limiter's grant watch (zero: its
+	// defaults).
+	LimiterGrants limiter.GrantWatchConfig
 }
 
 // Jobs is everything a River client of a sluice program works with: the
@@ -96,7 +99,7 @@ func NewJobs(pool *pgxpool.Pool, cfg JobsConfig) (*Jobs, error) {
 	}
 	lim, err := limiter.New(limiter.Config{
 		Pool: pool, Logger: logger, Metrics: limitMetrics, WorkerID: cfg.WorkerID,
-		IgnoreLimits: cfg.IgnoreLimits, NeverPark: cfg.NeverPark, ParkAfter: cfg.ParkAfter,
+		IgnoreLimits: cfg.IgnoreLimits, NeverPark: cfg.NeverPark, ParkAfter: cfg.ParkAfter, Grants: cfg.LimiterGrants,
 	})
 	if err != nil {
 		return nil, err

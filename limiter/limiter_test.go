@@ -120,10 +120,18 @@ func startProbeWorkerSignals(t testing.TB, url, id, kind string, tracker *probeT
 
 func startProbeWorkerWith(t testing.TB, url, id, kind string, tracker *probeTracker, parkAfter time.Duration, configure func(*river.Config), signals bool) (*jobtest.Client, *limiter.Limiter) {
 	t.Helper()
+	return startProbeWorkerJobs(t, url, kind, tracker, app.JobsConfig{WorkerID: id, ParkAfter: parkAfter}, configure, signals)
+}
+
+// startProbeWorkerJobs is startProbeWorkerWith with the worker's jobs
+// configured by jc (its WorkerID the worker's id).
+func startProbeWorkerJobs(t testing.TB, url, kind string, tracker *probeTracker, jc app.JobsConfig, configure func(*river.Config), signals bool) (*jobtest.Client, *limiter.Limiter) {
+	t.Helper()
+	id := jc.WorkerID
 	pool, err := pgkit.Open(context.Background(), url, 10*time.Second)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	deps, _ := jobtest.NewJobsConfig(t, pool, app.JobsConfig{WorkerID: id, ParkAfter: parkAfter})
+	deps, _ := jobtest.NewJobsConfig(t, pool, jc)
 	if signals {
 		deps.Limiter.TestSignals.Init(t)
 	}

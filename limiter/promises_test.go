@@ -205,7 +205,11 @@ func TestAGrantUnderTheNewLimitsBeginsAtOnce(t *testing.T) {
 	lim, err := limiter.New(limiter.Config{Pool: pool})
 	require.NoError(t, err)
 	require.NoError(t, lim.SetRate(ctx, kind, limiter.Rate{Max: 1, Per: 20 * time.Second}, nil))
-	a, al := startProbeWorkerSignals(t, url, "regrant-a", "regrant", tracker, 30*time.Second, nil)
+	// The grant watch's poll would find the grant too, without the limits
+	// it was made under (its job is decided again): the note alone
+	// brings it here (the poll won about one run in twenty under load).
+	a, al := startProbeWorkerJobs(t, url, "regrant", tracker, app.JobsConfig{WorkerID: "regrant-a", ParkAfter: 30 * time.Second,
+		LimiterGrants: limiter.GrantWatchConfig{Poll: time.Minute}}, nil, true)
 	ids := insertProbes(t, a, "regrant", 0, 2, 0)
 	waiting := func() bool {
 		return tracker.doneCount() == 1 && count(t, pool, `SELECT count(*) FROM concurrency_waiters w JOIN river_job j ON j.id = w.job_id

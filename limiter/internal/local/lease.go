@@ -260,8 +260,9 @@ func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (wor
 	}
 	first := len(q.order) > 0 && q.order[0] == j // working jobs are out of the order
 	// It takes a slot at once only on a fresh view of the kind (of the
-	// jobs waiting in other workers, of its line): else the keeper serves
-	// it once it read one.
+	// jobs waiting in other workers, of its line) read after every job
+	// older than it that parked here: else the keeper serves it once it
+	// read one.
 	known := q.lease.view.fresh(now, q.lease.heard) && !q.parkedBeforeLocked(j.ID, now)
 	if first && known && q.lease.InUse < q.lease.usable() && q.lease.letsGo(j.Fetched) {
 		q.workLocked(j, LeasedSlot)
