@@ -57,26 +57,31 @@ func (c *limitsCopy) of(ctx context.Context, kind string) (ledger.Limits, error)
 	if err != nil {
 		return ledger.Limits{}, err
 	}
-	if lim, ok := s.kinds[kind]; ok {
-		return lim, nil
-	}
-	return ledger.Limits{Kind: kind}, nil
+	return s.of(kind), nil
 }
 
 // held returns the copy as it is, without reading it again: nil when it
 // is expired (or was never read, or is a last copy kept when a read
 // failed).
 func (c *limitsCopy) held() *limitsSnapshot {
-	if s := c.cur.Load(); s != nil && !s.loaded.IsZero() && s.gen != 0 {
-		ttl := LimitCacheTTL
-		if c.listening.Load() {
-			ttl = listeningTTL
-		}
-		if time.Since(s.loaded) <= ttl {
-			return s
-		}
+	if s := c.cur.Load(); c.fresh(s, c.ttl()) && s.gen != 0 {
+		return s
 	}
 	return nil
+}
+
+// ttl is how long a copy is trusted: listeningTTL while the listener is
+// connected, else LimitCacheTTL.
+func (c *limitsCopy) ttl() time.Duration {
+	if c.listening.Load() {
+		return listeningTTL
+	}
+	return LimitCacheTTL
+}
+
+// fresh reports whether s was read less than ttl ago and not expired.
+func (c *limitsCopy) fresh(s *limitsSnapshot, ttl time.Duration) bool {
+	return s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl
 }
 
 // of returns kind's limits in s (Present false: no limit row).
@@ -99,11 +104,7 @@ func (c *limitsCopy) heldAs(ctx context.Context, kind, tag string) uint64 {
 	if err != nil {
 		return 0
 	}
-	lim, ok := s.kinds[kind]
-	if !ok {
-		lim = ledger.Limits{Kind: kind}
-	}
-	if lim.Tag() != tag {
+	if s.of(kind).Tag() != tag {
 		return 0
 	}
 	return s.gen
@@ -128,11 +129,8 @@ func (c *limitsCopy) guess(ctx context.Context, kinds []string) map[string]ledge
 
 // snapshot returns a copy not expired, re-reading it when needed.
 func (c *limitsCopy) snapshot(ctx context.Context) (*limitsSnapshot, error) {
-	ttl := LimitCacheTTL
-	if c.listening.Load() {
-		ttl = listeningTTL
-	}
-	if s := c.cur.Load(); s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl {
+	ttl := c.ttl()
+	if s := c.cur.Load(); c.fresh(s, ttl) {
 		return s, nil
 	}
 	return c.refresh(ctx, ttl)
@@ -143,7 +141,7 @@ func (c *limitsCopy) snapshot(ctx context.Context) (*limitsSnapshot, error) {
 func (c *limitsCopy) refresh(ctx context.Context, ttl time.Duration) (*limitsSnapshot, error) {
 	c.refreshMu.Lock()
 	defer c.refreshMu.Unlock()
-	if s := c.cur.Load(); s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl {
+	if s := c.cur.Load(); c.fresh(s, ttl) {
 		return s, nil // refreshed meanwhile
 	}
 	var s *limitsSnapshot
