@@ -219,7 +219,7 @@ func (l *Limiter) admitLocal(ctx context.Context, jobs []*rivertype.JobRow, disp
 				continue // not limited, and the line holds nothing for it
 			}
 			key, _ := ledger.PartitionKey(job.EncodedArgs, lim.Fields)
-			fetched = append(fetched, local.Fetched{ID: job.ID, Key: key, Fetched: fetchedAt(job)})
+			fetched = append(fetched, local.Fetched{ID: job.ID, Key: key, Fetched: fetchedAt(job), Args: job.EncodedArgs})
 			kept = append(kept, job)
 		}
 		if len(kept) == 0 {

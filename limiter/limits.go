@@ -3,11 +3,13 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
 )
 
 // LimitChannel is the channel a change of a kind's limits notifies (a
@@ -166,8 +168,28 @@ func (c *limitsCopy) refresh(ctx context.Context, ttl time.Duration) (*limitsSna
 		}
 		s.loaded = time.Time{}
 	}
+	if old := c.cur.Load(); old != nil {
+		c.l.rekey(old.kinds, s.kinds)
+	}
 	c.cur.Store(s)
 	return s, nil
+}
+
+// rekey keys the jobs of every kind's local queue again whose partition
+// (its limits' fields) is not as it was in was: before the copy that shows
+// it is stored, so that no job is fetched under the new partition while a
+// job of the kind here keeps a key of the old one (local.Queue.Rekey).
+func (l *Limiter) rekey(was, now map[string]ledger.Limits) {
+	l.queues.each(func(q *local.Queue) {
+		fields := now[q.Kind()].Fields
+		if slices.Equal(was[q.Kind()].Fields, fields) {
+			return
+		}
+		q.Rekey(func(args []byte) string {
+			key, _ := ledger.PartitionKey(args, fields)
+			return key
+		})
+	})
 }
 
 // expire marks the copy stale: the next job re-reads it (a read under way

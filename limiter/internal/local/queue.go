@@ -79,6 +79,7 @@ type Job struct {
 	// Fetched is when it was fetched (its attempt's attempted_at).
 	Fetched time.Time
 
+	args  []byte      // its encoded args (Rekey; nil: not known)
 	mu    *sync.Mutex // its queue's
 	seq   uint64      // its fetch, in fetch order
 	state State
@@ -277,11 +278,13 @@ func (q *Queue) precedesLocked(o, j *Job) bool {
 // Kind is the queue's kind.
 func (q *Queue) Kind() string { return q.kind }
 
-// Fetched is a job as a fetch brings it.
+// Fetched is a job as a fetch brings it: Args are its encoded args, by
+// which Rekey keys it again (nil: it keeps Key).
 type Fetched struct {
 	ID      int64
 	Key     string
 	Fetched time.Time
+	Args    []byte
 }
 
 // Fetch adds the jobs of one fetch (together: one place in fetch order,
@@ -297,7 +300,7 @@ func (q *Queue) Fetch(fetched []Fetched) []*Job {
 		if old := q.jobs[f.ID]; old != nil {
 			q.removeLocked(old)
 		}
-		j := &Job{ID: f.ID, Key: f.Key, Fetched: f.Fetched, mu: &q.mu, seq: q.seq, state: Deciding, wake: make(chan Outcome, 1)}
+		j := &Job{ID: f.ID, Key: f.Key, Fetched: f.Fetched, args: f.Args, mu: &q.mu, seq: q.seq, state: Deciding, wake: make(chan Outcome, 1)}
 		q.jobs[f.ID] = j
 		q.insertLocked(j)
 		out[i] = j
@@ -382,6 +385,31 @@ func (q *Queue) SetKey(id int64, key string) {
 	}
 	j.Key = key
 	q.releaseHeldLocked()
+}
+
+// Rekey keys every job of the queue again by key (of its args; a job
+// whose args are not known keeps its key), as its worker hears that the
+// kind's partition changed: a job decided or granted under the kind's
+// old partition (a kind-wide rate: no key) keeps the key it had then, and
+// a job of its key now fetched since (older: a retry) would not hold it
+// back at its begin. Held jobs no longer blocked start; a job given its
+// slot and not begun is held at its begin behind an older one of its new
+// key (Begin).
+func (q *Queue) Rekey(key func(args []byte) string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	changed := false
+	for _, j := range q.jobs {
+		if j.args == nil {
+			continue
+		}
+		if k := key(j.args); k != j.Key {
+			j.Key, changed = k, true
+		}
+	}
+	if changed {
+		q.releaseHeldLocked()
+	}
 }
 
 // Get returns job id (nil: not in the queue).

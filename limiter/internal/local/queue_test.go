@@ -558,6 +558,43 @@ func TestAJobRekeyedHoldsNoJobOfItsOldKey(t *testing.T) {
 	}
 }
 
+// TestARekeyedJobIsHeldByAnOlderOneOfItsNewKey: a job granted a slot of
+// the line under a kind-wide rate (no key) and not begun when the rate is
+// made per key takes its key by its args as its worker hears the change
+// (Rekey), and an older job of that key fetched since holds it back at its
+// begin (torture seed 585348485: job 8, key none in its worker's queue,
+// began 14 ms after job 2 of its key, older, was fetched). Jobs whose args
+// are not known keep their keys.
+func TestARekeyedJobIsHeldByAnOlderOneOfItsNewKey(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 8, Key: "", Fetched: now, Args: []byte(`{"t":"k1"}`)}, {ID: 9, Key: "", Fetched: now}})
+	if !q.Line(8, false, "rate") || !q.Grant(8, LineSlot, false, 0) {
+		t.Fatal("job 8 not lined and granted")
+	}
+	if o := <-q.Get(8).Wake(); o != Granted {
+		t.Fatalf("job 8 woken %v, want Granted", o)
+	}
+	q.Rekey(func(args []byte) string { return string(args[5:9]) })
+	if k := q.Get(8).Key; k != `"k1"` {
+		t.Fatalf("job 8 keyed %q after Rekey, want \"k1\"", k)
+	}
+	if k := q.Get(9).Key; k != "" {
+		t.Fatalf("job 9 (args not known) keyed %q after Rekey, want none", k)
+	}
+	q.Fetch([]Fetched{{ID: 2, Key: `"k1"`, Fetched: now.Add(time.Millisecond)}})
+	if q.Begin(8) {
+		t.Fatal("job 8 began while job 2, older and of its key, was deciding")
+	}
+	q.Work(2, LineSlot)
+	if !q.Begin(2) {
+		t.Fatal("job 2 was held at its begin")
+	}
+	if j := q.Get(8); j.State() != Working {
+		t.Fatalf("job 8 is %s after job 2 began", j.State())
+	}
+}
+
 // TestAGrantNotReadYetIsSwapped: a job of a key granted a slot of the
 // line whose goroutine has not read the grant yet has not begun: an older
 // job of its key deciding here (a retry fetched since, say) is held behind
