@@ -56,6 +56,13 @@ var corpus = []corpusSeed{
 		"ledger's TestALongLineParksOnlyTheJobsBehindIt"},
 	{947871550, "swapped job's wait ended", "a job that gave its slot to an older job of its key in a swap was given a deadline by the grant watch (as if a rate had ended its wait ahead), and parked before it ran",
 		"local's TestEndAheadLeavesASwappedJobWaiting"},
+	{682034841, "reaped waiting job without its key", "the reaper parked a dead worker's published waiting jobs with no key, and younger jobs of their keys went first",
+		"limiter's TestReapParksAPublishedJobUnderItsKey"},
+	{991982367, "leased slot past a parking", "a younger job took a leased slot 2 ms after an older one of its worker parked, before River completed the parking",
+		"local's TestNoLeasedSlotPastAJobParkedHere"},
+	{806688236, "leased slot past a parking", "as 991982367", "local's TestNoLeasedSlotPastAJobParkedHere"},
+	{585348485, "stale key after a partition change", "a job granted under a kind-wide rate kept no key in its worker's queue after the rate was made per key, and began 14 ms after an older job of its key was fetched",
+		"local's TestARekeyedJobIsHeldByAnOlderOneOfItsNewKey"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
