@@ -2096,9 +2096,19 @@ older AS (
           AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
     ) AS waits
 ),
+unstarted_slot AS (
+    -- from_id's slot was taken with no start of this attempt (decided
+    -- before the kind's rate was set) while the kind has a rate now: to_id
+    -- would start on it uncounted, so from_id gives it back, and the grant
+    -- round gives it to the front with a start of the rate's.
+    SELECT EXISTS (SELECT 1 FROM slot m JOIN concurrency_limits l ON l.kind = m.kind WHERE l.rate_max IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM concurrency_starts s JOIN river_job j ON j.id = s.job_id
+                       WHERE s.job_id = $2::bigint AND (s.reserved OR s.started_at >= j.attempted_at)) AS gives
+),
 act AS (
-    SELECT EXISTS (SELECT 1 FROM held) AND NOT o.waits AS moving, EXISTS (SELECT 1 FROM held) AND o.waits AS giving
-    FROM older o
+    SELECT EXISTS (SELECT 1 FROM held) AND NOT (o.waits OR u.gives) AS moving,
+           EXISTS (SELECT 1 FROM held) AND (o.waits OR u.gives) AS giving
+    FROM older o, unstarted_slot u
 ),
 moved AS (
     UPDATE concurrency_executions e
@@ -2165,7 +2175,9 @@ type LedgerSwapSlotRow struct {
 // go) and waits in the line, and the caller counts the slot freed
 // (freed_slot) and runs a grant round. Returns whether it moved or went
 // back, and from_id's key (neither when from_id holds nothing of worker_id's
-// of to_id's key, or to_id holds something).
+// of to_id's key, or to_id holds something). A slot taken with no start
+// while the kind has a rate now (from_id was decided before the rate was
+// set) goes back the same way: it carries no start for to_id to claim.
 func (q *Queries) LedgerSwapSlot(ctx context.Context, arg LedgerSwapSlotParams) (*LedgerSwapSlotRow, error) {
 	row := q.db.QueryRow(ctx, ledgerSwapSlot,
 		arg.ToID,

@@ -63,6 +63,8 @@ var corpus = []corpusSeed{
 	{806688236, "leased slot past a parking", "as 991982367", "local's TestNoLeasedSlotPastAJobParkedHere"},
 	{585348485, "stale key after a partition change", "a job granted under a kind-wide rate kept no key in its worker's queue after the rate was made per key, and began 14 ms after an older job of its key was fetched",
 		"local's TestARekeyedJobIsHeldByAnOlderOneOfItsNewKey"},
+	{395970317, "swap of a slot taken before a rate", "a held slot taken before a per-key rate was set moved in a swap to an older job decided under the rate, which started uncounted (six starts of a key in 0.3 s under 5 in 2 s)",
+		"ledger's TestSwapGivesBackASlotTakenBeforeARate"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -171,6 +171,43 @@ func TestSwapGivesAHeldSlotBackToTheFront(t *testing.T) {
 	}
 }
 
+// TestSwapGivesBackASlotTakenBeforeARate: a younger job of a key took the
+// key's slot before a per-key rate was set (no start logged) and has not
+// begun when an older one of the key, decided under the rate, waits: the
+// swap gives the slot back rather than move it, for the older one would
+// start on it uncounted by the rate (torture seed 395970317: six starts of
+// a key in 0.3 s under a rate of 5 in 2 s); the grant round gives the slot
+// to the front with a start of the rate's.
+func TestSwapGivesBackASlotTakenBeforeARate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.swaprate"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = ARRAY['key'], key_max = 1")
+	older := running(t, pool, kind, `{"key": "k"}`, "w1", 2, time.Now())
+	younger := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, l, younger, nil).Action)
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE kind = $1`, kind), "a start logged with no rate")
+	setLimits(t, l, kind, "rate_max = 5, rate_period = interval '2 seconds', rate_per_key = true")
+	older.HeldBehind = true
+	d := decideOne(t, l, older, nil)
+	require.Equal(t, ledger.Wait, d.Action, "the key's slot is the younger job's")
+
+	out, err := l.Swap(ctx, kind, younger.ID, older.ID, d.Reason)
+	require.NoError(t, err)
+	require.Equal(t, ledger.SwapGaveBack, out, "a slot with no start moved to a job decided under the rate")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind))
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1 AND worker_id = 'w1'`, younger.ID))
+
+	_, err = l.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, older.ID),
+		"the grant round did not give the slot to the front")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, older.ID),
+		"the front's grant logged no start of the rate's")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind), "one slot of the key")
+}
+
 // TestCleanUpKeepsAFetchedJobsReservedStart: a parked job granted a start
 // (reserved) and fetched is running, about to claim it, when the safety
 // net cleans up: its reservation stays its own, so its decision runs it

@@ -28,7 +28,9 @@ const (
 // older job, which its decision put in the line: to starts in its place,
 // and from waits in the line in this worker, held for reason. When a job of the line older than to waits
 // elsewhere (in the line, parked, or fetched and not decided yet), the
-// slot is that job's: from gives it back instead. It runs under the
+// slot is that job's: from gives it back instead; and so when the kind has
+// a rate now and from took its slot with no start (decided before the rate
+// was set): to would start on it uncounted. It runs under the
 // kind's lock (a grant round never sees to both waiting and holding the
 // slot).
 func (l *Ledger) Swap(ctx context.Context, kind string, from, to int64, reason string) (SwapOutcome, error) {
