@@ -10,8 +10,13 @@ const (
 	// to a job fetched after it.
 	FetchTolerance = 50 * time.Millisecond
 	// ViewFresh is how old the keeper's view of a kind may be for a slot to
-	// be handed over in memory.
-	ViewFresh = 50 * time.Millisecond
+	// be handed over in memory, or taken at a fetch. It is shorter than
+	// FetchTolerance by the time a fetch elsewhere may take to commit: a
+	// view read a moment after another worker's fetch began does not show
+	// its jobs until that fetch commits (torture seeds 395970335 and
+	// 395970370: a job fetched 50.0 and 54.5 ms after an older one elsewhere
+	// took a leased slot ahead of it, at 50 ms each).
+	ViewFresh = 30 * time.Millisecond
 )
 
 // View is a leased kind as the worker's keeper last read it.
