@@ -424,6 +424,7 @@ WITH p AS (
 resumed AS (
     UPDATE river_job j
     SET state = CASE WHEN j.state = 'pending' THEN 'available' ELSE j.state END,
+        scheduled_at = CASE WHEN j.state = 'pending' THEN LEAST(j.scheduled_at, j.created_at) ELSE j.scheduled_at END,
         metadata = CASE WHEN j.state = 'running' THEN j.metadata || '{"sluice_park": "granted"}'::jsonb ELSE j.metadata END
     WHERE j.id IN (SELECT r.id FROM river_job r
                    WHERE r.id = ANY($1::bigint[])
@@ -482,7 +483,12 @@ type LedgerGrantParkedParams struct {
 // "granted": its completion parks it and resumes it at once (trigger
 // sluice_step_back, which wakes its producer). A job in neither state, or
 // locked by another transaction (a River client call on it, or River's
-// completer writing its parking), is left alone.
+// completer writing its parking), is left alone. A job resumed so is due
+// since its insert (scheduled_at no later than created_at: it was due when
+// it was fetched and parked): River fetches by (priority, scheduled_at,
+// id), and a job of the line granted after a retry or a snooze (a later
+// scheduled_at) would otherwise be fetched after the younger jobs of its
+// line granted with it, which then start first (seed 395970325).
 func (q *Queries) LedgerGrantParked(ctx context.Context, arg LedgerGrantParkedParams) error {
 	_, err := q.db.Exec(ctx, ledgerGrantParked,
 		arg.JobIds,
@@ -1616,7 +1622,7 @@ WITH p AS (
 ),
 resumed AS (
     UPDATE river_job j
-    SET state = 'available'
+    SET state = 'available', scheduled_at = LEAST(j.scheduled_at, j.created_at) -- (as LedgerGrantParked)
     WHERE j.id IN (SELECT r.id FROM river_job r
                    WHERE r.id = ANY($1::bigint[]) AND r.state = 'pending'
                    ORDER BY r.id

@@ -208,6 +208,49 @@ func TestSwapGivesBackASlotTakenBeforeARate(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind), "one slot of the key")
 }
 
+// TestGrantedJobsAreFetchedInTheirLinesOrder: under a per-key rate, an
+// older job of a key parked after a retry (its scheduled_at later than the
+// younger jobs' of its key) and granted with them is handed out by River's
+// fetch order (priority, scheduled_at, id) before them: a resumed job is
+// due since its insert (torture seed 395970325: two younger jobs granted
+// 40 ms after the older one were fetched and started first, the older one
+// fetched 300 ms later).
+func TestGrantedJobsAreFetchedInTheirLinesOrder(t *testing.T) {
+	t.Parallel()
+	const kind = "test.grantorder"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{key}', rate_max = 5, rate_period = interval '1 minute', rate_per_key = true")
+	var ids []int64
+	for range 3 {
+		ids = append(ids, queued(t, pool, kind, `{"key": "k"}`, "pending"))
+	}
+	// The oldest was retried: due later than the younger ones.
+	exec(t, pool, `UPDATE river_job SET scheduled_at = now() + interval '1 second', created_at = now() - interval '1 second' WHERE id = $1`, ids[0])
+	exec(t, pool, `UPDATE river_job SET scheduled_at = now() - interval '1 second' + (id - $1) * interval '1 millisecond' WHERE id IN ($2, $3)`,
+		ids[0], ids[1], ids[2])
+	for _, id := range ids {
+		exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, key, reason, worker_id)
+			VALUES ($1, $2, sluice_partition_key('{"key": "k"}', '{key}'), 'key_rate', 'w1')`, id, kind)
+	}
+	exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, waiting) VALUES ($1, sluice_partition_key('{"key": "k"}', '{key}'), true)
+		ON CONFLICT (kind, key) DO UPDATE SET waiting = true`, kind)
+	_, err := l.Release(context.Background(), ledger.Release{Rounds: []string{kind}}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 3, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE kind = $1 AND reserved`, kind), "not every job was granted")
+
+	rows, err := pool.Query(context.Background(), `SELECT id FROM river_job WHERE kind = $1 AND state = 'available' ORDER BY priority, scheduled_at, id`, kind)
+	require.NoError(t, err)
+	var order []int64
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		order = append(order, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, ids, order, "River's fetch order of the granted jobs is not their line's")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND scheduled_at > now()`, kind), "a granted job is not due")
+}
+
 // TestCleanUpKeepsAFetchedJobsReservedStart: a parked job granted a start
 // (reserved) and fetched is running, about to claim it, when the safety
 // net cleans up: its reservation stays its own, so its decision runs it
