@@ -65,6 +65,10 @@ var corpus = []corpusSeed{
 		"local's TestARekeyedJobIsHeldByAnOlderOneOfItsNewKey"},
 	{395970317, "swap of a slot taken before a rate", "a held slot taken before a per-key rate was set moved in a swap to an older job decided under the rate, which started uncounted (six starts of a key in 0.3 s under 5 in 2 s)",
 		"ledger's TestSwapGivesBackASlotTakenBeforeARate"},
+	{395970325, "granted out of River's order", "under a per-key rate, an older job granted after a retry (a later scheduled_at) was fetched after younger jobs of its key granted with it, which started first",
+		"ledger's TestGrantedJobsAreFetchedInTheirLinesOrder"},
+	{395970335, "leased slot past a fetch committing", "under a per-kind limit, a job fetched 50 ms after an older one elsewhere took a leased slot on a view that did not show the other fetch yet",
+		"the torture's order check (local.ViewFresh shorter than the fetch tolerance)"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
