@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
@@ -240,13 +241,8 @@ func TestGrantedJobsAreFetchedInTheirLinesOrder(t *testing.T) {
 
 	rows, err := pool.Query(context.Background(), `SELECT id FROM river_job WHERE kind = $1 AND state = 'available' ORDER BY priority, scheduled_at, id`, kind)
 	require.NoError(t, err)
-	var order []int64
-	for rows.Next() {
-		var id int64
-		require.NoError(t, rows.Scan(&id))
-		order = append(order, id)
-	}
-	require.NoError(t, rows.Err())
+	order, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
 	require.Equal(t, ids, order, "River's fetch order of the granted jobs is not their line's")
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM river_job WHERE kind = $1 AND scheduled_at > now()`, kind), "a granted job is not due")
 }
