@@ -166,8 +166,8 @@ func (g *grantWatch) runOnce(ctx context.Context) error {
 				since = now
 			}
 			seen[j.ID] = since
-			if now.Sub(since) >= g.cfg.RoundAfter && !slices.Contains(late, j.Key) {
-				late = append(late, j.Key)
+			if key := j.CurrentKey(); now.Sub(since) >= g.cfg.RoundAfter && !slices.Contains(late, key) {
+				late = append(late, key)
 			}
 		}
 		if len(late) > 0 && now.Sub(g.rounds[q.Kind()]) >= g.cfg.RoundAfter {

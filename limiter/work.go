@@ -131,7 +131,7 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 				// away).
 				q.Forget(job.ID)
 				if recheck && slot == local.LineSlot {
-					l.releaser.submitAsync(&releaseRequest{ended: &ledger.Held{ID: job.ID, Kind: job.Kind, Key: j.Key}})
+					l.releaser.submitAsync(&releaseRequest{ended: &ledger.Held{ID: job.ID, Kind: job.Kind, Key: j.CurrentKey()}})
 				}
 				return err
 			}
@@ -289,10 +289,10 @@ func (l *Limiter) end(q *local.Queue, j *local.Job) {
 			l.keeper.wakeUp()
 		}
 	case local.LineSlot:
-		from := ledger.Held{ID: j.ID, Kind: kind, Key: j.Key}
+		from := ledger.Held{ID: j.ID, Kind: kind, Key: j.CurrentKey()}
 		if to := q.GiveLine(time.Now()); to != nil {
 			l.trace("handed over", "job_id", to.ID, "from_job_id", j.ID)
-			l.releaser.submitAsync(&releaseRequest{handed: &ledger.HandOver{From: from, To: ledger.Held{ID: to.ID, Kind: kind, Key: to.Key}}})
+			l.releaser.submitAsync(&releaseRequest{handed: &ledger.HandOver{From: from, To: ledger.Held{ID: to.ID, Kind: kind, Key: to.CurrentKey()}}})
 			l.TestSignals.HandedOver.Signal(to.ID)
 			return
 		}

@@ -139,6 +139,14 @@ func (j *Job) Stamped() uint64 {
 	return j.heard
 }
 
+// CurrentKey is the job's key as it is now: Key, read under its queue's
+// lock (SetKey and Rekey change it while the job is in its queue).
+func (j *Job) CurrentKey() string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.Key
+}
+
 // State is the job's state.
 func (j *Job) State() State {
 	j.mu.Lock()
