@@ -22,7 +22,7 @@ const (
 	LeaseLinePoll = 20 * time.Millisecond
 	// LeaseIdlePoll is how often it reads the state of a kind whose slots
 	// it holds with no job waiting: a job takes a leased slot at once only
-	// on a view younger than local.ViewFresh.
+	// on a view younger than local.TakeFresh.
 	LeaseIdlePoll = 25 * time.Millisecond
 	// LeaseLinger is how long a worker keeps leased slots that none of its
 	// jobs uses before it gives them back.

@@ -292,10 +292,9 @@ func TestLeasedSlotTakenAtFetchLeavesNoMark(t *testing.T) {
 	marks := count(t, pool, "SELECT count(*) FROM marks_seen")
 	unleased := count(t, pool, "SELECT count(*) FROM marks_seen WHERE NOT leased")
 	t.Logf("%d marks for %d jobs (%d not leased)", marks, n, unleased)
-	// A job whose fetch finds the keeper's view older than local.ViewFresh
+	// A job whose fetch finds the keeper's view older than local.TakeFresh
 	// (30 ms) waits for the keeper and is marked: up to 240 of 2,000 on a
-	// loaded machine (20 with ViewFresh at 50 ms); the code before marked
-	// every one.
+	// loaded machine (20 at 50 ms); the code before marked every one.
 	require.Less(t, marks, n/4, "jobs that took a spare leased slot at their fetch were marked")
 	require.Zero(t, unleased, "a job of a kind on the leased path was marked for the line")
 	require.Zero(t, parkings(t, pool, fullKind), "nothing parked")

@@ -10,13 +10,17 @@ const (
 	// to a job fetched after it.
 	FetchTolerance = 50 * time.Millisecond
 	// ViewFresh is how old the keeper's view of a kind may be for a slot to
-	// be handed over in memory, or taken at a fetch. It is shorter than
-	// FetchTolerance by the time a fetch elsewhere may take to commit: a
-	// view read a moment after another worker's fetch began does not show
-	// its jobs until that fetch commits (torture seeds 395970335 and
-	// 395970370: a job fetched 50.0 and 54.5 ms after an older one elsewhere
-	// took a leased slot ahead of it, at 50 ms each).
-	ViewFresh = 30 * time.Millisecond
+	// be handed over in memory.
+	ViewFresh = 50 * time.Millisecond
+	// TakeFresh is how old it may be for a job to take a spare leased slot
+	// as it is fetched: shorter than FetchTolerance by the time a fetch
+	// elsewhere may take to commit, for a view read a moment after another
+	// worker's fetch began does not show that fetch's jobs until it commits
+	// (torture seeds 395970335 and 395970370: a job fetched 50.0 and 54.5 ms
+	// after an older one elsewhere took a leased slot ahead of it, when this
+	// was ViewFresh). A job handed a slot in memory waited in the line or
+	// for a leased slot first: the jobs fetched before it have committed.
+	TakeFresh = 30 * time.Millisecond
 )
 
 // View is a leased kind as the worker's keeper last read it.
@@ -48,10 +52,11 @@ type View struct {
 	Heard uint64
 }
 
-// fresh reports whether v was read within ViewFresh of now, and after the
-// last change of limits the worker heard (heard).
-func (v View) fresh(now time.Time, heard uint64) bool {
-	return !v.At.IsZero() && now.Sub(v.At) <= ViewFresh && v.Heard >= heard
+// fresh reports whether v was read within within of now (ViewFresh,
+// TakeFresh), and after the last change of limits the worker heard
+// (heard).
+func (v View) fresh(now time.Time, heard uint64, within time.Duration) bool {
+	return !v.At.IsZero() && now.Sub(v.At) <= within && v.Heard >= heard
 }
 
 // overLimit reports whether the kind's slots taken exceed its limit (it was
@@ -268,7 +273,7 @@ func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (wor
 	// jobs waiting in other workers, of its line) read after every job
 	// older than it that parked here: else the keeper serves it once it
 	// read one.
-	known := q.lease.view.fresh(now, q.lease.heard) && !q.parkedBeforeLocked(j.ID, now)
+	known := q.lease.view.fresh(now, q.lease.heard, TakeFresh) && !q.parkedBeforeLocked(j.ID, now)
 	if first && known && q.lease.InUse < q.lease.usable() && q.lease.letsGo(j.Fetched) {
 		q.workLocked(j, LeasedSlot)
 		q.serveLocked()
@@ -332,7 +337,7 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	v := q.lease.view
-	if !v.fresh(now, q.lease.heard) || v.Keyed || v.Limit <= 0 || v.overLimit() {
+	if !v.fresh(now, q.lease.heard, ViewFresh) || v.Keyed || v.Limit <= 0 || v.overLimit() {
 		return nil
 	}
 	j := q.frontLocked(Lined)

@@ -383,7 +383,7 @@ func (m *model) invariants() string {
 		return fmt.Sprintf("%d leased slots in use, %d jobs work on one", q.lease.InUse, inUse)
 	}
 	if len(q.order) > 0 && q.order[0].state == Queued && q.lease.InUse < q.lease.usable() && q.lease.letsGo(q.order[0].Fetched) &&
-		q.lease.view.fresh(m.now, q.lease.heard) {
+		q.lease.view.fresh(m.now, q.lease.heard, TakeFresh) {
 		return fmt.Sprintf("a leased slot is spare while job %d waits for one at the front", q.order[0].ID)
 	}
 	return ""
