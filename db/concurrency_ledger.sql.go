@@ -1158,6 +1158,62 @@ func (q *Queries) LedgerMarkFetched(ctx context.Context, arg LedgerMarkFetchedPa
 	return err
 }
 
+const ledgerMarkRechecks = `-- name: LedgerMarkRechecks :exec
+WITH lim AS (
+    SELECT l.kind, l.partition_fields,
+           (l.max_concurrency > 0 OR COALESCE(l.key_max, 0) > 0) AS slotted,
+           (l.rate_max IS NOT NULL) AS rated
+    FROM concurrency_limits l
+    WHERE l.kind = $1 AND l.max_concurrency >= 0
+),
+held AS (
+    SELECT e.job_id FROM concurrency_executions e WHERE e.kind = $1 AND NOT e.reserved
+    UNION
+    SELECT s.job_id FROM concurrency_starts s WHERE s.kind = $1 AND NOT s.reserved
+),
+unfit AS (
+    SELECT j.id, j.args, j.attempted_at,
+           COALESCE((SELECT e.worker_id FROM concurrency_executions e WHERE e.job_id = j.id),
+                    j.attempted_by[array_upper(j.attempted_by, 1)], '') AS worker_id
+    FROM held h
+    JOIN river_job j ON j.id = h.job_id AND (j.state = 'running') IS TRUE
+    CROSS JOIN lim
+    WHERE NOT ((NOT lim.slotted OR EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = j.id AND NOT e.reserved))
+               AND (NOT lim.rated OR EXISTS (SELECT 1 FROM concurrency_starts s
+                                             WHERE s.job_id = j.id AND NOT s.reserved AND s.started_at >= j.attempted_at)))
+)
+INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, leased)
+SELECT u.id, $1, sluice_partition_key(u.args, (SELECT lim.partition_fields FROM lim)), u.worker_id,
+       LEAST(COALESCE(u.attempted_at, statement_timestamp()),
+             statement_timestamp() - interval '2 seconds' + make_interval(secs => $2::bigint / 1000.0)),
+       false
+FROM unfit u
+ON CONFLICT (job_id) DO UPDATE
+SET kind = EXCLUDED.kind, key = EXCLUDED.key, worker_id = EXCLUDED.worker_id, fetched_at = EXCLUDED.fetched_at, leased = false
+`
+
+type LedgerMarkRechecksParams struct {
+	Kind   string `json:"kind"`
+	HoldMs int64  `json:"hold_ms"`
+}
+
+// After a change of kind's limits (under its exclusive lock, before its
+// grant round): each running job of the kind that holds a slot or a start
+// of this attempt (decided or granted under the old limits) but not all
+// the new ones ask (a slot under a concurrency limit, a start under a
+// rate) is marked as fetched and not decided, as LedgerMarkFetched marks
+// a fetch, so that the change's round and the decisions after it let no
+// younger job of its line take the room first: its worker decides it
+// again before it begins (limiter.limitCameAfter), and that decision
+// takes the mark away. The ledger cannot tell a job that began already
+// (its worker leaves it be), so the mark counts for hold_ms from now at
+// most (its fetched_at is set so: the ledger reads marks for two
+// seconds), and never later than the job's real fetch.
+func (q *Queries) LedgerMarkRechecks(ctx context.Context, arg LedgerMarkRechecksParams) error {
+	_, err := q.db.Exec(ctx, ledgerMarkRechecks, arg.Kind, arg.HoldMs)
+	return err
+}
+
 const ledgerParkAhead = `-- name: LedgerParkAhead :many
 WITH p AS (
     SELECT unnest($2::bigint[]) AS job_id, unnest($3::text[]) AS kind,

@@ -716,3 +716,46 @@ func TestResumedGrantUnderStaleLimits(t *testing.T) {
 			count(t, pool, "SELECT admitted FROM concurrency_limits WHERE kind = $1", kind) == 0
 	}, 5*time.Second, 20*time.Millisecond, "the slot reserved for the resumed job is still taken after it ended")
 }
+
+// TestALineHeldByAChangeIsGrantedAfterTheHold: under a rate alone, job A
+// runs (it began: its start is logged, it holds no slot) and B, behind the
+// rate, parked. A per-kind limit is set beside the rate, then the rate is
+// cleared: at each change A lacks the slot the limits ask, so it holds its
+// line for ledger.RecheckHold, and the change's round passes B over. A
+// began, so its worker never decides it again, its end would free no
+// slot, and no rate wakes the line: B starts while A still runs because
+// the worker that heard the change runs the kind's round again once the
+// hold is over.
+func TestALineHeldByAChangeIsGrantedAfterTheHold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	const kind = "heldline"
+	const fullKind = "test.probe." + kind
+	admin, err := limiter.New(limiter.Config{Pool: pool})
+	require.NoError(t, err)
+	require.NoError(t, admin.SetRate(ctx, fullKind, limiter.Rate{Max: 1, Per: time.Minute}, nil))
+	tracker := newProbeTracker()
+	// Without the maintenance queue: concurrency_limit.resume, the safety
+	// net that runs the kind's round every second while jobs wait, would
+	// grant B too.
+	client := startProbeWorker(t, url, "w", kind, tracker, 50*time.Millisecond, func(c *river.Config) {
+		c.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}}
+	})
+
+	insertProbes(t, client, kind, 0, 1, 20_000) // A
+	require.Eventually(t, func() bool { return tracker.running.Load() == 1 }, 10*time.Second, 5*time.Millisecond, "A never began")
+	b := insertProbes(t, client, kind, 1, 1, 1)[0]
+	waitParked(t, pool, b)
+	time.Sleep(1200 * time.Millisecond) // past the rounds that follow a parking (parkRechecks)
+
+	require.NoError(t, admin.SetConcurrency(ctx, fullKind, 2))
+	_, err = admin.ClearLimits(ctx, fullKind, limiter.Facets{Rate: true})
+	require.NoError(t, err)
+	if !assert.Eventually(t, func() bool { return tracker.workedOf(1) == 1 }, 5*time.Second, 10*time.Millisecond) {
+		dumpState(t, pool, fullKind)
+		t.Fatalf("B did not start while A ran: %s", jobState(t, pool, b))
+	}
+	require.Equal(t, int32(2), tracker.max.Load(), "A still runs beside B")
+}

@@ -23,10 +23,15 @@ const (
 	listenRetryMax = 5 * time.Second
 )
 
+// recheckRoundAfter is how long after a change's ledger.RecheckHold a
+// worker that heard the change runs the kind's grant round again.
+const recheckRoundAfter = 20 * time.Millisecond
+
 // listen holds the worker's one listening connection, on LimitChannel,
 // GrantChannel and ReservationChannel, until ctx ends, reconnecting with
 // backoff: a change of limits expires the worker's copy of them at once
-// and runs a grant round of the kind, a grant to a job waiting here wakes
+// and runs a grant round of the kind (and again once the jobs it left to be
+// decided again no longer hold their lines), a grant to a job waiting here wakes
 // it, and a reservation whose job went is freed (goneReservations). While it is not connected, the copy is re-read
 // every LimitCacheTTL and the grants are looked for every GrantPollLost.
 func (l *Limiter) listen(ctx context.Context) {
@@ -66,6 +71,17 @@ func (l *Limiter) listen(ctx context.Context) {
 					// to the line at once, as the CLI's does in its own
 					// transaction.
 					l.releaser.submitAsync(&releaseRequest{rounds: []string{n.Payload}})
+					// The running jobs it left lacking what the new limits ask
+					// held their lines in that round (ledger.RecheckHold); one
+					// that began is never decided again, and no release may
+					// follow (a job under a rate alone holds no slot): a round
+					// after the hold gives the room they held to the line.
+					kind := n.Payload
+					time.AfterFunc(ledger.RecheckHold+recheckRoundAfter, func() {
+						if !l.isStopped() {
+							l.releaser.submitAsync(&releaseRequest{rounds: []string{kind}})
+						}
+					})
 				}
 				l.TestSignals.LimitsChanged.Signal(n.Payload)
 			case GrantChannel:

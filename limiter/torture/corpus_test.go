@@ -69,6 +69,10 @@ var corpus = []corpusSeed{
 		"ledger's TestGrantedJobsAreFetchedInTheirLinesOrder"},
 	{395970335, "leased slot past a fetch committing", "under a per-kind limit, a job fetched 50 ms after an older one elsewhere took a leased slot on a view that did not show the other fetch yet",
 		"the torture's order check (local.ViewFresh shorter than the fetch tolerance)"},
+	{780682432, "a change's room given past a job to decide again", "limits changed while an older job held a start and had not begun; the change's round gave the new per-kind room to younger parked jobs, which began before the older one was decided again",
+		"ledger's TestAChangeHoldsItsRoomForAJobDecidedBeforeIt, limiter's TestALineHeldByAChangeIsGrantedAfterTheHold"},
+	{798829501, "a change's room given past a job to decide again", "as 780682432 (a retry whose slot went at the change)",
+		"ledger's TestAChangeHoldsItsRoomForAJobDecidedBeforeIt"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -12,13 +13,25 @@ import (
 // kind has no limit left.
 const MaxResumeBatch = 5000
 
+// RecheckHold is how long after a change of limits a running job that
+// holds less than the new limits ask holds its line, as a job fetched and
+// not decided does (LedgerMarkRechecks): its worker decides it again
+// before it begins, within a moment of hearing of the change, and no
+// younger job of its line takes the new room meanwhile. A job that began
+// already (its worker leaves it be) holds its line no longer than this.
+const RecheckHold = 250 * time.Millisecond
+
 // Change changes kind's limits in one transaction that holds the kind's
 // lock, exclusive: edit writes them (the caller's part: the row, its
 // sources, the declarations); the ledger then ends the waits without a
 // deadline of the jobs resumed ahead when a rate is set where there was
 // none (LedgerEndAheadWaits), sets the keys of the kind's
 // slots and waiting jobs again when the partition changed (and takes back
-// every grant not claimed yet: it was given in the old lines' order), and, with no
+// every grant not claimed yet: it was given in the old lines' order), marks
+// the running jobs that hold less than the new limits ask as fetched and not
+// decided for RecheckHold (their workers decide them again before they
+// begin: the round below passes none of their lines' younger jobs ahead of
+// them), and, with no
 // limit left, lets every job of the line go (its leases, reservations and
 // row go with it); else it takes back the grants not claimed yet that the
 // new limits no longer allow, recounts, and gives the room to the front of
@@ -66,6 +79,11 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 			// go back, and the round below gives the room in the new order.
 			if _, err := tx.q.LedgerRevokeAllGrants(tx.ctx, kind); err != nil {
 				return fmt.Errorf("take back grants: %w", err)
+			}
+		}
+		if c.Regime() != Unlimited && c.Max >= 0 {
+			if err := tx.q.LedgerMarkRechecks(tx.ctx, db.LedgerMarkRechecksParams{Kind: kind, HoldMs: RecheckHold.Milliseconds()}); err != nil {
+				return fmt.Errorf("mark the jobs decided again: %w", err)
 			}
 		}
 		if c.Regime() == Unlimited {

@@ -484,3 +484,44 @@ func TestAStealUnderAFullKindWithJobsParked(t *testing.T) {
 		})
 	}
 }
+
+// TestAChangeHoldsItsRoomForAJobDecidedBeforeIt: under a per-key rate, job
+// A was decided in w1 (its start logged) and has not begun when a per-kind
+// limit of 1 is set beside the rate; B, a younger job of A's key, is
+// parked. The change's grant round gives the new slot to no one: A, which
+// holds a start but no slot, holds its line as a job fetched and not
+// decided does, until its worker decides it again (the decision takes the
+// slot and the mark) or RecheckHold passes (a job that began is never
+// decided again). Seeds 780682432 and 798829501: the round gave the new
+// room to younger parked jobs, which were fetched and began while the
+// older one waited to be decided again.
+func TestAChangeHoldsItsRoomForAJobDecidedBeforeIt(t *testing.T) {
+	t.Parallel()
+	const kind = "test.change.recheck"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = '{key}', rate_max = 5, rate_period = interval '1 minute', rate_per_key = true")
+	a := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Run, decideOne(t, l, a, nil).Action)
+	b := queued(t, pool, kind, `{"key": "a"}`, "pending")
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key) VALUES ($1, $2, 'key_rate', 'w1', '"a"')`, b, kind)
+	marked := func() int {
+		return count(t, pool, `SELECT count(*) FROM concurrency_fetches
+			WHERE job_id = $1 AND fetched_at > statement_timestamp() - interval '2 seconds'`, a.ID)
+	}
+
+	setLimits(t, l, kind, "max_concurrency = 1")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM river_job WHERE id = $1 AND state = 'pending'`, b),
+		"the change gave its room to a younger job of A's line")
+	require.Equal(t, 1, marked(), "A holds no place in its line")
+	time.Sleep(ledger.RecheckHold + 50*time.Millisecond)
+	require.Zero(t, marked(), "A's mark outlasts RecheckHold: a job that began would hold its line")
+
+	a.Recheck = true
+	require.Equal(t, ledger.Slot, decideOne(t, l, a, nil).Action, "A decided again takes the slot")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, a.ID), "its decision left its mark")
+
+	// A job that holds all the new limits ask is not marked.
+	setLimits(t, l, kind, "max_concurrency = 2")
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, a.ID),
+		"A holds a slot and a start: nothing to decide again")
+}
