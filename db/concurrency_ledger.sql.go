@@ -119,21 +119,40 @@ func (q *Queries) LedgerClaimSlots(ctx context.Context, arg LedgerClaimSlotsPara
 	return err
 }
 
-const ledgerClaimStarts = `-- name: LedgerClaimStarts :exec
+const ledgerClaimStarts = `-- name: LedgerClaimStarts :many
 UPDATE concurrency_starts s
 SET reserved = false, started_at = clock_timestamp()
 FROM river_job j
 WHERE s.job_id = ANY($1::bigint[]) AND j.id = s.job_id
   AND (s.reserved OR s.started_at >= j.attempted_at)
+RETURNING s.job_id
 `
 
 // Jobs granted a start while they waited in a worker, or held back in it
 // after their decision, started: their starts (reserved, or logged at
 // their decision in this attempt) are theirs, logged now (a start counts
 // in its rate window from when its job began, not from its grant).
-func (q *Queries) LedgerClaimStarts(ctx context.Context, jobIds []int64) error {
-	_, err := q.db.Exec(ctx, ledgerClaimStarts, jobIds)
-	return err
+// Returns the jobs whose starts were there: a reserved start can go before
+// it is claimed (an older job of its line took it, LedgerStealGrants; a
+// change took it back), and its job must not start on it.
+func (q *Queries) LedgerClaimStarts(ctx context.Context, jobIds []int64) ([]int64, error) {
+	rows, err := q.db.Query(ctx, ledgerClaimStarts, jobIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var job_id int64
+		if err := rows.Scan(&job_id); err != nil {
+			return nil, err
+		}
+		items = append(items, job_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const ledgerCount = `-- name: LedgerCount :exec

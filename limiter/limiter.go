@@ -345,7 +345,8 @@ type jobGrant struct {
 // under a rate are logged first, in one statement for them all, so that
 // the jobs granted together start together (each claiming its own before
 // it began would queue them on the pool); a job decided meanwhile finds
-// its start logged by its attempt. tags are the Tags of the limits each
+// its start logged by its attempt, and one whose start went before the
+// claim is decided again rather than woken. tags are the Tags of the limits each
 // kind's grants were made under, when known: a job granted under the
 // limits the worker's copy holds begins without being decided again for a
 // change heard before its grant (limitCameAfter).
@@ -376,6 +377,7 @@ func (l *Limiter) grantJobs(gs []jobGrant, tags map[string]string) []int64 {
 		heard[g.id] = kindHeard[kind]
 	}
 	claimed := false
+	var got map[int64]bool // the jobs whose starts the claim found
 	if len(rated) > 0 {
 		ids := make([]int64, 0, len(rated))
 		for _, g := range gs {
@@ -383,14 +385,25 @@ func (l *Limiter) grantJobs(gs []jobGrant, tags map[string]string) []int64 {
 				ids = append(ids, g.id)
 			}
 		}
-		if err := l.ledger.ClaimStarts(ctx, ids); err != nil {
+		if ok, err := l.ledger.ClaimStarts(ctx, ids); err != nil {
 			l.logger.Warn("concurrency limits: starts of granted jobs not logged; each logs its own", "error", err)
 		} else {
-			claimed = true
+			claimed, got = true, make(map[int64]bool, len(ok))
+			for _, id := range ok {
+				got[id] = true
+			}
 		}
 	}
 	var out []int64
 	for _, g := range gs {
+		if claimed && rated[g.id] && !got[g.id] {
+			// Its start went before the claim (an older job of its line took
+			// it as it was decided, or a change took it back): it waits in
+			// the line again, and its worker decides it again.
+			l.queues.redecide(g.id)
+			l.trace("grant gone", "job_id", g.id)
+			continue
+		}
 		ok := l.queues.grant(g.id, g.slot, claimed && rated[g.id], heard[g.id])
 		if ok {
 			out = append(out, g.id)

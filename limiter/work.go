@@ -108,14 +108,15 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 				recheck = true
 				continue // Deciding again
 			}
+			if j.Granted() && !l.startedAfterGrant(ctx, q, j) && q.Undecide(j.ID) {
+				l.trace("grant gone", "job_id", j.ID)
+				continue // Deciding again: its start went before it began
+			}
 			if !q.Begin(j.ID) {
 				l.trace("held at begin", "job_id", j.ID)
 				continue // Held again behind an older job of its key deciding here
 			}
-			switch {
-			case j.Granted():
-				l.startedAfterGrant(ctx, q, j)
-			case j.WasHeld():
+			if !j.Granted() && j.WasHeld() {
 				l.restampStart(ctx, q, j)
 			}
 			l.trace("begins", "job_id", j.ID, "slot", int(j.Slot()))
@@ -217,20 +218,26 @@ func (l *Limiter) wait(ctx context.Context, q *local.Queue, j *local.Job, deadli
 }
 
 // startedAfterGrant logs the start of j, which waited in the line and
-// starts on a grant, when its kind has a rate: the grant reserved its
-// start, counted until now whatever its time, and from now in its window.
-// It is written before the job runs: a retry of it decided meanwhile would
-// otherwise take the reservation for its own.
-func (l *Limiter) startedAfterGrant(ctx context.Context, q *local.Queue, j *local.Job) {
+// starts on a grant whose start was not claimed with it (grantJobs), when
+// its kind has a rate: the grant reserved its start, counted until now
+// whatever its time, and from now in its window. It is written before the
+// job begins (and again if it is held at its begin): a retry of it decided
+// meanwhile would otherwise take the reservation for its own. It reports
+// false when the start went before the claim (an older job of its line
+// took it, a change took it back): j must not begin on it.
+func (l *Limiter) startedAfterGrant(ctx context.Context, q *local.Queue, j *local.Job) bool {
 	if lim, err := l.limits.of(ctx, q.Kind()); err == nil && lim.RateMax == 0 {
-		return
+		return true
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), decideTimeout)
 	defer cancel()
-	if err := l.ledger.ClaimStarts(wctx, []int64{j.ID}); err != nil {
+	claimed, err := l.ledger.ClaimStarts(wctx, []int64{j.ID})
+	if err != nil {
 		// Its start stays reserved: counted until the safety net drops it.
 		l.logger.Warn("concurrency limits: start not logged", "kind", q.Kind(), "job_id", j.ID, "error", err)
+		return true
 	}
+	return len(claimed) > 0
 }
 
 // restampStart logs again, as j begins, the start its decision logged,
@@ -247,7 +254,7 @@ func (l *Limiter) restampStart(ctx context.Context, q *local.Queue, j *local.Job
 		defer l.bg.Done()
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), decideTimeout)
 		defer cancel()
-		if err := l.ledger.ClaimStarts(wctx, []int64{j.ID}); err != nil {
+		if _, err := l.ledger.ClaimStarts(wctx, []int64{j.ID}); err != nil {
 			l.logger.Warn("concurrency limits: start not logged again", "kind", q.Kind(), "job_id", j.ID, "error", err)
 		}
 	}()

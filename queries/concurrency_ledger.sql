@@ -1329,16 +1329,20 @@ marked AS (
 UPDATE concurrency_waiters w SET worker_id = NULL, ahead = true
 FROM marked m WHERE w.job_id = m.id;
 
--- name: LedgerClaimStarts :exec
+-- name: LedgerClaimStarts :many
 -- Jobs granted a start while they waited in a worker, or held back in it
 -- after their decision, started: their starts (reserved, or logged at
 -- their decision in this attempt) are theirs, logged now (a start counts
 -- in its rate window from when its job began, not from its grant).
+-- Returns the jobs whose starts were there: a reserved start can go before
+-- it is claimed (an older job of its line took it, LedgerStealGrants; a
+-- change took it back), and its job must not start on it.
 UPDATE concurrency_starts s
 SET reserved = false, started_at = clock_timestamp()
 FROM river_job j
 WHERE s.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND j.id = s.job_id
-  AND (s.reserved OR s.started_at >= j.attempted_at);
+  AND (s.reserved OR s.started_at >= j.attempted_at)
+RETURNING s.job_id;
 
 -- name: LedgerSwapSlot :one
 -- Moves what from_id holds, a job of worker_id that was granted or

@@ -73,6 +73,8 @@ var corpus = []corpusSeed{
 		"ledger's TestAChangeHoldsItsRoomForAJobDecidedBeforeIt, limiter's TestALineHeldByAChangeIsGrantedAfterTheHold"},
 	{798829501, "a change's room given past a job to decide again", "as 780682432 (a retry whose slot went at the change)",
 		"ledger's TestAChangeHoldsItsRoomForAJobDecidedBeforeIt"},
+	{66145208, "a grant's start taken before its claim", "under a per-key rate, an older job's decision took the start reserved for a younger job waiting in another worker, which had been told of its grant and began on it uncounted (six starts of a key in 1.85 s under 5 in 2 s)",
+		"limiter's TestAGrantWhoseStartWentIsDecidedAgain"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

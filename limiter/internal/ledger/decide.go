@@ -803,7 +803,7 @@ func (w *decideWrites) write(tx *Tx) error {
 		}
 	}
 	if len(w.restamp) > 0 {
-		if err := q.LedgerClaimStarts(ctx, w.restamp); err != nil {
+		if _, err := q.LedgerClaimStarts(ctx, w.restamp); err != nil {
 			return fmt.Errorf("log starts again: %w", err)
 		}
 	}

@@ -51,11 +51,15 @@ func (tx *Tx) LineLeft(kind string) (bool, error) {
 }
 
 // ClaimStarts logs now the starts reserved for jobs ids (granted while
-// they waited in a worker), which began: outside any lock (a start moved
-// later only makes its window end later).
-func (l *Ledger) ClaimStarts(ctx context.Context, ids []int64) error {
-	if err := db.New(l.pool).LedgerClaimStarts(ctx, ids); err != nil {
-		return fmt.Errorf("log starts: %w", err)
+// they waited in a worker), which begin, or logged at their decisions in
+// this attempt: outside any lock (a start moved later only makes its
+// window end later). It returns the jobs whose starts were there: a
+// reserved start taken back before its claim (an older job of its line
+// took it, a change did) is not its job's to start on.
+func (l *Ledger) ClaimStarts(ctx context.Context, ids []int64) ([]int64, error) {
+	claimed, err := db.New(l.pool).LedgerClaimStarts(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("log starts: %w", err)
 	}
-	return nil
+	return claimed, nil
 }

@@ -1,0 +1,68 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-dev/sluice/internal/pgkit"
+	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
+)
+
+// TestAGrantWhoseStartWentIsDecidedAgain: under a rate, jobs A and B wait
+// in this worker's line and are granted their starts; an older job's
+// decision took B's reserved start back (LedgerStealGrants) before the
+// worker claimed it. A's claim finds its start, and A begins; B's finds
+// none, and B goes to be decided again rather than begin on a start the
+// window does not count (seed 66145208: six starts of a key in 1.85 s under
+// 5 in 2 s). A job whose grant was not claimed with it (the claim failed)
+// claims its start as it begins, and does not begin when it went.
+func TestAGrantWhoseStartWentIsDecidedAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.grant.claim"
+	url := testdb.New(t)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	t.Cleanup(l.Flush)
+	require.NoError(t, l.SetRate(ctx, kind, Rate{Max: 5, Per: 2 * time.Second}, nil))
+
+	waiting := func() int64 {
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO river_job (args, kind, max_attempts, state, queue, attempt, attempted_at, attempted_by)
+			VALUES ('{}', $1, 5, 'running', 'default', 1, now(), '{w1}') RETURNING id`, kind).Scan(&id))
+		return id
+	}
+	reserve := func(id int64) {
+		_, err := pool.Exec(ctx, `INSERT INTO concurrency_starts (kind, job_id, started_at, reserved) VALUES ($1, $2, now(), true)`, kind, id)
+		require.NoError(t, err)
+	}
+	q := l.queues.of(kind)
+	a, b, c := waiting(), waiting(), waiting()
+	q.Fetch([]local.Fetched{{ID: a}, {ID: b}, {ID: c}})
+	for _, id := range []int64{a, b, c} {
+		require.True(t, q.Line(id, false, "rate"))
+	}
+	reserve(a) // B's was taken back
+
+	woke := l.grantJobs([]jobGrant{{id: a, slot: local.NoSlot}, {id: b, slot: local.NoSlot}}, nil)
+	require.Equal(t, []int64{a}, woke, "only A's start was there to claim")
+	require.Equal(t, local.Working, q.Get(a).State())
+	require.Equal(t, local.Deciding, q.Get(b).State(), "B, its start gone, is decided again")
+	var reserved bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT reserved FROM concurrency_starts WHERE job_id = $1`, a).Scan(&reserved))
+	require.False(t, reserved, "A's start is logged as it begins")
+
+	// C's grant came without its claim: it claims at its begin.
+	require.True(t, q.Grant(c, local.NoSlot, false, 0))
+	require.True(t, q.Get(c).Granted())
+	require.False(t, l.startedAfterGrant(ctx, q, q.Get(c)), "C's start went: it must not begin")
+	reserve(c)
+	require.True(t, l.startedAfterGrant(ctx, q, q.Get(c)), "C's start is there: it begins")
+}
