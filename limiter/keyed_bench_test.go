@@ -17,7 +17,8 @@ import (
 // BenchmarkPerKeyLimit (P10) works 20,000 no-op jobs spread over 100 keys
 // (round-robin in insertion order) through a per-key limit of 2 on two
 // workers, against the same jobs on the same two workers with no limit,
-// alternating in one run (5 rounds, medians). Target: ratio ≥ 0.30. It
+// alternating in one run (5 rounds, medians). Target: ratio ≥ 0.60 (issue
+// 40's; it was 0.30 before). It
 // also reports how many times a job was fetched on average (1 + parkings).
 func BenchmarkPerKeyLimit(b *testing.B) {
 	const n, keys, perKey = 20000, 100, 2
@@ -57,7 +58,7 @@ func BenchmarkPerKeyLimit(b *testing.B) {
 		b.ReportMetric(l, "limited-jobs/s")
 		b.ReportMetric(u, "baseline-jobs/s")
 		b.ReportMetric(l/u, "ratio")
-		b.ReportMetric(0.30, "target")
+		b.ReportMetric(0.60, "target")
 		b.ReportMetric(jobtest.Median(fetches), "fetches/job")
 	}
 }
