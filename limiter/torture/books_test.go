@@ -93,6 +93,12 @@ func dump(t *testing.T, r *record) {
 				fmt.Fprintf(&b, " (scheduled %s)", c.scheduledAt.Format("05.000000"))
 			}
 		}
+		for _, e := range r.line[id] {
+			fmt.Fprintf(&b, " %s reserved=%t worker=%q@%s tx %d by %.40s;", e.what, e.reserved, e.worker, e.at.Format("05.000000"), e.tx, e.query)
+		}
+		for _, e := range r.marks[id] {
+			fmt.Fprintf(&b, " %s@%s tx %d by %.40s", e.what, e.at.Format("05.000000"), e.tx, e.query)
+		}
 		for _, x := range r.runsOf[id] {
 			fmt.Fprintf(&b, " | run %s %s-%s %s", x.worker, x.start.Format("05.000000"), x.end.Format("05.000000"), x.outcome)
 		}

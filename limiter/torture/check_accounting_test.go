@@ -173,7 +173,7 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 		if key != "" && r.jobs[id].args.Key != key {
 			continue
 		}
-		if r.fetchedByKilledNear(id, t) || r.resumedAndTakenBackNear(kind, id, t) {
+		if r.fetchedByKilledNear(id, t) || r.resumedAndTakenBackNear(kind, id, t) || r.grantParkingTakenBackNear(kind, id, t) {
 			near++
 		}
 	}
@@ -214,6 +214,75 @@ func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) boo
 		}
 	}
 	return false
+}
+
+// grantParkingTakenBackNear reports whether job id of kind was granted a
+// slot or a start while its parking completed (LedgerGrantParked reserved
+// it while the job was still running: River's completion parks it and
+// resumes it at once, up to River's completion latency later), less than
+// slotLead after t, and a change of its kind's limits took that grant
+// back in its own transaction before the job was back in pending and
+// committed less than slotLag before t: it stays parked (or is parked
+// again by the worker that fetched it, when River's completion ran before
+// the change committed), its slot held from the grant to the change
+// without a job on its way. The same
+// excuse as resumedAndTakenBackNear, for the grant that comes before the
+// job is pending.
+func (r *record) grantParkingTakenBackNear(kind string, id int64, t time.Time) bool {
+	cs := r.changes[id]
+	for i, c := range cs {
+		if c.to != "running" {
+			continue
+		}
+		// Its return to pending without a run: its parking, or, when
+		// River's completion found the grant not yet taken back (the
+		// change had not committed) and made it available, its parking
+		// by the worker that fetched it next.
+		back := time.Time{}
+		for _, d := range cs[i+1:] {
+			if d.to == "pending" {
+				back = d.at
+				break
+			}
+			if d.to != "running" && d.to != "available" {
+				break
+			}
+		}
+		if back.IsZero() {
+			continue
+		}
+		g, ok := r.grantedWhileParking(id, c.at, back)
+		if !ok || !g.Before(t.Add(slotLead)) || r.startedSince(id, c.at, back) {
+			continue
+		}
+		for _, e := range r.line[id] {
+			if !e.reserved || !strings.HasSuffix(e.what, " DELETE") || e.at.Before(g) || e.at.After(back) {
+				continue
+			}
+			for _, l := range r.limits[kind] {
+				if l.tx == e.tx && l.at.After(t.Add(-slotLag)) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// grantedWhileParking is when a grant round reserved a slot or a start
+// for job id in [from, to] while the job was running: granted as its
+// parking completed (ok false: none).
+func (r *record) grantedWhileParking(id int64, from, to time.Time) (time.Time, bool) {
+	for _, e := range r.line[id] {
+		if !e.reserved || !strings.HasSuffix(e.what, " INSERT") || !strings.Contains(e.query, "name: LedgerGrantParked ") ||
+			e.at.Before(from) || e.at.After(to) {
+			continue
+		}
+		if c, ok := r.stateAt(id, e.at); ok && c.to == "running" {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // fetchedByKilledNear reports whether job id was fetched, and had not

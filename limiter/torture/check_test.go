@@ -362,6 +362,11 @@ func (r *record) lineAt(id int64, t time.Time) string {
 	if len(parts) > 5 {
 		parts = parts[len(parts)-5:]
 	}
+	for _, e := range r.marks[id] {
+		if !e.at.After(t) {
+			parts = append(parts, fmt.Sprintf("%s %s by %.30s", e.at.Format("05.000000"), e.what, e.query))
+		}
+	}
 	key := ""
 	if j := r.jobs[id]; j != nil {
 		key = j.args.Key

@@ -42,6 +42,20 @@ CREATE TABLE public.torture_states (
     tx           bigint NOT NULL DEFAULT txid_current()
 );
 
+-- Every change of a torture job's parking mark (metadata sluice_park:
+-- true, "granted", "ahead"), with its statement: for diagnosis only.
+CREATE TABLE public.torture_marks (
+    id        bigserial PRIMARY KEY,
+    job_id    bigint NOT NULL,
+    old_mark  text,
+    new_mark  text,
+    old_state text,
+    new_state text,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    query     text,
+    tx        bigint NOT NULL DEFAULT txid_current()
+);
+
 CREATE FUNCTION public.torture_log_state() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -62,6 +76,11 @@ BEGIN
         VALUES (NEW.id, NEW.kind, OLD.state::text, NEW.state::text, NEW.scheduled_at,
                 NEW.attempted_by[array_length(NEW.attempted_by, 1)], NEW.attempt,
                 CASE WHEN OLD.state = 'pending' THEN left(regexp_replace(current_query(), '\s+', ' ', 'g'), 60) END);
+    END IF;
+    IF TG_OP = 'UPDATE' AND (NEW.metadata->>'sluice_park') IS DISTINCT FROM (OLD.metadata->>'sluice_park') THEN
+        INSERT INTO public.torture_marks (job_id, old_mark, new_mark, old_state, new_state, query)
+        VALUES (NEW.id, OLD.metadata->>'sluice_park', NEW.metadata->>'sluice_park', OLD.state::text, NEW.state::text,
+                left(regexp_replace(current_query(), '\s+', ' ', 'g'), 60));
     END IF;
     RETURN NULL;
 END $$;

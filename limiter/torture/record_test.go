@@ -195,6 +195,9 @@ type record struct {
 	// (torture_line): for the diagnosis in a violation's report only,
 	// never to excuse one.
 	line map[int64][]lineEvent
+	// marks is, by job, every change of its parking mark (torture_marks):
+	// for diagnosis only, as line.
+	marks map[int64][]lineEvent
 }
 
 // sample is the limiter's count of the torture kinds' slots at one moment.
@@ -379,6 +382,23 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read line changes: %w", err)
+	}
+	r.marks = map[int64][]lineEvent{}
+	rows, err = pool.Query(ctx, `SELECT job_id, format('mark %s→%s (%s→%s)', COALESCE(old_mark, '-'), COALESCE(new_mark, '-'),
+		old_state, new_state), at, COALESCE(query, ''), tx FROM public.torture_marks ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read mark changes: %w", err)
+	}
+	for rows.Next() {
+		var id int64
+		var e lineEvent
+		if err := rows.Scan(&id, &e.what, &e.at, &e.query, &e.tx); err != nil {
+			return nil, err
+		}
+		r.marks[id] = append(r.marks[id], e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read mark changes: %w", err)
 	}
 	rows, err = pool.Query(ctx, `SELECT kind, present, COALESCE(max_concurrency, 0), partition_fields, COALESCE(key_max, 0),
 		COALESCE(rate_max, 0), COALESCE(rate_period_ms, 0), COALESCE(rate_per_key, false), at, began, tx
