@@ -228,11 +228,11 @@ WITH lim AS (
     SELECT l.kind, l.partition_fields AS fields, l.rate_max,
            COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key
     FROM concurrency_limits l
-    WHERE l.kind = ANY($4::text[])
+    WHERE l.kind = ANY($5::text[])
 ),
 batch AS (
     SELECT b.job_id, b.kind, b.key, b.fetched_at
-    FROM (SELECT unnest($1::bigint[]) AS job_id, unnest($5::text[]) AS kind, unnest($6::text[]) AS key, unnest($7::timestamptz[]) AS fetched_at) AS b
+    FROM (SELECT unnest($2::bigint[]) AS job_id, unnest($6::text[]) AS kind, unnest($7::text[]) AS key, unnest($8::timestamptz[]) AS fetched_at) AS b
 ),
 jobs AS (
     SELECT b.job_id, b.kind,
@@ -240,11 +240,11 @@ jobs AS (
            EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.job_id = b.job_id AND e.reserved) AS slot_reserved,
            EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = b.job_id AND s.reserved) AS start_reserved,
            EXISTS (SELECT 1 FROM concurrency_executions e
-                   WHERE e.job_id = b.job_id AND NOT e.reserved AND e.worker_id = $2::text
+                   WHERE e.job_id = b.job_id AND NOT e.reserved AND e.worker_id = $3::text
                      AND e.admitted_at >= b.fetched_at) AS slot_held,
            EXISTS (SELECT 1 FROM concurrency_executions e
                    WHERE e.job_id = b.job_id AND NOT e.reserved
-                     AND NOT (e.worker_id = $2::text AND e.admitted_at >= b.fetched_at)) AS slot_stale,
+                     AND NOT (e.worker_id = $3::text AND e.admitted_at >= b.fetched_at)) AS slot_stale,
            EXISTS (SELECT 1 FROM concurrency_starts s
                    WHERE s.job_id = b.job_id AND NOT s.reserved AND s.started_at >= b.fetched_at) AS start_held,
            w.ahead IS NOT NULL AS waiter,
@@ -268,27 +268,30 @@ SELECT jsonb_build_object(
             'kind', lim.kind, 'max', l.max_concurrency, 'admitted', l.admitted, 'has_parked', l.has_parked,
             'fields', l.partition_fields, 'key_max', l.key_max, 'rate_max', l.rate_max,
             'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', l.rate_per_key,
-            'reserved_slot', (SELECT max(e.job_id) FROM concurrency_executions e
-                              WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'reserved_slots', ARRAY(SELECT e.job_id FROM concurrency_executions e
+                                    WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL
+                                    ORDER BY e.job_id DESC LIMIT $1::integer),
             'transit', (SELECT min(e.job_id) FROM concurrency_executions e JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
                         WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
-            'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
-                               WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL),
-            'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
-                              JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
-                              WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'reserved_starts', ARRAY(SELECT s.job_id FROM concurrency_starts s
+                                     WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL
+                                     ORDER BY s.job_id DESC LIMIT $1::integer),
+            'reserved_both', ARRAY(SELECT e.job_id FROM concurrency_executions e
+                                   JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
+                                   WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL
+                                   ORDER BY e.job_id DESC LIMIT $1::integer),
             'fetched', (SELECT min(x.job_id) FROM (
                 (SELECT f.job_id FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND (o.state = 'running') IS TRUE
                  WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
                    AND f.fetched_at > statement_timestamp() - interval '2 seconds'
-                   AND f.job_id <> ALL($1::bigint[])
+                   AND f.job_id <> ALL($2::bigint[])
                  ORDER BY f.job_id LIMIT 1)
                 UNION ALL
                 -- waiting in another worker for a leased slot, published
                 (SELECT u.job_id FROM concurrency_leases cl CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
                  JOIN river_job o ON o.id = u.job_id AND (o.state = 'running') IS TRUE
-                 WHERE lim.fields IS NULL AND cl.kind = lim.kind AND cl.worker_id <> $2::text
-                   AND u.job_id <> ALL($1::bigint[]))) x),
+                 WHERE lim.fields IS NULL AND cl.kind = lim.kind AND cl.worker_id <> $3::text
+                   AND u.job_id <> ALL($2::bigint[]))) x),
             'front', (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w
                  WHERE w.kind = lim.kind AND (lim.fields IS NULL OR w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
@@ -308,10 +311,10 @@ SELECT jsonb_build_object(
                           AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = lim.kind AND lim.fields IS NULL
-                 LIMIT $3::integer)
+                 LIMIT $4::integer)
                 UNION ALL
                 (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = lim.kind AND lim.fields IS NULL
-                 LIMIT $3::integer)) x),
+                 LIMIT $4::integer)) x),
             'starts', (SELECT count(*) FROM concurrency_starts s
                        WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
                          AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -325,15 +328,16 @@ SELECT jsonb_build_object(
         SELECT jsonb_agg(jsonb_build_object(
             'kind', k.kind, 'key', k.key,
             'slots', COALESCE(kl.slots, 0),
-            'reserved_slot', r.last_id,
+            'reserved_slots', COALESCE(r.last_ids, '{}'),
             'transit', r.transit_id,
-            'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
-                               WHERE s.kind = k.kind AND s.key = k.key AND s.reserved),
-            'reserved_both', r.both_id,
+            'reserved_starts', ARRAY(SELECT s.job_id FROM concurrency_starts s
+                                     WHERE s.kind = k.kind AND s.key = k.key AND s.reserved
+                                     ORDER BY s.job_id DESC LIMIT $1::integer),
+            'reserved_both', COALESCE(r.both_ids, '{}'),
             'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND (o.state = 'running') IS TRUE
                         WHERE f.kind = k.kind AND f.key = k.key
                           AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
-                          AND f.job_id <> ALL($1::bigint[])),
+                          AND f.job_id <> ALL($2::bigint[])),
             'front', LEAST(r.first_id, (SELECT min(x.job_id) FROM (
                 (SELECT w.job_id FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key ORDER BY w.job_id LIMIT 1)
                 UNION ALL
@@ -345,9 +349,9 @@ SELECT jsonb_build_object(
                         WHERE w.kind = k.kind AND w.key = k.key AND w.worker_id IS NOT NULL
                           AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
             'ahead', (SELECT count(*) FROM (
-                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT $3::integer)
+                (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT $4::integer)
                 UNION ALL
-                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT $3::integer)) x),
+                (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = k.kind AND p.key = k.key LIMIT $4::integer)) x),
             'starts', (SELECT count(*) FROM concurrency_starts s, lim
                        WHERE lim.kind = k.kind AND lim.rate_max IS NOT NULL AND lim.rate_per_key AND s.kind = k.kind AND s.key = k.key
                          AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -360,22 +364,25 @@ SELECT jsonb_build_object(
         FROM keys k
         LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
         -- The key's reserved slots, read once by its index: its oldest
-        -- (the front), its newest, its oldest on its way (available), its
-        -- newest with a reserved start too. Written as a max() or an ORDER
-        -- BY job_id LIMIT 1 each, a plan made with the table analyzed small
-        -- read concurrency_executions_pkey end to end for each, once per key
-        -- (200 rows a probe in P10); an aggregate with filters cannot be
-        -- read off the primary key's order.
+        -- (the front), its newest max_steals, its oldest on its way
+        -- (available), its newest max_steals with a reserved start too.
+        -- Written as a max() or an ORDER BY job_id LIMIT 1 each, a plan made
+        -- with the table analyzed small read concurrency_executions_pkey
+        -- end to end for each, once per key (200 rows a probe in P10); an
+        -- aggregate with filters cannot be read off the primary key's order.
         CROSS JOIN LATERAL (
-            SELECT min(e.job_id) AS first_id, max(e.job_id) AS last_id,
+            SELECT min(e.job_id) AS first_id,
+                   (array_agg(e.job_id ORDER BY e.job_id DESC))[1:$1::integer] AS last_ids,
                    min(e.job_id) FILTER (WHERE (SELECT o.state FROM river_job o WHERE o.id = e.job_id) = 'available') AS transit_id,
-                   max(e.job_id) FILTER (WHERE EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = e.job_id AND s.reserved)) AS both_id
+                   (array_agg(e.job_id ORDER BY e.job_id DESC)
+                    FILTER (WHERE EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = e.job_id AND s.reserved)))[1:$1::integer] AS both_ids
             FROM concurrency_executions e
             WHERE e.kind = k.kind AND e.key = k.key AND e.reserved) AS r), '[]')
 )::jsonb AS state
 `
 
 type LedgerDecideStateParams struct {
+	MaxSteals  int32       `json:"max_steals"`
 	JobIds     []int64     `json:"job_ids"`
 	WorkerID   string      `json:"worker_id"`
 	MaxAhead   int32       `json:"max_ahead"`
@@ -394,18 +401,20 @@ type LedgerDecideStateParams struct {
 // limits and counts, its line (the oldest job waiting for the kind or,
 // without a partition, granted and on its way; the oldest waiting in a
 // worker without a grant; and,
-// without a partition, how many wait, up to max_ahead, the newest slot
-// and start reserved for a job on its way, and the oldest job granted a
-// slot and not fetched yet: transit) and its rate window; per key its
-// count of slots, its line (its oldest job waiting or granted and on its
-// way, its oldest waiting in a worker without a grant, its newest
-// reserved slot and start, its transit) and its rate window; per kind without a partition and per key,
+// without a partition, how many wait, up to max_ahead, the newest
+// max_steals slots and starts reserved for jobs on their way, and the
+// oldest job granted a slot and not fetched yet: transit) and its rate
+// window; per key its count of slots, its line (its oldest job waiting or
+// granted and on its way, its oldest waiting in a worker without a grant,
+// its newest max_steals reserved slots and starts, its transit) and its
+// rate window; per kind without a partition and per key,
 // the oldest job fetched by a worker and not decided yet (fetched: marked
 // by its fetch within the last two seconds, still running, not in this
 // decision; without a partition, also a job another worker published as
 // waiting for a leased slot), which no younger job of its line passes.
 func (q *Queries) LedgerDecideState(ctx context.Context, arg LedgerDecideStateParams) (json.RawMessage, error) {
 	row := q.db.QueryRow(ctx, ledgerDecideState,
+		arg.MaxSteals,
 		arg.JobIds,
 		arg.WorkerID,
 		arg.MaxAhead,

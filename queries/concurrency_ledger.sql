@@ -111,12 +111,13 @@ ORDER BY l.kind;
 -- limits and counts, its line (the oldest job waiting for the kind or,
 -- without a partition, granted and on its way; the oldest waiting in a
 -- worker without a grant; and,
--- without a partition, how many wait, up to max_ahead, the newest slot
--- and start reserved for a job on its way, and the oldest job granted a
--- slot and not fetched yet: transit) and its rate window; per key its
--- count of slots, its line (its oldest job waiting or granted and on its
--- way, its oldest waiting in a worker without a grant, its newest
--- reserved slot and start, its transit) and its rate window; per kind without a partition and per key,
+-- without a partition, how many wait, up to max_ahead, the newest
+-- max_steals slots and starts reserved for jobs on their way, and the
+-- oldest job granted a slot and not fetched yet: transit) and its rate
+-- window; per key its count of slots, its line (its oldest job waiting or
+-- granted and on its way, its oldest waiting in a worker without a grant,
+-- its newest max_steals reserved slots and starts, its transit) and its
+-- rate window; per kind without a partition and per key,
 -- the oldest job fetched by a worker and not decided yet (fetched: marked
 -- by its fetch within the last two seconds, still running, not in this
 -- decision; without a partition, also a job another worker published as
@@ -165,15 +166,18 @@ SELECT jsonb_build_object(
             'kind', lim.kind, 'max', l.max_concurrency, 'admitted', l.admitted, 'has_parked', l.has_parked,
             'fields', l.partition_fields, 'key_max', l.key_max, 'rate_max', l.rate_max,
             'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', l.rate_per_key,
-            'reserved_slot', (SELECT max(e.job_id) FROM concurrency_executions e
-                              WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'reserved_slots', ARRAY(SELECT e.job_id FROM concurrency_executions e
+                                    WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL
+                                    ORDER BY e.job_id DESC LIMIT sqlc.arg(max_steals)::integer),
             'transit', (SELECT min(e.job_id) FROM concurrency_executions e JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
                         WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
-            'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
-                               WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL),
-            'reserved_both', (SELECT max(e.job_id) FROM concurrency_executions e
-                              JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
-                              WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+            'reserved_starts', ARRAY(SELECT s.job_id FROM concurrency_starts s
+                                     WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL
+                                     ORDER BY s.job_id DESC LIMIT sqlc.arg(max_steals)::integer),
+            'reserved_both', ARRAY(SELECT e.job_id FROM concurrency_executions e
+                                   JOIN concurrency_starts s ON s.job_id = e.job_id AND s.reserved
+                                   WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL
+                                   ORDER BY e.job_id DESC LIMIT sqlc.arg(max_steals)::integer),
             'fetched', (SELECT min(x.job_id) FROM (
                 (SELECT f.job_id FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND (o.state = 'running') IS TRUE
                  WHERE lim.fields IS NULL AND f.kind = lim.kind AND f.key IS NULL
@@ -222,11 +226,12 @@ SELECT jsonb_build_object(
         SELECT jsonb_agg(jsonb_build_object(
             'kind', k.kind, 'key', k.key,
             'slots', COALESCE(kl.slots, 0),
-            'reserved_slot', r.last_id,
+            'reserved_slots', COALESCE(r.last_ids, '{}'),
             'transit', r.transit_id,
-            'reserved_start', (SELECT max(s.job_id) FROM concurrency_starts s
-                               WHERE s.kind = k.kind AND s.key = k.key AND s.reserved),
-            'reserved_both', r.both_id,
+            'reserved_starts', ARRAY(SELECT s.job_id FROM concurrency_starts s
+                                     WHERE s.kind = k.kind AND s.key = k.key AND s.reserved
+                                     ORDER BY s.job_id DESC LIMIT sqlc.arg(max_steals)::integer),
+            'reserved_both', COALESCE(r.both_ids, '{}'),
             'fetched', (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job o ON o.id = f.job_id AND (o.state = 'running') IS TRUE
                         WHERE f.kind = k.kind AND f.key = k.key
                           AND f.fetched_at > statement_timestamp() - interval '2 seconds' AND NOT f.leased
@@ -257,16 +262,18 @@ SELECT jsonb_build_object(
         FROM keys k
         LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
         -- The key's reserved slots, read once by its index: its oldest
-        -- (the front), its newest, its oldest on its way (available), its
-        -- newest with a reserved start too. Written as a max() or an ORDER
-        -- BY job_id LIMIT 1 each, a plan made with the table analyzed small
-        -- read concurrency_executions_pkey end to end for each, once per key
-        -- (200 rows a probe in P10); an aggregate with filters cannot be
-        -- read off the primary key's order.
+        -- (the front), its newest max_steals, its oldest on its way
+        -- (available), its newest max_steals with a reserved start too.
+        -- Written as a max() or an ORDER BY job_id LIMIT 1 each, a plan made
+        -- with the table analyzed small read concurrency_executions_pkey
+        -- end to end for each, once per key (200 rows a probe in P10); an
+        -- aggregate with filters cannot be read off the primary key's order.
         CROSS JOIN LATERAL (
-            SELECT min(e.job_id) AS first_id, max(e.job_id) AS last_id,
+            SELECT min(e.job_id) AS first_id,
+                   (array_agg(e.job_id ORDER BY e.job_id DESC))[1:sqlc.arg(max_steals)::integer] AS last_ids,
                    min(e.job_id) FILTER (WHERE (SELECT o.state FROM river_job o WHERE o.id = e.job_id) = 'available') AS transit_id,
-                   max(e.job_id) FILTER (WHERE EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = e.job_id AND s.reserved)) AS both_id
+                   (array_agg(e.job_id ORDER BY e.job_id DESC)
+                    FILTER (WHERE EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = e.job_id AND s.reserved)))[1:sqlc.arg(max_steals)::integer] AS both_ids
             FROM concurrency_executions e
             WHERE e.kind = k.kind AND e.key = k.key AND e.reserved) AS r), '[]')
 )::jsonb AS state;

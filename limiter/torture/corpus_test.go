@@ -75,6 +75,8 @@ var corpus = []corpusSeed{
 		"ledger's TestAChangeHoldsItsRoomForAJobDecidedBeforeIt"},
 	{66145208, "a grant's start taken before its claim", "under a per-key rate, an older job's decision took the start reserved for a younger job waiting in another worker, which had been told of its grant and began on it uncounted (six starts of a key in 1.85 s under 5 in 2 s)",
 		"limiter's TestAGrantWhoseStartWentIsDecidedAgain"},
+	{66145254, "one grant taken a decision", "under a per-kind limit, retries came back together just after a round gave every slot to younger parked jobs; the decision of the retries let only the oldest take a grant, and the others parked while the younger jobs started",
+		"ledger's TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -14,6 +14,10 @@ import (
 const (
 	// maxAhead caps how many waiting jobs of a line a decision counts.
 	maxAhead = 256
+	// maxSteals caps how many grants of younger jobs of a line, on their
+	// way, a decision reads (each older job of the decision held by a full
+	// limit may take one: steals).
+	maxSteals = 64
 	// minWaitCap and maxWaitCap bound Limits.WaitCap.
 	minWaitCap = 8
 	maxWaitCap = 256
@@ -194,7 +198,7 @@ type decided struct {
 
 // decide reads the jobs' state under the locks and decides them.
 func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs []Job, parkAfter time.Duration) (*Decided, error) {
-	p := db.LedgerDecideStateParams{MaxAhead: maxAhead, Kinds: kinds, WorkerID: tx.l.worker}
+	p := db.LedgerDecideStateParams{MaxAhead: maxAhead, MaxSteals: int32(min(len(jobs), maxSteals)), Kinds: kinds, WorkerID: tx.l.worker}
 	for _, j := range jobs {
 		key, _ := PartitionKey(j.Args, guess[j.Kind].Fields)
 		fetched := j.FetchedAt
@@ -312,6 +316,8 @@ type kindDecision struct {
 	wakeIn time.Duration
 	// batch is the kind's jobs of the decision, in job-id order.
 	batch []*decided
+	// stolen are the grants the decision's jobs took so far (steals).
+	stolen map[int64]bool
 }
 
 // recheckLine notes that room is free while jobs of d's line wait for
@@ -327,8 +333,8 @@ func (k *kindDecision) keyOf(d *decided) *keyLine {
 	if !k.c.Keyed() {
 		l := k.keys[keyRef{k.c.Kind, ""}]
 		if l == nil {
-			l = &keyLine{Kind: k.c.Kind, Front: k.line.Front, Ahead: k.line.Ahead, ReservedSlot: k.line.ReservedSlot,
-				ReservedStart: k.line.ReservedStart, ReservedBoth: k.line.ReservedBoth, Transit: k.line.Transit, Fetched: k.line.Fetched,
+			l = &keyLine{Kind: k.c.Kind, Front: k.line.Front, Ahead: k.line.Ahead, ReservedSlots: k.line.ReservedSlots,
+				ReservedStarts: k.line.ReservedStarts, ReservedBoth: k.line.ReservedBoth, Transit: k.line.Transit, Fetched: k.line.Fetched,
 				Waiting: k.line.Waiting}
 			k.keys[keyRef{k.c.Kind, ""}] = l
 		}
@@ -538,8 +544,8 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 // steals reports whether job d, held by the capacity of its kind or key
 // (reason: its concurrency or rate; not its turn), takes instead what is
 // reserved for the newest younger job of its line on its way (resumed, not
-// fetched yet, or fetched with it): its slot and its start, as d needs
-// them. Order is by job id within a line; the younger one waits in the
+// fetched yet, or fetched with it) that no older job of the decision took:
+// its slot and its start, as d needs them. Order is by job id within a line; the younger one waits in the
 // line again: parked, if it was not fetched yet, else resumed ahead
 // (LedgerStealGrants). Never for a reservation (sluice run).
 func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly bool) bool {
@@ -559,22 +565,36 @@ func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly 
 	default:
 		return false
 	}
-	victim := int64(0)
+	var victims []int64
 	switch {
 	case c.Slotted() && c.RateMax > 0:
 		// The newest with both reserved (another may hold a start alone:
 		// granted while waiting in a worker, its slot its own).
-		victim = ks.ReservedBoth
+		victims = ks.ReservedBoth
 	case c.Slotted():
-		victim = ks.ReservedSlot
+		victims = ks.ReservedSlots
 	case c.RateMax > 0:
-		victim = ks.ReservedStart
+		victims = ks.ReservedStarts
+	}
+	// The newest not taken yet by an older job of the decision (jobs are
+	// decided oldest first: each takes the newest grant left, so that a
+	// batch of older jobs, retries come back together say, takes as many
+	// grants of younger jobs as it needs, up to maxSteals).
+	victim := int64(0)
+	for _, v := range victims {
+		if !k.stolen[v] {
+			victim = v
+			break
+		}
 	}
 	if victim <= d.ID {
 		return false
 	}
 	d.steal = victim
-	ks.ReservedSlot, ks.ReservedStart, ks.ReservedBoth = 0, 0, 0 // one a line a decision: the next newest is not known
+	if k.stolen == nil {
+		k.stolen = map[int64]bool{}
+	}
+	k.stolen[victim] = true
 	// What it held changes hands: the counts stay.
 	if c.Slotted() {
 		c.Admitted--

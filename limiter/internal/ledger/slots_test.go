@@ -525,3 +525,44 @@ func TestAChangeHoldsItsRoomForAJobDecidedBeforeIt(t *testing.T) {
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, a.ID),
 		"A holds a slot and a start: nothing to decide again")
 }
+
+// TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed: under a per-kind limit
+// of 2, both slots are reserved for younger jobs granted and on their way
+// (available, not fetched) when two older jobs, retries come back
+// together, are fetched and decided in one batch. Each takes the newest
+// grant left: both start, and both younger jobs are parked again. Seed
+// 66145254: the batch's oldest job took one grant, the others waited for
+// their turn behind it and parked, while the younger jobs were fetched and
+// started ahead of them.
+func TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.steals"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 2")
+	older := []ledger.Job{
+		running(t, pool, kind, `{}`, "w1", 2, time.Now()),
+		running(t, pool, kind, `{}`, "w1", 2, time.Now()),
+	}
+	var younger []int64
+	for range 2 {
+		id := queued(t, pool, kind, `{}`, "available")
+		exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, reserved) VALUES ($1, $2, true)`, id, kind)
+		younger = append(younger, id)
+	}
+	setLimits(t, l, kind, "max_concurrency = 2") // recounted: both slots taken
+	n, _ := admitted(t, pool, kind)
+	require.Equal(t, 2, n)
+
+	out, err := l.Decide(ctx, older, nil, time.Second)
+	require.NoError(t, err)
+	for i, d := range out.Decisions {
+		require.Equal(t, ledger.Slot, d.Action, "older job %d (%s)", older[i].ID, d.Reason)
+	}
+	for _, id := range younger {
+		require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM river_job j JOIN concurrency_parked_jobs p ON p.job_id = j.id
+			WHERE j.id = $1 AND j.state = 'pending'`, id), "younger job %d was not parked again", id)
+	}
+	n, rows := admitted(t, pool, kind)
+	require.Equal(t, []int{2, 2}, []int{n, rows}, "the slots changed hands: the counts stay")
+}

@@ -32,40 +32,41 @@ type jobHolding struct {
 }
 
 // kindLine is a kind's line as a decision reads it: its limits, the
-// oldest job waiting for the kind itself (0: none), the newest slot of a
-// kind without a partition reserved for a job on its way (0: none), how
-// many of it wait (up to the cap asked), and its rate window.
+// oldest job waiting for the kind itself (0: none), the newest slots of a
+// kind without a partition reserved for jobs on their way (newest first,
+// up to maxSteals), how many of it wait (up to the cap asked), and its
+// rate window.
 type kindLine struct {
 	limitFields
-	Front         int64 `json:"front"`
-	ReservedSlot  int64 `json:"reserved_slot"`
-	ReservedStart int64 `json:"reserved_start"`
-	ReservedBoth  int64 `json:"reserved_both"` // the newest job with both a slot and a start reserved
-	Transit       int64 `json:"transit"`
-	Fetched       int64 `json:"fetched"`
-	Waiting       int64 `json:"waiting"`
-	Ahead         int   `json:"ahead"`
-	Starts        int32 `json:"starts"`
-	FreesInMs     int64 `json:"frees_in_ms"`
+	Front          int64   `json:"front"`
+	ReservedSlots  []int64 `json:"reserved_slots"`
+	ReservedStarts []int64 `json:"reserved_starts"`
+	ReservedBoth   []int64 `json:"reserved_both"` // the newest jobs with both a slot and a start reserved
+	Transit        int64   `json:"transit"`
+	Fetched        int64   `json:"fetched"`
+	Waiting        int64   `json:"waiting"`
+	Ahead          int     `json:"ahead"`
+	Starts         int32   `json:"starts"`
+	FreesInMs      int64   `json:"frees_in_ms"`
 }
 
 // keyLine is a key's line as a decision reads it: its slots, the newest
-// of them reserved for a job on its way (0: none), its oldest waiting job,
-// how many wait, and its rate window.
+// of them reserved for jobs on their way (newest first, up to maxSteals),
+// its oldest waiting job, how many wait, and its rate window.
 type keyLine struct {
-	Kind          string `json:"kind"`
-	Key           string `json:"key"`
-	Slots         int32  `json:"slots"`
-	ReservedSlot  int64  `json:"reserved_slot"`
-	ReservedStart int64  `json:"reserved_start"`
-	ReservedBoth  int64  `json:"reserved_both"` // the newest job with both a slot and a start reserved
-	Transit       int64  `json:"transit"`
-	Fetched       int64  `json:"fetched"` // the oldest job fetched by a worker and not decided yet (0: none)
-	Waiting       int64  `json:"waiting"` // the oldest job waiting in a worker without a grant (0: none)
-	Front         int64  `json:"front"`
-	Ahead         int    `json:"ahead"`
-	Starts        int32  `json:"starts"`
-	FreesInMs     int64  `json:"frees_in_ms"`
+	Kind           string  `json:"kind"`
+	Key            string  `json:"key"`
+	Slots          int32   `json:"slots"`
+	ReservedSlots  []int64 `json:"reserved_slots"`
+	ReservedStarts []int64 `json:"reserved_starts"`
+	ReservedBoth   []int64 `json:"reserved_both"` // the newest jobs with both a slot and a start reserved
+	Transit        int64   `json:"transit"`
+	Fetched        int64   `json:"fetched"` // the oldest job fetched by a worker and not decided yet (0: none)
+	Waiting        int64   `json:"waiting"` // the oldest job waiting in a worker without a grant (0: none)
+	Front          int64   `json:"front"`
+	Ahead          int     `json:"ahead"`
+	Starts         int32   `json:"starts"`
+	FreesInMs      int64   `json:"frees_in_ms"`
 }
 
 // grantState is what a grant round reads.
