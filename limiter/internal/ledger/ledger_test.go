@@ -745,7 +745,8 @@ func TestALoweredRateTakesBackGrants(t *testing.T) {
 // parked. When A had a turn since B began waiting, the free slot is B's:
 // reserved for its job, which is marked, and River's completion then
 // parks it and resumes it at once (available, its parking record gone,
-// the slot still reserved for it). When A had no turn since, A's job gets
+// the slot still reserved for it, due since its insert as any job a grant
+// resumes). When A had no turn since, A's job gets
 // the slot, and B's waits for its parking. A grant taken back before the
 // completion (a circuit breaker) leaves the job parked, not waiting; a
 // job cancelled before it gives the slot back as it is cancelled, unless a
@@ -774,9 +775,11 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 			pool, l := newLedger(t, "w1")
 			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 2")
 			exec(t, pool, `
-				INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
-				VALUES (1, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}'),
-				       (2, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}')`, kind)
+				INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata,
+				                       created_at, scheduled_at)
+				VALUES (1, '{"key": "A"}', $1, 5, 'pending', 'default', 1, 0, NULL, '{}', '{}', now(), now()),
+				       (2, '{"key": "B"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}',
+				        now() - interval '10 seconds', now() - interval '1 second')`, kind)
 			parkAllForTheKind(t, pool, kind)
 			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots, waiting, served_at, arrived_at)
 				VALUES ($1, sluice_partition_key('{"key": "A"}', '{key}'), 0, true, `+c.aServed+`, now() - interval '3 seconds'),
@@ -845,8 +848,14 @@ func TestAKeyCompletingItsParkingIsOwedItsTurn(t *testing.T) {
 			require.Equal(t, map[bool]int{true: 0, false: 1}[c.endState == "available"],
 				count(t, pool, `SELECT count(*) FROM concurrency_parked_jobs WHERE job_id = 2`), "a job resumed leaves the parked jobs")
 			var attempt int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT attempt FROM river_job WHERE id = 2`).Scan(&attempt))
+			var due bool
+			require.NoError(t, pool.QueryRow(ctx, `SELECT attempt, scheduled_at = created_at FROM river_job WHERE id = 2`).Scan(&attempt, &due))
 			require.Zero(t, attempt, "parking is not an attempt")
+			// Scheduled after its insert (a retry, say): resumed by its grant,
+			// it is due since its insert, in its line's order for River's
+			// fetch, as a parked job a grant resumes is; parked, it keeps its
+			// own.
+			require.Equal(t, c.endState == "available", due, "job 2 (%s) due since its insert", c.endState)
 		})
 	}
 }
