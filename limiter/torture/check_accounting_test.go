@@ -65,9 +65,10 @@ func readSample(ctx context.Context, pool *pgxpool.Pool) (sample, error) {
 // its way to its job, a release in the background, an idle leased slot).
 // A worker killed holds its slots until the reaper frees them: its runs
 // ended at the kill, and jobs it had fetched and not begun, count as near
-// for rescueTime after it (such a job from slotLead before the kill). A job resumed with a grant that a change of its
-// kind's limits took back before it ran counts as near until the change's
-// commit. The limit row's count equals its slot rows and
+// for rescueTime after it (such a job from slotLead before the kill). A
+// job resumed with a grant, or granted as its parking completed, that a
+// change of its kind's limits took back before it ran counts as near
+// until the change's commit. The limit row's count equals its slot rows and
 // leased slots in every sample (one snapshot). Every sample of a limited
 // kind is judged.
 func checkAccounting(r *record, vs *violations, cov coverage) {
