@@ -95,8 +95,9 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 				switch {
 				case !c.ok:
 				case c.n < sure:
-					vs.add("accounting", "%s at %s: %s %d slots, but %d jobs that hold one are working (limits %s)",
-						kind, s.at.Format(time.StampMicro), c.what, c.n, sure, r.limitsAt(kind, s.at))
+					vs.add("accounting", "%s at %s: %s %d slots, but %d jobs that hold one are working (limits %s; %s); the slots: %s; the jobs: %s",
+						kind, s.at.Format(time.StampMicro), c.what, c.n, sure, r.limitsAt(kind, s.at), r.recentLimits(kind, s.at),
+						r.describeSlots(s, kind, ""), r.describeSure(kind, "", s.at))
 				case c.n > near:
 					vs.add("accounting", "%s at %s: %s %d slots, but only %d jobs work within %s before and %s after (limits %s; %s); the slots: %s",
 						kind, s.at.Format(time.StampMicro), c.what, c.n, near, slotLead, slotLag, r.limitsAt(kind, s.at),
@@ -122,8 +123,9 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 				}{{"slot rows", s.keyRows[kind][partition]}, {"slots counted on its key row", s.keyCounted[kind][partition]}} {
 					switch {
 					case c.n < ksure:
-						vs.add("accounting", "%s key %s at %s: %d %s, but %d jobs of the key that hold one are working",
-							kind, key, s.at.Format(time.StampMicro), c.n, c.what, ksure)
+						vs.add("accounting", "%s key %s at %s: %d %s, but %d jobs of the key that hold one are working; the slots: %s; the jobs: %s",
+							kind, key, s.at.Format(time.StampMicro), c.n, c.what, ksure, r.describeSlots(s, kind, partition),
+							r.describeSure(kind, key, s.at))
 					case c.n > knear:
 						vs.add("accounting", "%s key %s at %s: %d %s, but only %d jobs of the key work within %s before and %s after; the slots: %s",
 							kind, key, s.at.Format(time.StampMicro), c.n, c.what, knear, slotLead, slotLag, r.describeSlots(s, kind, partition))
@@ -151,18 +153,7 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 		if x.start.Before(t.Add(slotLead)) && end.After(t.Add(-lag)) {
 			near++
 		}
-		if !x.start.Before(t) || !end.After(t) {
-			continue
-		}
-		capped := true
-		for _, l := range r.limitsDuring(kind, x.start, t) {
-			if key != "" {
-				capped = capped && l.keyed() && l.keyCap() != unlimited
-			} else {
-				capped = capped && (l.kindCap() != unlimited || l.keyCap() != unlimited)
-			}
-		}
-		if capped {
+		if r.surelyHolds(kind, key, x, t) {
 			sure++
 		}
 	}
@@ -215,6 +206,37 @@ func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) boo
 		}
 	}
 	return false
+}
+
+// surelyHolds reports whether run x of kind (key, unless "") is in
+// progress at t and surely holds a slot: every limit its start may have
+// followed, and every one since, has a cap.
+func (r *record) surelyHolds(kind, key string, x run, t time.Time) bool {
+	if !x.start.Before(t) || !r.runEnd(x).After(t) {
+		return false
+	}
+	for _, l := range r.limitsDuring(kind, x.start, t) {
+		if key != "" && !(l.keyed() && l.keyCap() != unlimited) {
+			return false
+		}
+		if key == "" && l.kindCap() == unlimited && l.keyCap() == unlimited {
+			return false
+		}
+	}
+	return true
+}
+
+// describeSure describes the runs of kind (of key, unless "") that surely
+// hold a slot at t, with their jobs' histories, for a report.
+func (r *record) describeSure(kind, key string, t time.Time) string {
+	var out []string
+	for _, x := range r.kindRuns(kind) {
+		if (key == "" || x.key == key) && r.surelyHolds(kind, key, x, t) {
+			out = append(out, fmt.Sprintf("job %d (key %s, run on %s %s–%s, slot %q): %s; limiter's rows: %s", x.job, x.key, x.worker,
+				x.start.Format("05.000000"), r.runEnd(x).Format("05.000000"), x.slot, r.history(x.job), r.lineAt(x.job, t)))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // grantParkingTakenBackNear reports whether job id of kind was granted a
