@@ -12,29 +12,57 @@ import (
 )
 
 const deleteStaleConcurrencyExecutions = `-- name: DeleteStaleConcurrencyExecutions :many
+WITH stale AS (
+    SELECT e.job_id, e.reserved, e.stale_since, e.stale_job
+    FROM concurrency_executions e
+    WHERE e.kind = $2
+      AND NOT EXISTS (
+          SELECT 1 FROM river_job j
+          WHERE j.id = e.job_id
+            AND (j.state = 'running'
+                 OR (e.reserved AND j.state = 'available'
+                     AND e.admitted_at > now() - make_interval(secs => $3::bigint / 1000.0)))
+      )
+),
+unmarked AS (
+    UPDATE concurrency_executions e
+    SET stale_since = NULL, stale_job = NULL
+    WHERE e.kind = $2 AND e.stale_since IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM stale s WHERE s.job_id = e.job_id)
+),
+marked AS (
+    UPDATE concurrency_executions e
+    SET stale_since = now(), stale_job = e.job_id
+    FROM stale s
+    WHERE e.job_id = s.job_id AND NOT s.reserved
+      AND (s.stale_since IS NULL OR s.stale_job IS DISTINCT FROM s.job_id)
+)
 DELETE FROM concurrency_executions e
-WHERE e.kind = $1
-  AND NOT EXISTS (
-      SELECT 1 FROM river_job j
-      WHERE j.id = e.job_id
-        AND (j.state = 'running'
-             OR (e.reserved AND j.state = 'available'
-                 AND e.admitted_at > now() - make_interval(secs => $2::bigint / 1000.0)))
-  )
+USING stale s
+WHERE e.job_id = s.job_id
+  AND (s.reserved
+       OR (s.stale_job = s.job_id AND s.stale_since <= now() - make_interval(secs => $1::bigint / 1000.0)))
 RETURNING e.job_id
 `
 
 type DeleteStaleConcurrencyExecutionsParams struct {
+	StaleGraceMs  int64  `json:"stale_grace_ms"`
 	Kind          string `json:"kind"`
 	ReservedTtlMs int64  `json:"reserved_ttl_ms"`
 }
 
-// Frees the slots of kind whose River job no longer holds them: the job is
-// gone or no longer running, or — a slot reserved for a resumed job — the
-// job was cancelled or deleted, or not fetched within reserved_ttl_ms (a
-// job fetched and about to claim its slot keeps it).
+// Frees the slots of kind whose River job no longer holds them: a slot
+// reserved for a resumed job whose job was cancelled or deleted, or not
+// fetched within reserved_ttl_ms (a job fetched and about to claim its
+// slot keeps it), at once; a slot a worker holds for a job gone or no
+// longer running, once this has found it so twice, the first time at
+// least stale_grace_ms before (stale_since, for stale_job): the worker
+// may have handed it in memory to the next job of its line, a move it
+// writes a moment after River's completer wrote the job's end (migration
+// 00026). A slot found held for a running job again (moved, or its job
+// rescued and fetched anew) loses its mark.
 func (q *Queries) DeleteStaleConcurrencyExecutions(ctx context.Context, arg DeleteStaleConcurrencyExecutionsParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, deleteStaleConcurrencyExecutions, arg.Kind, arg.ReservedTtlMs)
+	rows, err := q.db.Query(ctx, deleteStaleConcurrencyExecutions, arg.StaleGraceMs, arg.Kind, arg.ReservedTtlMs)
 	if err != nil {
 		return nil, err
 	}

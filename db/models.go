@@ -86,6 +86,10 @@ type ConcurrencyExecution struct {
 	Reserved   bool      `json:"reserved"`
 	AdmittedAt time.Time `json:"admitted_at"`
 	Key        *string   `json:"key"`
+	// When the safety net first found the slot held for stale_job, a job no longer running (it frees the slot a grace later, if it is still so)
+	StaleSince *time.Time `json:"stale_since"`
+	// The job the slot was held for when stale_since was set (a move to another job leaves them unmatched)
+	StaleJob *int64 `json:"stale_job"`
 }
 
 // Jobs of limited kinds fetched and not decided yet (written with River's fetch, deleted by their decision): no younger job of their line starts before them.

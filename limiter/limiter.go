@@ -62,6 +62,12 @@ const (
 	// the job to be fetched; concurrency_limit.resume then frees it (the
 	// job, when fetched later, waits in the line again).
 	ReservedSlotTTL = 30 * time.Second
+	// StaleSlotGrace is how long a slot a worker holds for a job no longer
+	// running stays after concurrency_limit.resume first finds it so: it
+	// frees it at a later run, when it is still so (the worker may have
+	// handed it over in memory to the next job of its line, and not yet
+	// written the move).
+	StaleSlotGrace = 500 * time.Millisecond
 	// decideTimeout bounds a decision's or a release's wait for the ledger.
 	decideTimeout = 30 * time.Second
 )

@@ -224,7 +224,7 @@ func (l *Limiter) retryRelease(batch []*releaseRequest, kinds []string, err erro
 // cleanUp is the safety net's work on kind (ledger.CleanUp), its grants
 // told to this worker's jobs; who names the caller in the log lines.
 func (l *Limiter) cleanUp(ctx context.Context, kind, who string) (resumed int, remaining bool, err error) {
-	resumed, remaining, out, err := l.ledger.CleanUp(ctx, kind, ReservedSlotTTL, LeaseTTL, who)
+	resumed, remaining, out, err := l.ledger.CleanUp(ctx, kind, ReservedSlotTTL, StaleSlotGrace, LeaseTTL, who)
 	if err != nil {
 		return 0, false, err
 	}

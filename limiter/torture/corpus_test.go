@@ -77,6 +77,8 @@ var corpus = []corpusSeed{
 		"limiter's TestAGrantWhoseStartWentIsDecidedAgain"},
 	{66145254, "one grant taken a decision", "under a per-kind limit, retries came back together just after a round gave every slot to younger parked jobs; the decision of the retries let only the oldest take a grant, and the others parked while the younger jobs started",
 		"ledger's TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed"},
+	{652387540, "a slot handed over freed by the safety net", "a worker handed a failed job's slot to the next job of its line in memory; the safety net, between River's completion of the failed job and the worker's write of the move, freed the slot, and a decision admitted a third job under a limit of 2 (and the books showed fewer slots than jobs working)",
+		"ledger's TestCleanUpLeavesASlotBeingHandedOver"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -11,8 +11,9 @@ import (
 // CleanUp is the safety net's work on kind (concurrency_limit.resume, and
 // a worker after a failed release), in one transaction that holds the
 // kind's lock, exclusive: it frees the slots of jobs no longer running
-// (and grants whose job was cancelled, deleted, or not fetched within
-// reservedTTL), the leases not renewed within leaseTTL whose holder is not
+// (a worker's slot when an earlier run, staleGrace before at least, found
+// it so too: the worker may be handing it over; and grants whose job was
+// cancelled, deleted, or not fetched within reservedTTL), the leases not renewed within leaseTTL whose holder is not
 // a live worker, stale starts, fetch marks no decision reads, and
 // waiters whose job no longer waits;
 // gives rows left without a key theirs; recounts; and gives the free room
@@ -20,7 +21,7 @@ import (
 // loses its row once nothing of it is left). It returns how many jobs it
 // resumed, whether jobs remain in the line (never under a circuit breaker), and its grants; who names the
 // caller in the log lines.
-func (l *Ledger) CleanUp(ctx context.Context, kind string, reservedTTL, leaseTTL time.Duration,
+func (l *Ledger) CleanUp(ctx context.Context, kind string, reservedTTL, staleGrace, leaseTTL time.Duration,
 	who string) (resumed int, remaining bool, out *Granted, err error) {
 	logger := l.logger.With("kind", kind)
 	err = l.run(ctx, []lock{{kind: kind}}, func(tx *Tx) error {
@@ -31,7 +32,7 @@ func (l *Ledger) CleanUp(ctx context.Context, kind string, reservedTTL, leaseTTL
 		}
 		c := before[kind]
 		stale, err := tx.q.DeleteStaleConcurrencyExecutions(tx.ctx, db.DeleteStaleConcurrencyExecutionsParams{
-			Kind: kind, ReservedTtlMs: reservedTTL.Milliseconds()})
+			Kind: kind, ReservedTtlMs: reservedTTL.Milliseconds(), StaleGraceMs: staleGrace.Milliseconds()})
 		if err != nil {
 			return fmt.Errorf("clean up stale slots: %w", err)
 		}

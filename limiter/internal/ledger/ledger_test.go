@@ -311,8 +311,9 @@ func TestReleaseRacesLimitRowCreation(t *testing.T) {
 // slot of a kind that has no limit row while another transaction gives the
 // kind one by plain SQL (its insert counts the slot rows it finds, under
 // the kind's ledger lock, which the row's trigger takes). The clean-up
-// waits for that transaction, then frees the slot under the new row and
-// lowers its count.
+// waits for that transaction, then keeps the slot (found stale once) with
+// its count under the new row; a second clean-up frees it and lowers the
+// count.
 func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -330,7 +331,7 @@ func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, _, _, err := l.CleanUp(ctx, kind, 30*time.Second, 15*time.Second, "test")
+		_, _, _, err := l.CleanUp(ctx, kind, 30*time.Second, 0, 15*time.Second, "test")
 		done <- err
 	}()
 	select {
@@ -346,6 +347,11 @@ func TestCleanUpWaitsForALimitRowInTheMaking(t *testing.T) {
 		t.Fatal("the clean-up did not finish")
 	}
 	n, rows := admitted(t, pool, kind)
+	require.Equal(t, rows, n, "the count does not match the slot rows")
+	// Found a second time (the grace is 0 here), the stale slot goes.
+	_, _, _, err = l.CleanUp(ctx, kind, 30*time.Second, 0, 15*time.Second, "test")
+	require.NoError(t, err)
+	n, rows = admitted(t, pool, kind)
 	require.Zero(t, rows, "the stale slot is still there")
 	require.Equal(t, rows, n, "the count does not match the slot rows")
 }

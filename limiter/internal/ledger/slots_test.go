@@ -259,7 +259,7 @@ func TestCleanUpKeepsAFetchedJobsReservedStart(t *testing.T) {
 	job := running(t, pool, kind, `{}`, "w1", 1, time.Now())
 	job.Dispatched = false
 	exec(t, pool, `INSERT INTO concurrency_starts (kind, job_id, started_at, reserved) VALUES ($1, $2, now(), true)`, kind, job.ID)
-	_, _, _, err := l.CleanUp(context.Background(), kind, time.Minute, time.Minute, "test")
+	_, _, _, err := l.CleanUp(context.Background(), kind, time.Minute, 0, time.Minute, "test")
 	require.NoError(t, err)
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND reserved`, job.ID),
 		"the running job's reservation is kept")
@@ -565,4 +565,56 @@ func TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed(t *testing.T) {
 	}
 	n, rows := admitted(t, pool, kind)
 	require.Equal(t, []int{2, 2}, []int{n, rows}, "the slots changed hands: the counts stay")
+}
+
+// TestCleanUpLeavesASlotBeingHandedOver: a worker hands the slot of a job
+// that ended to the next job of its line in memory, and writes the move a
+// moment after River's completer wrote the job's end. The safety net
+// running in between finds the slot held for a job no longer running: it
+// keeps it (a decision meanwhile still counts it, and admits no job past
+// the limit), and the move written after it keeps it for the job that
+// runs on it. A slot still held for a finished job at a later clean-up,
+// the grace after, is freed (seed 652387540).
+func TestCleanUpLeavesASlotBeingHandedOver(t *testing.T) {
+	t.Parallel()
+	const kind = "test.handover_cleanup"
+	ctx := context.Background()
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 1")
+	ended := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, ended, nil).Action)
+	next := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+	// River's completer writes the end; the hand-over to next is in memory.
+	exec(t, pool, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1`, ended.ID)
+
+	_, _, _, err := l.CleanUp(ctx, kind, time.Minute, time.Minute, time.Minute, "test")
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, ended.ID),
+		"a slot found held for a finished job the first time is kept")
+	other := running(t, pool, kind, `{}`, "w2", 1, time.Now())
+	require.NotEqual(t, ledger.Slot, decideOne(t, ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"}), other, nil).Action,
+		"the slot kept still counts: no job past the limit")
+
+	_, err = l.Release(ctx, ledger.Release{Handed: []ledger.HandOver{{
+		From: ledger.Held{ID: ended.ID, Kind: kind}, To: ledger.Held{ID: next.ID, Kind: kind}}}}, nil)
+	require.NoError(t, err)
+	_, _, _, err = l.CleanUp(ctx, kind, time.Minute, 0, time.Minute, "test")
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND stale_since IS NULL`, next.ID),
+		"the moved slot is next's, and not marked stale")
+
+	// next ends, and no move follows: found twice, the grace apart, its
+	// slot goes.
+	exec(t, pool, `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1`, next.ID)
+	_, _, _, err = l.CleanUp(ctx, kind, time.Minute, 0, time.Minute, "test")
+	require.NoError(t, err)
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, next.ID))
+	_, _, _, err = l.CleanUp(ctx, kind, time.Minute, 0, time.Minute, "test")
+	require.NoError(t, err)
+	require.Equal(t, 0, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, next.ID),
+		"a slot of a finished job found twice is freed")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, other.ID),
+		"and granted to the job that waited for it")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_limits WHERE kind = $1 AND admitted = 1`, kind),
+		"counted once")
 }
