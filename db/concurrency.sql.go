@@ -35,7 +35,7 @@ marked AS (
     SET stale_since = now(), stale_job = e.job_id
     FROM stale s
     WHERE e.job_id = s.job_id AND NOT s.reserved
-      AND (s.stale_since IS NULL OR s.stale_job IS DISTINCT FROM s.job_id)
+      AND s.stale_job IS DISTINCT FROM s.job_id -- not marked, or marked for the job it held before a move
 )
 DELETE FROM concurrency_executions e
 USING stale s

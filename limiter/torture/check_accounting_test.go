@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -278,18 +279,33 @@ func (r *record) grantParkingTakenBackNear(kind string, id int64, t time.Time) b
 		if !ok || !g.Before(t.Add(slotLead)) || r.startedSince(id, c.at, back) {
 			continue
 		}
-		for _, e := range r.line[id] {
-			if !e.reserved || !strings.HasSuffix(e.what, " DELETE") || e.at.Before(g) || e.at.After(back) {
-				continue
-			}
-			for _, l := range r.limits[kind] {
-				if l.tx == e.tx && l.at.After(t.Add(-slotLag)) {
-					return true
-				}
+		changes, _ := r.grantTakenBack(kind, id, g, back)
+		for _, l := range changes {
+			if l.at.After(t.Add(-slotLag)) {
+				return true
 			}
 		}
 	}
 	return false
+}
+
+// grantTakenBack is what deleted job id's reserved slot or start in
+// [from, to]: the changes of kind's limits that did in their own
+// transactions, and whether anything else did (an older job of its line
+// took it, the safety net freed it).
+func (r *record) grantTakenBack(kind string, id int64, from, to time.Time) (changes []limitChange, other bool) {
+	for _, e := range r.line[id] {
+		if !e.reserved || !strings.HasSuffix(e.what, " DELETE") || e.at.Before(from) || e.at.After(to) {
+			continue
+		}
+		i := slices.IndexFunc(r.limits[kind], func(l limitChange) bool { return l.tx == e.tx })
+		if i < 0 {
+			other = true
+			continue
+		}
+		changes = append(changes, r.limits[kind][i])
+	}
+	return changes, other
 }
 
 // grantedWhileParking is when a grant round reserved a slot or a start

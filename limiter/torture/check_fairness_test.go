@@ -2,7 +2,6 @@ package torture
 
 import (
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -327,13 +326,8 @@ func (r *record) grantKeptWhileParking(kind string, id int64, from, to time.Time
 			break
 		}
 	}
-	for _, e := range r.line[id] {
-		if !e.reserved || !strings.HasSuffix(e.what, " DELETE") || e.at.Before(g) || e.at.After(back) {
-			continue
-		}
-		if !slices.ContainsFunc(r.limits[kind], func(l limitChange) bool { return l.tx == e.tx }) {
-			return time.Time{}, false
-		}
+	if _, other := r.grantTakenBack(kind, id, g, back); other {
+		return time.Time{}, false
 	}
 	return g, true
 }
