@@ -271,8 +271,11 @@ SELECT jsonb_build_object(
             'reserved_slots', ARRAY(SELECT e.job_id FROM concurrency_executions e
                                     WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL
                                     ORDER BY e.job_id DESC LIMIT $1::integer),
+            -- with a partition, under a kind-wide limit: the oldest job of
+            -- any key granted one of the kind's slots and not fetched yet
             'transit', (SELECT min(e.job_id) FROM concurrency_executions e JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
-                        WHERE lim.fields IS NULL AND e.kind = lim.kind AND e.reserved AND e.key IS NULL),
+                        WHERE e.kind = lim.kind AND e.reserved
+                          AND ((lim.fields IS NULL AND e.key IS NULL) OR (lim.fields IS NOT NULL AND l.max_concurrency > 0))),
             'reserved_starts', ARRAY(SELECT s.job_id FROM concurrency_starts s
                                      WHERE lim.fields IS NULL AND s.kind = lim.kind AND s.reserved AND s.key IS NULL
                                      ORDER BY s.job_id DESC LIMIT $1::integer),
@@ -734,8 +737,12 @@ SELECT r.job_id::bigint AS job_id,
                AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = r.job_id) IS NULL) AS start,
        ((SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = r.job_id) IS NULL)::boolean AS out_of_line,
        EXISTS (SELECT 1 FROM concurrency_waiters w
-               JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved
-                                            AND e.job_id < w.job_id
+               JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved
+                                            AND ((e.key IS NOT DISTINCT FROM w.key AND e.job_id < w.job_id)
+                                                 OR (w.key IS NOT NULL AND e.key IS DISTINCT FROM w.key
+                                                     AND EXISTS (SELECT 1 FROM concurrency_limits l
+                                                                 WHERE l.kind = w.kind AND l.max_concurrency > 0
+                                                                   AND l.admitted >= l.max_concurrency)))
                JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
                WHERE w.job_id = r.job_id AND w.ahead) AS behind,
        EXISTS (SELECT 1 FROM concurrency_waiters w WHERE w.job_id = r.job_id AND w.ahead) AS ahead
@@ -762,7 +769,8 @@ type LedgerGrantedToRow struct {
 // until it starts), or gone from the line without a grant (its place went: its
 // limits were cleared, or the safety net dropped it); and, for a job
 // resumed ahead of a free slot, whether an older job of its line holds a
-// grant and waits to be fetched (behind: it steps back), and whether it
+// grant and waits to be fetched, or, under a kind-wide limit with every
+// slot taken, a job of another key does (behind: it steps back), and whether it
 // still waits ahead (a change that set a rate ends that:
 // LedgerEndAheadWaits).
 func (q *Queries) LedgerGrantedTo(ctx context.Context, arg LedgerGrantedToParams) ([]*LedgerGrantedToRow, error) {
@@ -2085,7 +2093,13 @@ WITH p AS (
 ),
 marked AS (
     UPDATE river_job j
-    SET metadata = j.metadata || '{"sluice_park": "ahead"}'::jsonb
+    SET metadata = j.metadata || '{"sluice_park": "ahead"}'::jsonb,
+        scheduled_at = GREATEST(j.scheduled_at, (
+            SELECT max(o.scheduled_at) + interval '1 microsecond'
+            FROM concurrency_waiters w
+            JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved
+            JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
+            WHERE w.job_id = j.id))
     FROM p
     WHERE j.id = p.job_id AND j.attempt = p.attempt AND j.state = 'running'
     RETURNING j.id
@@ -2103,7 +2117,9 @@ type LedgerStepBackDispatchedParams struct {
 // with their attempts in step) step back (as LedgerStepBackFetched): each
 // is marked (sluice_park "ahead"), so that River's completion of it turns
 // it into an available job with its attempt undone (trigger
-// sluice_park_in_place), still in the line as a job resumed ahead.
+// sluice_park_in_place), still in the line as a job resumed ahead. Its
+// scheduled_at moves now, as LedgerStepBackFetched's does (the trigger
+// keeps the running row's).
 func (q *Queries) LedgerStepBackDispatched(ctx context.Context, arg LedgerStepBackDispatchedParams) error {
 	_, err := q.db.Exec(ctx, ledgerStepBackDispatched, arg.JobIds, arg.Attempts)
 	return err
@@ -2117,9 +2133,9 @@ WITH moved AS (
         attempted_by = j.attempted_by[1:GREATEST(COALESCE(array_length(j.attempted_by, 1), 0) - 1, 0)],
         attempted_at = CASE WHEN j.attempt <= 1 THEN NULL ELSE j.attempted_at END,
         scheduled_at = GREATEST(j.scheduled_at, (
-            SELECT max(o.scheduled_at)
+            SELECT max(o.scheduled_at) + interval '1 microsecond'
             FROM concurrency_waiters w
-            JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved AND e.job_id < w.job_id
+            JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved
             JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
             WHERE w.job_id = j.id))
     WHERE j.id = ANY($1::bigint[]) AND j.state = 'running'
@@ -2131,15 +2147,17 @@ FROM moved m WHERE w.job_id = m.id
 
 // Jobs resumed ahead of a free slot that a worker fetched and never handed
 // to River's executors step back (job_ids): an older job of their line
-// holds a grant and waits to be fetched, and the worker's River slot is
-// for it. Each goes back to available with its fetch undone (attempt,
-// attempted_by; attempted_at cleared with a first attempt), still in the
-// line as a job resumed ahead (its waiter row without a worker). Its
-// scheduled_at moves up to the latest of the older granted jobs of its
-// line still available, so that River, which fetches by (priority,
-// scheduled_at, id), hands those out first: without it a job granted after
-// a snooze or retry (a later scheduled_at) is never fetched while the
-// younger ones step back and are fetched again, round after round.
+// holds a grant and waits to be fetched (or, under a kind-wide limit with
+// every slot taken, a job of another key does), and the worker's River
+// slot is for it. Each goes back to available with its fetch undone
+// (attempt, attempted_by; attempted_at cleared with a first attempt), still
+// in the line as a job resumed ahead (its waiter row without a worker). Its
+// scheduled_at moves just past the latest of its kind's granted jobs still
+// available, so that River, which fetches by (priority, scheduled_at, id),
+// hands those out first: without it a job granted after a snooze or retry
+// (a later scheduled_at), or a younger job of another key, is never
+// fetched while the jobs ahead step back and are fetched again, round
+// after round (seed 124141674: for a second no job ran).
 func (q *Queries) LedgerStepBackFetched(ctx context.Context, jobIds []int64) error {
 	_, err := q.db.Exec(ctx, ledgerStepBackFetched, jobIds)
 	return err

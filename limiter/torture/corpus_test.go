@@ -79,6 +79,8 @@ var corpus = []corpusSeed{
 		"ledger's TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed"},
 	{652387540, "a slot handed over freed by the safety net", "a worker handed a failed job's slot to the next job of its line in memory; the safety net, between River's completion of the failed job and the worker's write of the move, freed the slot, and a decision admitted a third job under a limit of 2 (and the books showed fewer slots than jobs working)",
 		"ledger's TestCleanUpLeavesASlotBeingHandedOver"},
+	{124141674, "grants no worker could fetch", "a breaker lifted to per-kind 4 over per-key 3: grant rounds gave every slot of the kind to jobs of two keys resumed ahead and not fetched, while 18 jobs of other keys resumed ahead filled both workers' River slots waiting for those slots; for 1.1 s no job ran (the books: reserved slots with no job of their key working)",
+		"ledger's TestAJobAheadStepsBackForAnotherKeysGrant"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -94,9 +94,10 @@ const (
 	// Fail: it cannot start and may not wait (Reserve: nothing reserved).
 	Fail
 	// StepBack: it came ahead of a free slot, and an older job of its line
-	// holds a grant and waits to be fetched: it goes back to available
+	// (or, under a kind-wide limit with every slot taken, a job of another
+	// key) holds a grant and waits to be fetched: it goes back to available
 	// (or, dispatched, will when River completes it), still in the line,
-	// so that its worker's River slot fetches the older one.
+	// so that its worker's River slot fetches the granted one.
 	StepBack
 )
 
@@ -505,6 +506,14 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 	case d.h.Ahead && !d.TimedOut && ks.Transit != 0 && ks.Transit < d.ID:
 		// Resumed ahead, behind an older job of its line on its way: its
 		// worker's River slot is for that one.
+		d.d.Action = StepBack
+		return
+	case d.h.Ahead && !d.TimedOut && reason == ReasonLimit && c.Keyed() && k.line.Transit != 0:
+		// Resumed ahead, held by the kind's limit while a job of another
+		// key, granted one of the kind's slots at its key's turn, waits to
+		// be fetched: its worker's River slot is for that one. Else the
+		// jobs resumed ahead fill the workers' River slots and no grant of
+		// the kind is ever fetched (seed 124141674).
 		d.d.Action = StepBack
 		return
 	case d.h.Ahead && !d.TimedOut:

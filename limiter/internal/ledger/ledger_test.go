@@ -1152,3 +1152,66 @@ func TestReapParksAPublishedJobUnderItsKey(t *testing.T) {
 	require.NotNil(t, key, "parked with no key")
 	require.Equal(t, `"a"`, *key)
 }
+
+// TestAJobAheadStepsBackForAnotherKeysGrant (seed 124141674): under a
+// kind-wide limit with keys, a job resumed ahead of a free slot and
+// fetched steps back when every slot of the kind is taken and one was
+// granted to a job of another key (its key's turn) that waits to be
+// fetched: its worker's River slot is for that one, and it moves just
+// past the granted job in River's fetch order. Without it, jobs resumed
+// ahead filled both workers' River slots for a second, while the kind's
+// slots were all reserved for jobs River could not fetch. Not when the
+// granted job was fetched, when the kind has room, nor under a per-key
+// limit alone.
+func TestAJobAheadStepsBackForAnotherKeysGrant(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, limits string
+		grantState   string
+		dispatched   bool
+		back         bool
+	}{
+		{"the kind full", "max_concurrency = 1, admitted = 1", "available", false, true},
+		{"the kind full, dispatched", "max_concurrency = 1, admitted = 1", "available", true, true},
+		{"the grant fetched", "max_concurrency = 1, admitted = 1", "running", false, false},
+		{"the kind with room", "max_concurrency = 2, admitted = 1", "available", false, false},
+		{"a per-key limit alone", "max_concurrency = 0", "available", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kind := "test.aheadkind." + strings.ReplaceAll(tc.name, " ", "")
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 2")
+			ahead := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now())
+			ahead.Dispatched = tc.dispatched
+			exec(t, pool, `UPDATE river_job SET scheduled_at = now() - interval '1 hour' WHERE id = $1`, ahead.ID)
+			exec(t, pool, `INSERT INTO concurrency_waiters (job_id, kind, key, worker_id, reason, ahead)
+				VALUES ($1, $2, 'a', 'w1', 'limit', true)`, ahead.ID, kind)
+			granted := queued(t, pool, kind, `{"key": "b"}`, tc.grantState)
+			exec(t, pool, `UPDATE river_job SET scheduled_at = now() - interval '1 second' WHERE id = $1`, granted)
+			exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, key, reserved) VALUES ($1, $2, 'b', true)`, granted, kind)
+			exec(t, pool, `INSERT INTO concurrency_key_lines (kind, key, slots) VALUES ($1, 'b', 1)`, kind)
+			exec(t, pool, `UPDATE concurrency_limits SET `+tc.limits+` WHERE kind = $1`, kind)
+
+			grants, err := l.GrantedTo(context.Background(), []int64{ahead.ID})
+			require.NoError(t, err)
+			require.Len(t, grants, 1)
+			require.Equal(t, tc.back, grants[0].Behind, "the worker's look: behind a grant on its way")
+			d := decideOne(t, l, ahead, nil)
+			if !tc.back {
+				require.NotEqual(t, ledger.StepBack, d.Action)
+				return
+			}
+			require.Equal(t, ledger.StepBack, d.Action)
+			want := "available"
+			if tc.dispatched {
+				want = "running" // River's completion makes it available (sluice_park "ahead")
+			}
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM river_job a, river_job g
+				WHERE a.id = $1 AND g.id = $2 AND a.state = $3 AND a.scheduled_at > g.scheduled_at`, ahead.ID, granted, want),
+				"the job stepped back %s, fetched after the granted one", want)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters
+				WHERE job_id = $1 AND worker_id IS NULL AND ahead`, ahead.ID), "it keeps its place in the line")
+		})
+	}
+}

@@ -17,7 +17,8 @@ type Grant struct {
 	// place went: its limits were cleared, or the safety net dropped it).
 	OutOfLine bool
 	// Behind: it came ahead of a free slot, and an older job of its line
-	// holds a grant and waits to be fetched (it steps back).
+	// (or, under a kind-wide limit with every slot taken, a job of another
+	// key) holds a grant and waits to be fetched (it steps back).
 	Behind bool
 	// Ahead: the line holds it as come ahead of a free slot (its wait has
 	// no deadline); a change that sets a rate takes that away.

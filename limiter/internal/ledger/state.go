@@ -42,12 +42,15 @@ type kindLine struct {
 	ReservedSlots  []int64 `json:"reserved_slots"`
 	ReservedStarts []int64 `json:"reserved_starts"`
 	ReservedBoth   []int64 `json:"reserved_both"` // the newest jobs with both a slot and a start reserved
-	Transit        int64   `json:"transit"`
-	Fetched        int64   `json:"fetched"`
-	Waiting        int64   `json:"waiting"`
-	Ahead          int     `json:"ahead"`
-	Starts         int32   `json:"starts"`
-	FreesInMs      int64   `json:"frees_in_ms"`
+	// Transit is the oldest job granted a slot of the kind and not
+	// fetched yet: without a partition, its line's; with one, of any key,
+	// under a kind-wide limit (0: none).
+	Transit   int64 `json:"transit"`
+	Fetched   int64 `json:"fetched"`
+	Waiting   int64 `json:"waiting"`
+	Ahead     int   `json:"ahead"`
+	Starts    int32 `json:"starts"`
+	FreesInMs int64 `json:"frees_in_ms"`
 }
 
 // keyLine is a key's line as a decision reads it: its slots, the newest
