@@ -1303,12 +1303,13 @@ ON CONFLICT (job_id) DO UPDATE SET worker_id = NULL, ahead = true;
 -- slot is for it. Each goes back to available with its fetch undone
 -- (attempt, attempted_by; attempted_at cleared with a first attempt), still
 -- in the line as a job resumed ahead (its waiter row without a worker). Its
--- scheduled_at moves just past the latest of its kind's granted jobs still
--- available, so that River, which fetches by (priority, scheduled_at, id),
--- hands those out first: without it a job granted after a snooze or retry
--- (a later scheduled_at), or a younger job of another key, is never
--- fetched while the jobs ahead step back and are fetched again, round
--- after round (seed 124141674: for a second no job ran).
+-- scheduled_at moves up to the latest of the older granted jobs of its
+-- line still available (and just past the latest of the other keys' when
+-- it steps back for those), so that River, which fetches by (priority,
+-- scheduled_at, id), hands those out first: without it a job granted after
+-- a snooze or retry (a later scheduled_at), or a younger job of another
+-- key, is never fetched while the jobs ahead step back and are fetched
+-- again, round after round.
 WITH moved AS (
     UPDATE river_job j
     SET state = 'available',
@@ -1316,11 +1317,20 @@ WITH moved AS (
         attempted_by = j.attempted_by[1:GREATEST(COALESCE(array_length(j.attempted_by, 1), 0) - 1, 0)],
         attempted_at = CASE WHEN j.attempt <= 1 THEN NULL ELSE j.attempted_at END,
         scheduled_at = GREATEST(j.scheduled_at, (
+            SELECT max(o.scheduled_at)
+            FROM concurrency_waiters w
+            JOIN concurrency_executions e ON e.kind = w.kind AND e.key IS NOT DISTINCT FROM w.key AND e.reserved AND e.job_id < w.job_id
+            JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
+            WHERE w.job_id = j.id), (
+            -- past the grants of other keys too, when those are what it
+            -- steps back for (as LedgerGrantedTo's behind): they may be
+            -- younger, and River breaks a tie by id
             SELECT max(o.scheduled_at) + interval '1 microsecond'
             FROM concurrency_waiters w
-            JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved
+            JOIN concurrency_limits l ON l.kind = w.kind AND l.max_concurrency > 0 AND l.admitted >= l.max_concurrency
+            JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved AND e.key IS DISTINCT FROM w.key
             JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
-            WHERE w.job_id = j.id))
+            WHERE w.job_id = j.id AND w.key IS NOT NULL))
     WHERE j.id = ANY(sqlc.arg(job_ids)::bigint[]) AND j.state = 'running'
     RETURNING j.id
 )
@@ -1332,9 +1342,11 @@ FROM moved m WHERE w.job_id = m.id;
 -- with their attempts in step) step back (as LedgerStepBackFetched): each
 -- is marked (sluice_park "ahead"), so that River's completion of it turns
 -- it into an available job with its attempt undone (trigger
--- sluice_park_in_place), still in the line as a job resumed ahead. Its
--- scheduled_at moves now, as LedgerStepBackFetched's does (the trigger
--- keeps the running row's).
+-- sluice_park_in_place), still in the line as a job resumed ahead. When
+-- it steps back for a grant of another key, its scheduled_at moves now just
+-- past that job's, as LedgerStepBackFetched's does (the trigger keeps the
+-- running row's): a younger job of another key comes after it in River's
+-- order otherwise.
 WITH p AS (
     SELECT unnest(sqlc.arg(job_ids)::bigint[]) AS job_id, unnest(sqlc.arg(attempts)::integer[]) AS attempt
 ),
@@ -1344,9 +1356,10 @@ marked AS (
         scheduled_at = GREATEST(j.scheduled_at, (
             SELECT max(o.scheduled_at) + interval '1 microsecond'
             FROM concurrency_waiters w
-            JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved
+            JOIN concurrency_limits l ON l.kind = w.kind AND l.max_concurrency > 0 AND l.admitted >= l.max_concurrency
+            JOIN concurrency_executions e ON e.kind = w.kind AND e.reserved AND e.key IS DISTINCT FROM w.key
             JOIN river_job o ON o.id = e.job_id AND (o.state = 'available') IS TRUE
-            WHERE w.job_id = j.id))
+            WHERE w.job_id = j.id AND w.key IS NOT NULL))
     FROM p
     WHERE j.id = p.job_id AND j.attempt = p.attempt AND j.state = 'running'
     RETURNING j.id
