@@ -535,33 +535,43 @@ const ledgerGrantState = `-- name: LedgerGrantState :one
 WITH lim AS (
     SELECT l.kind, l.max_concurrency, l.admitted, l.has_parked, l.partition_fields AS fields, l.key_max, l.rate_max,
            COALESCE(l.rate_period, interval '0') AS period, l.rate_per_key,
-           CASE WHEN l.key_max > 0 THEN LEAST($1::integer, 2 * l.key_max + 8) ELSE $1::integer END AS key_depth
+           CASE WHEN l.key_max > 0 THEN LEAST($2::integer, 2 * l.key_max + 8) ELSE $2::integer END AS key_depth
     FROM concurrency_limits l
-    WHERE l.kind = ANY($2::text[])
+    WHERE l.kind = ANY($3::text[])
 ),
 named AS (
-    SELECT DISTINCT n.kind, n.key FROM (SELECT unnest($3::text[]) AS kind, unnest($4::text[]) AS key) AS n
+    SELECT DISTINCT n.kind, n.key FROM (SELECT unnest($4::text[]) AS kind, unnest($5::text[]) AS key) AS n
 ),
-keys AS (
-    SELECT lim.kind, n.key FROM lim JOIN named n ON n.kind = lim.kind
-    WHERE lim.fields IS NOT NULL
-    UNION
-    SELECT lim.kind, t.key FROM lim
+turn AS (
+    -- The keys with waiting jobs in the round's order, one past turn_keys
+    -- (that one tells the round that it read the order in part).
+    SELECT lim.kind, t.key, t.n FROM lim
     CROSS JOIN LATERAL (
-        SELECT kl.key FROM concurrency_key_lines kl
+        SELECT kl.key, row_number() OVER (ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key) AS n
+        FROM concurrency_key_lines kl
         WHERE kl.kind = lim.kind AND kl.waiting
         ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key
-        LIMIT $5::integer
+        LIMIT $1::integer + 1
     ) t
     WHERE lim.fields IS NOT NULL
       AND (lim.kind = ANY($6::text[])
            OR NOT (lim.max_concurrency = 0 AND (lim.rate_max IS NULL OR lim.rate_per_key)))
+),
+keys AS (
+    SELECT k.kind, k.key, bool_or(k.turn) AS turn FROM (
+        SELECT lim.kind, n.key, false AS turn FROM lim JOIN named n ON n.kind = lim.kind
+        WHERE lim.fields IS NOT NULL
+        UNION ALL
+        SELECT t.kind, t.key, true FROM turn t WHERE t.n <= $1::integer
+    ) k
+    GROUP BY k.kind, k.key
 )
 SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
     'kind', lim.kind, 'max', lim.max_concurrency, 'admitted', lim.admitted, 'has_parked', lim.has_parked,
     'fields', lim.fields, 'key_max', lim.key_max, 'rate_max', lim.rate_max,
     'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', lim.rate_per_key,
     'key_depth', lim.key_depth,
+    'turn_more', EXISTS (SELECT 1 FROM turn t WHERE t.kind = lim.kind AND t.n > $1::integer),
     'starts', (SELECT count(*) FROM concurrency_starts s
                WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
                  AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -594,21 +604,21 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                         (j.state = 'pending') AS resumable, j.queue, p.reason, p.ahead
                  FROM concurrency_parked_jobs p JOIN river_job j ON j.id = p.job_id
                  WHERE p.kind = lim.kind AND p.key IS NULL
-                 ORDER BY p.job_id LIMIT $1::integer)
+                 ORDER BY p.job_id LIMIT $2::integer)
                 UNION ALL
                 (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = lim.kind AND w.key IS NULL
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL
-                 ORDER BY w.job_id LIMIT $1::integer)
+                 ORDER BY w.job_id LIMIT $2::integer)
                 UNION ALL
                 (SELECT f.job_id, false, f.worker_id, false, false, j.queue, 'fetched', false
                  FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND (j.state = 'running') IS TRUE
                  WHERE f.kind = lim.kind AND f.key IS NULL AND f.fetched_at > statement_timestamp() - interval '2 seconds'
                    AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = f.job_id) IS NULL
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = f.job_id) IS NULL
-                 ORDER BY f.job_id LIMIT $1::integer)
+                 ORDER BY f.job_id LIMIT $2::integer)
                 UNION ALL
                 -- waiting in a worker for a leased slot, published: a job
                 -- of the line, not granted past them
@@ -618,11 +628,12 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  WHERE cl.kind = lim.kind
                    AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = u.job_id) IS NULL
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = u.job_id) IS NULL
-                 ORDER BY u.job_id LIMIT $1::integer)
-            ) x ORDER BY x.job_id LIMIT $1::integer
+                 ORDER BY u.job_id LIMIT $2::integer)
+            ) x ORDER BY x.job_id LIMIT $2::integer
         ) f) END,
     'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
         'key', k.key,
+        'turn', k.turn,
         'slots', COALESCE(kl.slots, 0),
         'since_us', (extract(epoch FROM COALESCE(kl.served_at, kl.arrived_at)) * 1000000)::bigint,
         'served_us', (extract(epoch FROM kl.served_at) * 1000000)::bigint,
@@ -681,11 +692,11 @@ FROM lim
 `
 
 type LedgerGrantStateParams struct {
+	TurnKeys  int32    `json:"turn_keys"`
 	Depth     int32    `json:"depth"`
 	Kinds     []string `json:"kinds"`
 	KeyKinds  []string `json:"key_kinds"`
 	Keys      []string `json:"keys"`
-	TurnKeys  int32    `json:"turn_keys"`
 	FullKinds []string `json:"full_kinds"`
 }
 
@@ -694,7 +705,8 @@ type LedgerGrantStateParams struct {
 // kind without a partition, its oldest waiting jobs (depth of them); for a
 // partitioned kind, per key (the keys named in step with key_kinds, or,
 // for a kind whose limits need one view of its keys, the keys with
-// waiting jobs in the round's order, up to turn_keys) its slots, its
+// waiting jobs in the round's order, up to turn_keys, each marked turn,
+// and whether more wait past them: turn_more) its slots, its
 // oldest slot or start reserved for a job on its way (no job of the key
 // waiting in a worker is granted past it), its rate window, its oldest
 // waiting jobs (key_depth of them: twice the key's limit and 8, at most
@@ -717,11 +729,11 @@ type LedgerGrantStateParams struct {
 // not late: a grant may be reserved for it, see LedgerGrantParked).
 func (q *Queries) LedgerGrantState(ctx context.Context, arg LedgerGrantStateParams) (json.RawMessage, error) {
 	row := q.db.QueryRow(ctx, ledgerGrantState,
+		arg.TurnKeys,
 		arg.Depth,
 		arg.Kinds,
 		arg.KeyKinds,
 		arg.Keys,
-		arg.TurnKeys,
 		arg.FullKinds,
 	)
 	var state json.RawMessage

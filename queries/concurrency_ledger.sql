@@ -358,7 +358,8 @@ WHERE l.kind = pk.kind AND l.admitted IS NOT NULL;
 -- kind without a partition, its oldest waiting jobs (depth of them); for a
 -- partitioned kind, per key (the keys named in step with key_kinds, or,
 -- for a kind whose limits need one view of its keys, the keys with
--- waiting jobs in the round's order, up to turn_keys) its slots, its
+-- waiting jobs in the round's order, up to turn_keys, each marked turn,
+-- and whether more wait past them: turn_more) its slots, its
 -- oldest slot or start reserved for a job on its way (no job of the key
 -- waiting in a worker is granted past it), its rate window, its oldest
 -- waiting jobs (key_depth of them: twice the key's limit and 8, at most
@@ -389,26 +390,36 @@ WITH lim AS (
 named AS (
     SELECT DISTINCT n.kind, n.key FROM (SELECT unnest(sqlc.arg(key_kinds)::text[]) AS kind, unnest(sqlc.arg(keys)::text[]) AS key) AS n
 ),
-keys AS (
-    SELECT lim.kind, n.key FROM lim JOIN named n ON n.kind = lim.kind
-    WHERE lim.fields IS NOT NULL
-    UNION
-    SELECT lim.kind, t.key FROM lim
+turn AS (
+    -- The keys with waiting jobs in the round's order, one past turn_keys
+    -- (that one tells the round that it read the order in part).
+    SELECT lim.kind, t.key, t.n FROM lim
     CROSS JOIN LATERAL (
-        SELECT kl.key FROM concurrency_key_lines kl
+        SELECT kl.key, row_number() OVER (ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key) AS n
+        FROM concurrency_key_lines kl
         WHERE kl.kind = lim.kind AND kl.waiting
         ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key
-        LIMIT sqlc.arg(turn_keys)::integer
+        LIMIT sqlc.arg(turn_keys)::integer + 1
     ) t
     WHERE lim.fields IS NOT NULL
       AND (lim.kind = ANY(sqlc.arg(full_kinds)::text[])
            OR NOT (lim.max_concurrency = 0 AND (lim.rate_max IS NULL OR lim.rate_per_key)))
+),
+keys AS (
+    SELECT k.kind, k.key, bool_or(k.turn) AS turn FROM (
+        SELECT lim.kind, n.key, false AS turn FROM lim JOIN named n ON n.kind = lim.kind
+        WHERE lim.fields IS NOT NULL
+        UNION ALL
+        SELECT t.kind, t.key, true FROM turn t WHERE t.n <= sqlc.arg(turn_keys)::integer
+    ) k
+    GROUP BY k.kind, k.key
 )
 SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
     'kind', lim.kind, 'max', lim.max_concurrency, 'admitted', lim.admitted, 'has_parked', lim.has_parked,
     'fields', lim.fields, 'key_max', lim.key_max, 'rate_max', lim.rate_max,
     'rate_period_ms', (extract(epoch FROM lim.period) * 1000)::bigint, 'rate_per_key', lim.rate_per_key,
     'key_depth', lim.key_depth,
+    'turn_more', EXISTS (SELECT 1 FROM turn t WHERE t.kind = lim.kind AND t.n > sqlc.arg(turn_keys)::integer),
     'starts', (SELECT count(*) FROM concurrency_starts s
                WHERE lim.rate_max IS NOT NULL AND NOT lim.rate_per_key AND s.kind = lim.kind
                  AND (s.reserved OR s.started_at > statement_timestamp() - lim.period)),
@@ -470,6 +481,7 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
         ) f) END,
     'keys', (SELECT COALESCE(jsonb_agg(jsonb_build_object(
         'key', k.key,
+        'turn', k.turn,
         'slots', COALESCE(kl.slots, 0),
         'since_us', (extract(epoch FROM COALESCE(kl.served_at, kl.arrived_at)) * 1000000)::bigint,
         'served_us', (extract(epoch FROM kl.served_at) * 1000000)::bigint,

@@ -154,7 +154,7 @@ func (tx *Tx) settle(kind string) (*Granted, error) {
 			return nil, fmt.Errorf("recount: %w", err)
 		}
 	}
-	return tx.grantKinds([]lock{{kind: kind}}, nil, []string{kind}, nil, []string{kind}, nil)
+	return tx.grantKinds([]lock{{kind: kind}}, nil, []string{kind}, nil, []string{kind}, nil, maxTurnKeys)
 }
 
 // liftLimits lets every job of kind's line go, its limits gone (under its

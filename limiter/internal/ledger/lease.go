@@ -94,7 +94,7 @@ func (l *Ledger) ReturnLease(ctx context.Context, kind string, n int32) (*Grante
 			return err
 		}
 		var err error
-		out, err = tx.grantKinds([]lock{{kind: kind}}, nil, []string{kind}, nil, []string{kind}, nil)
+		out, err = tx.grantKinds([]lock{{kind: kind}}, nil, []string{kind}, nil, []string{kind}, nil, maxTurnKeys)
 		return err
 	})
 	if err != nil {

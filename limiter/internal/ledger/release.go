@@ -139,8 +139,13 @@ func (tx *Tx) release(locks []lock, guess map[string]Limits, kinds []string, key
 		p.FromIds, p.ToIds = append(p.FromIds, h.From.ID), append(p.ToIds, h.To.ID)
 		turnover[h.From.Kind] = true
 	}
+	freed := map[string]int{}
 	for _, h := range r.Ended {
 		turnover[h.Kind] = true
+		freed[h.Kind]++
+	}
+	for _, h := range r.Forgotten {
+		freed[h.Kind]++
 	}
 	if len(p.JobIds)+len(p.ForgetIds)+len(p.FromIds) > 0 {
 		if err := tx.q.LedgerRelease(tx.ctx, p); err != nil {
@@ -148,28 +153,17 @@ func (tx *Tx) release(locks []lock, guess map[string]Limits, kinds []string, key
 		}
 	}
 
-	return tx.grantKinds(locks, guess, kinds, keys, r.Rounds, turnover)
+	return tx.grantKinds(locks, guess, kinds, keys, r.Rounds, turnover, turnKeys(kinds, guess, r.Rounds, freed))
 }
 
 // grantKinds reads the lines of kinds (under per-key limits alone, the
 // keys named; every key of a kind of full) and runs their grant rounds.
+// Of the keys of a kind that need one view it reads the first turnKeys in
+// the round's order; a round that needs more of them reads its kind again,
+// up to maxTurnKeys.
 func (tx *Tx) grantKinds(locks []lock, guess map[string]Limits, kinds []string, keys map[string][]string, full []string,
-	turnover map[string]bool) (*Granted, error) {
-	g := db.LedgerGrantStateParams{Depth: maxFront, Kinds: kinds, KeyKinds: []string{}, Keys: []string{}, TurnKeys: maxTurnKeys,
-		FullKinds: full}
-	if g.FullKinds == nil {
-		g.FullKinds = []string{}
-	}
-	for _, kind := range kinds {
-		for _, key := range keys[kind] {
-			g.KeyKinds, g.Keys = append(g.KeyKinds, kind), append(g.Keys, key)
-		}
-	}
-	raw, err := tx.q.LedgerGrantState(tx.ctx, g)
-	if err != nil {
-		return nil, fmt.Errorf("read the lines: %w", err)
-	}
-	st, err := decode[grantState](raw, "the lines")
+	turnover map[string]bool, turnKeys int32) (*Granted, error) {
+	st, err := tx.grantState(kinds, keys, full, turnKeys)
 	if err != nil {
 		return nil, err
 	}
@@ -188,9 +182,62 @@ func (tx *Tx) grantKinds(locks []lock, guess map[string]Limits, kinds []string, 
 		out.Limits[kind] = limits[kind]
 	}
 	for _, k := range st.Kinds {
-		if err := tx.grant(k, turnover[k.Kind], out); err != nil {
+		done, err := tx.grant(k, turnover[k.Kind], out)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			continue
+		}
+		again, err := tx.grantState([]string{k.Kind}, keys, full, maxTurnKeys)
+		if err != nil {
+			return nil, err
+		}
+		if len(again.Kinds) != 1 {
+			return nil, fmt.Errorf("read the line of %s again: %d kinds read", k.Kind, len(again.Kinds))
+		}
+		if _, err := tx.grant(again.Kinds[0], turnover[k.Kind], out); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// turnKeys is how many keys in the round's order a release's rounds of
+// kinds read first: all (maxTurnKeys) for a round of full, or where a
+// kind's per-kind limit is not known to bound its round; else minTurnKeys
+// and twice the slots the release frees (freed, per kind), at most twice
+// the kind's limit: what a round mostly gives out within.
+func turnKeys(kinds []string, guess map[string]Limits, full []string, freed map[string]int) int32 {
+	if len(full) > 0 {
+		return maxTurnKeys
+	}
+	n := int32(minTurnKeys)
+	for _, kind := range kinds {
+		c, ok := guess[kind]
+		if !ok || c.Max <= 0 || c.KindRate() {
+			return maxTurnKeys
+		}
+		n = max(n, minTurnKeys+2*min(int32(freed[kind]), c.Max))
+	}
+	return min(n, maxTurnKeys)
+}
+
+// grantState reads what the grant rounds of kinds read (LedgerGrantState).
+func (tx *Tx) grantState(kinds []string, keys map[string][]string, full []string, turnKeys int32) (*grantState, error) {
+	g := db.LedgerGrantStateParams{Depth: maxFront, Kinds: kinds, KeyKinds: []string{}, Keys: []string{}, TurnKeys: turnKeys,
+		FullKinds: full}
+	if g.FullKinds == nil {
+		g.FullKinds = []string{}
+	}
+	for _, kind := range kinds {
+		for _, key := range keys[kind] {
+			g.KeyKinds, g.Keys = append(g.KeyKinds, kind), append(g.Keys, key)
+		}
+	}
+	raw, err := tx.q.LedgerGrantState(tx.ctx, g)
+	if err != nil {
+		return nil, fmt.Errorf("read the lines: %w", err)
+	}
+	return decode[grantState](raw, "the lines")
 }

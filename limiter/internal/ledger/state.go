@@ -103,6 +103,9 @@ type grantKind struct {
 	// front), at most.
 	KeyDepth int        `json:"key_depth"`
 	Keys     []grantKey `json:"keys"`
+	// TurnMore: keys with waiting jobs wait past those read in the round's
+	// order (the read stopped at its turn_keys).
+	TurnMore bool `json:"turn_more"`
 }
 
 // limits are the kind's limits and counts.
@@ -122,7 +125,10 @@ func (g limitFields) limits() Limits {
 
 // grantKey is a key as a grant round reads it.
 type grantKey struct {
-	Key            string  `json:"key"`
+	Key string `json:"key"`
+	// Turn: read as one of the keys with waiting jobs in the round's order
+	// (not only named by the caller).
+	Turn           bool    `json:"turn"`
 	Slots          int32   `json:"slots"`
 	OldestReserved *int64  `json:"oldest_reserved"`
 	Starts         int32   `json:"starts"`
