@@ -204,10 +204,13 @@ func (tx *Tx) grantKinds(locks []lock, guess map[string]Limits, kinds []string, 
 }
 
 // turnKeys is how many keys in the round's order a release's rounds of
-// kinds read first: all (maxTurnKeys) for a round of full, or where a
-// kind's per-kind limit is not known to bound its round; else minTurnKeys
-// and twice the slots the release frees (freed, per kind), at most twice
-// the kind's limit: what a round mostly gives out within.
+// kinds read first: all (maxTurnKeys) for a round of full, where a kind's
+// limits are not known, or where a kind-wide rate alone bounds its round;
+// else minTurnKeys and twice the slots the release frees (freed, per
+// kind), at most twice the kind's per-kind limit: what a round mostly
+// gives out within. A kind whose round reads no keys in that order
+// (without a partition, or under per-key limits alone) or gives nothing (a
+// breaker) asks for none.
 func turnKeys(kinds []string, guess map[string]Limits, full []string, freed map[string]int) int32 {
 	if len(full) > 0 {
 		return maxTurnKeys
@@ -215,7 +218,12 @@ func turnKeys(kinds []string, guess map[string]Limits, full []string, freed map[
 	n := int32(minTurnKeys)
 	for _, kind := range kinds {
 		c, ok := guess[kind]
-		if !ok || c.Max <= 0 || c.KindRate() {
+		switch {
+		case !ok:
+			return maxTurnKeys
+		case !c.Keyed() || c.Max < 0 || (c.Max == 0 && !c.KindRate()):
+			continue
+		case c.Max == 0:
 			return maxTurnKeys
 		}
 		n = max(n, minTurnKeys+2*min(int32(freed[kind]), c.Max))
