@@ -226,7 +226,7 @@ func (r *round) front() int {
 			l.served = *k.ServedUs
 		}
 		r.lines = append(r.lines, l)
-		if st.TurnMore && k.Turn {
+		if st.Short && k.Turn {
 			r.read = len(r.lines)
 		}
 	}

@@ -247,5 +247,15 @@ func (tx *Tx) grantState(kinds []string, keys map[string][]string, full []string
 	if err != nil {
 		return nil, fmt.Errorf("read the lines: %w", err)
 	}
-	return decode[grantState](raw, "the lines")
+	st, err := decode[grantState](raw, "the lines")
+	if err != nil {
+		return nil, err
+	}
+	for i := range st.Kinds {
+		// A read of maxTurnKeys is as whole as a round gets: its round
+		// gives within the keys read, and the next round starts with those
+		// it did not serve.
+		st.Kinds[i].Short = st.Kinds[i].TurnMore && turnKeys < maxTurnKeys
+	}
+	return st, nil
 }

@@ -106,6 +106,9 @@ type grantKind struct {
 	// TurnMore: keys with waiting jobs wait past those read in the round's
 	// order (the read stopped at its turn_keys).
 	TurnMore bool `json:"turn_more"`
+	// Short: TurnMore in a read narrower than maxTurnKeys (set by
+	// grantState): a round that needs the keys past it reads them.
+	Short bool `json:"-"`
 }
 
 // limits are the kind's limits and counts.

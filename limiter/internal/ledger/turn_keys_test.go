@@ -69,3 +69,40 @@ func TestARoundReadsKeysPastItsFirstWhenItNeedsThem(t *testing.T) {
 			"the slot goes to the first key that can take it, past the keys the round read first")
 	})
 }
+
+// TestARoundPastAllItReadsStillGives: with more keys waiting than a round
+// ever reads (maxTurnKeys, 256), a release's round that needs keys past its
+// first read reads 256 and gives within them, as a round always did: here
+// the one key of the 256 that can take a slot (the others each held up by
+// an older job fetched elsewhere) gets it, although the round has room
+// left that only a key past the 256 might take.
+func TestARoundPastAllItReadsStillGives(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind, keys = "test.turnkeys.all", 258
+	pool, w1 := newLedger(t, "w1")
+	w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	setLimits(t, w1, kind, "max_concurrency = 2, partition_fields = '{key}', key_max = 1")
+	guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 2, KeyMax: 1, Fields: []string{"key"}}}
+	holder := running(t, pool, kind, `{"key": "h"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, w1, holder, guess).Action)
+	other := running(t, pool, kind, `{"key": "o"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, w1, other, guess).Action)
+	var ready ledger.Job
+	for i := range keys {
+		args := fmt.Sprintf(`{"key": "k%03d"}`, i)
+		if i != 254 { // k254 is the 255th key in the round's order
+			older := running(t, pool, kind, args, "w2", 1, time.Now())
+			require.NoError(t, w2.MarkFetched(ctx, pool, []ledger.Fetched{{ID: older.ID, Kind: kind, Key: fmt.Sprintf(`"k%03d"`, i)}}))
+		}
+		j := running(t, pool, kind, args, "w1", 1, time.Now())
+		require.Equal(t, ledger.Wait, decideOne(t, w1, j, guess).Action, "the limit is full: it waits")
+		if i == 254 {
+			ready = j
+		}
+	}
+	g, err := w1.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: holder.ID, Kind: kind, Key: `"h"`},
+		{ID: other.ID, Kind: kind, Key: `"o"`}}}, guess)
+	require.NoError(t, err)
+	require.Equal(t, []int64{ready.ID}, g.LocalOrder, "the key that can take a slot among the 256 read got none")
+}
