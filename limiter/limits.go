@@ -81,9 +81,14 @@ func (c *limitsCopy) ttl() time.Duration {
 	return LimitCacheTTL
 }
 
-// fresh reports whether s was read less than ttl ago and not expired.
+// fresh reports whether s was read less than ttl ago, not expired, and
+// holds every change heard (a last copy kept when a read failed, gen 0,
+// goes by its age alone). The count is what makes a copy stale: expire
+// also swaps the stored copy for an expired one, but a read that began
+// before the change can store its copy after that swap.
 func (c *limitsCopy) fresh(s *limitsSnapshot, ttl time.Duration) bool {
-	return s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl
+	return s != nil && !s.loaded.IsZero() && time.Since(s.loaded) <= ttl &&
+		(s.gen == 0 || s.gen == c.gen.Load())
 }
 
 // of returns kind's limits in s (Present false: no limit row).

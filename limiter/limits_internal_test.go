@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-dev/sluice/internal/pgkit"
+	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
 )
 
@@ -20,7 +22,7 @@ func TestHeldAsNamesOnlyTheLimitsHeld(t *testing.T) {
 	held := ledger.Limits{Kind: "k", Present: true, Fields: []string{"tenant"}, KeyMax: 2, RateMax: 3,
 		RatePeriod: time.Second, RatePerKey: true, Admitted: 4}
 	c := &limitsCopy{}
-	c.gen.Store(7)
+	c.gen.Store(6)
 	c.cur.Store(&limitsSnapshot{kinds: map[string]ledger.Limits{"k": held}, loaded: time.Now(), gen: 6})
 
 	counted := held
@@ -45,4 +47,37 @@ func TestHeldAsNamesOnlyTheLimitsHeld(t *testing.T) {
 
 	c.cur.Store(&limitsSnapshot{kinds: map[string]ledger.Limits{"k": held}, loaded: time.Now()})
 	require.Zero(t, c.heldAs(ctx, "k", held.Tag()), "a copy whose changes are not known")
+}
+
+// TestACopyReadBeforeAChangeHeardIsNotUsed: a read of the limits that
+// began before a change the worker hears can store its copy after the
+// change expired the one stored; that copy holds the limits before the
+// change and must not be used (a job decided under them would be taken as
+// fitting the limits in force, and begin without being decided again).
+func TestACopyReadBeforeAChangeHeardIsNotUsed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	const kind = "test.copy.stale"
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	t.Cleanup(l.Flush)
+	l.limits.connected() // as its listener does: the copy is trusted until a change is heard
+	require.NoError(t, l.SetConcurrency(ctx, kind, 1))
+	before, err := l.limits.snapshot(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int32(1), before.of(kind).Max)
+
+	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET max_concurrency = 2 WHERE kind = $1`, kind)
+	require.NoError(t, err)
+	l.limits.expire()          // the change is heard
+	l.limits.cur.Store(before) // a read that began before it stores its copy last
+	require.Nil(t, l.limits.held(), "held gave a copy that misses a change heard")
+
+	lim, err := l.limits.of(ctx, kind)
+	require.NoError(t, err)
+	require.Equal(t, int32(2), lim.Max, "the copy read before the change was used after it was heard")
 }
