@@ -262,6 +262,8 @@ func (k *keeper) look(ctx context.Context, q *local.Queue) error {
 	// statement after the other: what the database counts for it now is
 	// what it holds (a lease freed by its expiry is seen at once).
 	k.reconcile(q, st.Own)
+	k.l.trace("lease view", "kind", q.Kind(), "limit", st.Max, "admitted", st.Admitted, "own", st.Own, "off_path", st.OffPath,
+		"others", st.Others, "oldest_other", st.OldestOther, "oldest_other_line", st.OldestOtherLine)
 	q.SetView(local.View{At: time.Now(), Limit: st.Max, Admitted: st.Admitted, OffPath: st.OffPath, Keyed: st.Keyed,
 		Others: st.Others, OldestOther: st.OldestOther, OldestParked: st.OldestParked, OldestReserved: st.OldestReserved,
 		OldestOtherLine: st.OldestOtherLine, Heard: heard})
@@ -290,6 +292,7 @@ func (k *keeper) publish(ctx context.Context, q *local.Queue, kept *keptKind) {
 		return
 	}
 	if k.l.ledger.PublishWaiting(ctx, q.Kind(), ids, unmark) == nil {
+		k.l.trace("published waiting", "kind", q.Kind(), "jobs", ids, "unmarked", unmark)
 		kept.publishedIDs, kept.published = ids, time.Now()
 		return
 	}
