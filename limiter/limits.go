@@ -39,6 +39,13 @@ type limitsCopy struct {
 	// stored expired.
 	gen       atomic.Uint64
 	listening atomic.Bool
+
+	// changedMu guards the counts at which each kind's limits last changed
+	// (as heard), and every kind's may have (a change that named no kind,
+	// the listener connecting again): changedSince.
+	changedMu   sync.Mutex
+	kindChanged map[string]uint64
+	allChanged  uint64
 }
 
 // limitsSnapshot is a copy of the limits, never changed once stored.
@@ -197,19 +204,42 @@ func (l *Limiter) rekey(was, now map[string]ledger.Limits) {
 	})
 }
 
-// expire marks the copy stale: the next job re-reads it (a read under way
-// when the change came is stale too).
-func (c *limitsCopy) expire() {
-	c.gen.Add(1)
+// expire marks the copy stale, kind's limits having changed ("": any
+// kind's may have): the next job re-reads it (a read under way when the
+// change came is stale too).
+func (c *limitsCopy) expire(kind string) {
+	c.changedMu.Lock()
+	// The kind's count is set before gen shows the change: whoever reads
+	// gen at the new count finds it (changedSince).
+	n := c.gen.Load() + 1
+	if kind == "" {
+		c.allChanged = n
+	} else {
+		if c.kindChanged == nil {
+			c.kindChanged = map[string]uint64{}
+		}
+		c.kindChanged[kind] = n
+	}
+	c.gen.Store(n)
+	c.changedMu.Unlock()
 	if s := c.cur.Load(); s != nil {
 		c.cur.CompareAndSwap(s, &limitsSnapshot{kinds: s.kinds})
 	}
 }
 
+// changedSince reports whether kind's limits changed after the worker had
+// heard n changes (Job.Stamp), as far as it heard: a change of another
+// kind leaves a decision of kind as it was.
+func (c *limitsCopy) changedSince(kind string, n uint64) bool {
+	c.changedMu.Lock()
+	defer c.changedMu.Unlock()
+	return max(c.allChanged, c.kindChanged[kind]) > n
+}
+
 // connected is told that the limiter's listener LISTENs (again): a change
 // may have been missed meanwhile.
 func (c *limitsCopy) connected() {
-	c.expire()
+	c.expire("")
 	c.listening.Store(true)
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
+	"github.com/sluice-dev/sluice/limiter/internal/local"
 )
 
 // TestHeldAsNamesOnlyTheLimitsHeld: a grant made under the limits the
@@ -73,11 +74,52 @@ func TestACopyReadBeforeAChangeHeardIsNotUsed(t *testing.T) {
 
 	_, err = pool.Exec(ctx, `UPDATE concurrency_limits SET max_concurrency = 2 WHERE kind = $1`, kind)
 	require.NoError(t, err)
-	l.limits.expire()          // the change is heard
+	l.limits.expire(kind)      // the change is heard
 	l.limits.cur.Store(before) // a read that began before it stores its copy last
 	require.Nil(t, l.limits.held(), "held gave a copy that misses a change heard")
 
 	lim, err := l.limits.of(ctx, kind)
 	require.NoError(t, err)
 	require.Equal(t, int32(2), lim.Max, "the copy read before the change was used after it was heard")
+}
+
+// TestAChangeOfAnotherKindLeavesADecisionBe: a job decided and not begun
+// is decided again when the worker hears a change of its own kind's limits
+// (or one that names no kind, or its listener connecting again: a change
+// may have been missed), not when it hears a change of another kind's: a
+// decision again is a ledger transaction, and while it runs younger jobs
+// of the job's line may start first.
+func TestAChangeOfAnotherKindLeavesADecisionBe(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	const kind, other = "test.recheck.mine", "test.recheck.other"
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	t.Cleanup(l.Flush)
+	l.limits.connected()
+	require.NoError(t, l.SetRate(ctx, kind, Rate{Max: 5, Per: time.Second}, nil))
+
+	q := l.queues.of(kind)
+	decided := func(id int64) *local.Job {
+		j := q.Fetch([]local.Fetched{{ID: id, Fetched: time.Now()}})[0]
+		j.Stamp(l.limits.gen.Load())
+		require.True(t, q.Work(id, local.NoSlot))
+		return j
+	}
+	j := decided(1)
+	l.limits.expire(other)
+	require.False(t, l.limitCameAfter(ctx, q, j), "a change of another kind made the job be decided again")
+	require.Equal(t, l.limits.gen.Load(), j.Stamped(), "the job holds every change heard")
+	q.Forget(j.ID)
+
+	for name, changed := range map[string]string{"its kind": kind, "no kind named": ""} {
+		j := decided(map[string]int64{kind: 2, "": 3}[changed])
+		l.limits.expire(changed)
+		require.True(t, l.limitCameAfter(ctx, q, j), "a change of %s left the job as it was decided", name)
+		q.Forget(j.ID)
+	}
 }

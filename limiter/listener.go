@@ -64,7 +64,7 @@ func (l *Limiter) listen(ctx context.Context) {
 		Notified: func(n *pgconn.Notification) {
 			switch n.Channel {
 			case LimitChannel:
-				l.limits.expire()
+				l.limits.expire(n.Payload)
 				l.staleViews()
 				if n.Payload != "" && !l.isStopped() {
 					// A change made by any SQL (a migration, psql) gives its room

@@ -152,8 +152,9 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 }
 
 // limitCameAfter reports whether j, Working and not begun, was made
-// Deciding again because the worker heard a change of limits since j's
-// decision was asked and its kind has a limit now: its decision again
+// Deciding again because the worker heard a change of its kind's limits
+// since j's decision was asked (a change of another kind's leaves it be)
+// and its kind has a limit now: its decision again
 // checks that it holds what the limits now ask (a slot under a
 // concurrency limit, a start under a rate; nothing will do under a circuit
 // breaker), or gives back what it holds and decides it afresh, in one
@@ -166,10 +167,16 @@ func (l *Limiter) follow(ctx context.Context, q *local.Queue, j *local.Job, job 
 // limits). A change heard after it begins leaves it be: it began within
 // the change's window.
 func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.Job) bool {
-	if j.Slot() == local.LeasedSlot || l.limits.gen.Load() == j.Stamped() {
+	gen := l.limits.gen.Load()
+	if j.Slot() == local.LeasedSlot || gen == j.Stamped() {
 		return false
 	}
-	gen := l.limits.gen.Load()
+	if !l.limits.changedSince(q.Kind(), j.Stamped()) {
+		// The changes heard since were of other kinds': its decision
+		// stands.
+		j.Restamp(gen)
+		return false
+	}
 	lim, err := l.limits.of(ctx, q.Kind())
 	if err != nil || lim.Regime() == ledger.Unlimited {
 		return false
