@@ -283,6 +283,17 @@ func (q *Queue) precedesLocked(o, j *Job) bool {
 	return o.ID < j.ID
 }
 
+// laterLocked reports whether o starts after y, of its key, in the order
+// the kind's jobs start in: in fetch order under a per-kind limit alone,
+// else in job-id order (a retry fetched again after a younger job is still
+// the older); q.mu is held.
+func (q *Queue) laterLocked(o, y *Job) bool {
+	if q.byFetch {
+		return y.before(o)
+	}
+	return y.ID < o.ID
+}
+
 // Kind is the queue's kind.
 func (q *Queue) Kind() string { return q.kind }
 
@@ -590,8 +601,8 @@ func (q *Queue) SwapFor(id int64) *Job {
 	}
 	var y *Job
 	for _, o := range q.jobs {
-		if q.swappableLocked(o, x) && (y == nil || y.before(o)) {
-			y = o // the last in line order: the youngest
+		if q.swappableLocked(o, x) && (y == nil || q.laterLocked(o, y)) {
+			y = o // the last in the order its key starts in: the youngest
 		}
 	}
 	if y == nil {

@@ -909,3 +909,26 @@ func TestEndAheadLeavesASwappedJobWaiting(t *testing.T) {
 		t.Fatal("a swapped job's wait was ended as a job resumed ahead")
 	}
 }
+
+// TestSwapForTakesTheYoungestByJobID: under a per-key limit or a rate a
+// key's jobs start in job-id order, so the slot an older job deciding to
+// wait takes (SwapFor) is that of the youngest job by id holding one, not
+// of the one fetched last: a retry fetched again after a younger job of
+// its key would otherwise give its slot away and wait while the younger
+// one starts (torture seed 675751568: job 217, fetched again after 221,
+// gave its slot to an older job and 221 began before it).
+func TestSwapForTakesTheYoungestByJobID(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 20, Key: "a", Fetched: now}})
+	q.Fetch([]Fetched{{ID: 10, Key: "a", Fetched: now.Add(time.Millisecond)}})
+	for _, id := range []int64{20, 10} {
+		if !q.Work(id, LineSlot) {
+			t.Fatalf("job %d did not work", id)
+		}
+	}
+	q.Fetch([]Fetched{{ID: 5, Key: "a", Fetched: now.Add(2 * time.Millisecond)}})
+	if y := q.SwapFor(5); y == nil || y.ID != 20 {
+		t.Fatalf("SwapFor(5) = %v, want job 20, the youngest by id", y)
+	}
+}
