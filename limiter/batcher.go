@@ -1,9 +1,6 @@
 package limiter
 
-import (
-	"slices"
-	"sync"
-)
+import "sync"
 
 // maxBatch caps how many requests one group-commit statement handles.
 const maxBatch = 1000
@@ -54,18 +51,6 @@ func (b *batcher[R]) submitAsync(r *R) {
 	b.running++
 	b.mu.Unlock()
 	go b.drain()
-}
-
-// take removes up to n of the requests waiting for a batch and returns
-// them, for the caller to process (close their done) in a batch of its
-// own. A batch already running is not touched.
-func (b *batcher[R]) take(n int) []*R {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n = max(min(n, len(b.pending)), 0)
-	out := slices.Clone(b.pending[:n])
-	b.pending = b.pending[n:]
-	return out
 }
 
 // flush waits until every request submitted so far has been processed.

@@ -37,16 +37,6 @@ type decideRequest struct {
 // starts what it leaves to do: a grant round for kinds with room while
 // jobs wait for their turn, the timers of rate windows.
 func (l *Limiter) decideBatch(batch []*decideRequest) {
-	jobs, kinds := l.batchJobs(batch)
-	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-	defer cancel()
-	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
-	l.decidedBatch(ctx, batch, jobs, out, err)
-}
-
-// batchJobs are the jobs of batch, as they go to the ledger, and their
-// kinds.
-func (l *Limiter) batchJobs(batch []*decideRequest) ([]ledger.Job, []string) {
 	var jobs []ledger.Job
 	for _, r := range batch {
 		jobs = append(jobs, r.jobs...)
@@ -66,12 +56,9 @@ func (l *Limiter) batchJobs(batch []*decideRequest) ([]ledger.Job, []string) {
 			jobs[i].HeldBehind = q.HeldBehind(jobs[i].ID)
 		}
 	}
-	return jobs, kinds
-}
-
-// decidedBatch hands batch's requests the ledger's decision of their jobs
-// (out, or err), and starts what it leaves to do.
-func (l *Limiter) decidedBatch(ctx context.Context, batch []*decideRequest, jobs []ledger.Job, out *ledger.Decided, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+	defer cancel()
+	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
 	if err == nil {
 		l.restamp(ctx, jobs, out.Limits)
 		if len(out.Recheck) > 0 {
@@ -155,22 +142,6 @@ type deciders struct {
 	l   *Limiter
 	mu  sync.Mutex
 	all map[string]*batcher[decideRequest]
-}
-
-// take takes the decisions waiting for the batchers of kinds (none made
-// for them), for a release of those kinds to write in its transaction
-// (Limiter.releaseBatch): they would otherwise queue on the kinds' locks
-// right behind it.
-func (d *deciders) take(kinds []string) []*decideRequest {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []*decideRequest
-	for _, kind := range kinds {
-		if b := d.all[kind]; b != nil {
-			out = append(out, b.take(maxBatch-len(out))...)
-		}
-	}
-	return out
 }
 
 // of returns kind's batcher, made if missing.

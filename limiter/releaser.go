@@ -48,11 +48,8 @@ type releaseRequest struct {
 
 // releaseBatch writes batch in one ledger transaction (ledger.Release),
 // after the releases that failed before it, and tells the jobs of this
-// worker that its grant rounds gave a slot or a start. The decisions
-// waiting for their turn of the kinds it frees go in the same transaction,
-// after it (ledger.ReleaseAndDecide): one lock and one commit for both.
-// When it fails, it is written again, with what comes next, after a delay
-// (retryRelease), and the decisions are made alone.
+// worker that its grant rounds gave a slot or a start. When it fails, it
+// is written again, with what comes next, after a delay (retryRelease).
 func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	u := &l.unreleased
 	retried := len(u.batch) > 0
@@ -75,26 +72,7 @@ func (l *Limiter) releaseBatch(batch []*releaseRequest) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
-	var decisions []*decideRequest
-	if !retried {
-		// The decisions of those kinds waiting for their turn go in the
-		// same transaction, after the release.
-		decisions = l.deciders.take(kinds)
-	}
-	var out *ledger.Granted
-	var err error
-	if len(decisions) == 0 {
-		out, err = l.ledger.Release(ctx, r, l.limits.guess(ctx, kinds))
-	} else {
-		jobs, _ := l.batchJobs(decisions)
-		var decided *ledger.Decided
-		out, decided, err = l.ledger.ReleaseAndDecide(ctx, r, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
-		if err != nil {
-			l.decideBatch(decisions) // decided alone, as they would have been
-		} else {
-			defer l.decidedBatch(ctx, decisions, jobs, decided, nil) // after the grants are told
-		}
-	}
+	out, err := l.ledger.Release(ctx, r, l.limits.guess(ctx, kinds))
 	if err != nil {
 		l.retryRelease(batch, kinds, err)
 		return

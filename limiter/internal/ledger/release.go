@@ -3,10 +3,8 @@ package ledger
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sort"
-	"time"
 
 	"github.com/sluice-dev/sluice/db"
 )
@@ -87,8 +85,33 @@ func (r Release) kinds() []string {
 func (l *Ledger) Release(ctx context.Context, r Release, guess map[string]Limits) (*Granted, error) {
 	var out *Granted
 	err := withRelock(guess, func(guess map[string]Limits) error {
-		kinds, keys := r.kinds(), r.keys()
-		locks := r.locks(kinds, guess, keys)
+		kinds := r.kinds()
+		keys := map[string][]string{}
+		for _, hs := range [][]Held{r.Ended, r.Forgotten} {
+			for _, h := range hs {
+				if h.Key != "" {
+					keys[h.Kind] = append(keys[h.Kind], h.Key)
+				}
+			}
+		}
+		for _, h := range r.Handed {
+			if h.From.Key != "" {
+				keys[h.From.Kind] = append(keys[h.From.Kind], h.From.Key)
+			}
+		}
+		for kind, ks := range r.KeyRounds {
+			for _, key := range ks {
+				if key != "" {
+					keys[kind] = append(keys[kind], key)
+				}
+			}
+		}
+		locks := locksFor(kinds, guess, keys)
+		for i := range locks {
+			if slices.Contains(r.Rounds, locks[i].kind) {
+				locks[i].shared, locks[i].keys = false, nil
+			}
+		}
 		return l.run(ctx, locks, func(tx *Tx) error {
 			var err error
 			out, err = tx.release(locks, guess, kinds, keys, r)
@@ -99,99 +122,6 @@ func (l *Ledger) Release(ctx context.Context, r Release, guess map[string]Limits
 		return nil, fmt.Errorf("release: %w", err)
 	}
 	return out, nil
-}
-
-// ReleaseAndDecide is a Release and then a Decide of jobs in one
-// transaction, one lock of each kind and one commit where the two would
-// queue on the kind's lock one after the other: the release frees its
-// slots and its rounds give them to the front of the line first, and the
-// jobs are decided after, as a decision right after the release would
-// decide them (every job that waited in the line before them went
-// first). guess is the worker's copy of the kinds' limits.
-func (l *Ledger) ReleaseAndDecide(ctx context.Context, r Release, jobs []Job, guess map[string]Limits,
-	parkAfter time.Duration) (*Granted, *Decided, error) {
-	var granted *Granted
-	var decided *Decided
-	err := withRelock(guess, func(guess map[string]Limits) error {
-		kinds, keys := r.kinds(), r.keys()
-		jobKinds, jobKeys := decideLocks(jobs, guess)
-		all := slices.Clone(kinds)
-		allKeys := maps.Clone(keys)
-		for _, kind := range jobKinds {
-			if !slices.Contains(all, kind) {
-				all = append(all, kind)
-			}
-			allKeys[kind] = slices.Concat(allKeys[kind], jobKeys[kind])
-		}
-		sort.Strings(all)
-		locks := r.locks(all, guess, allKeys)
-		return l.run(ctx, locks, func(tx *Tx) error {
-			var err error
-			if granted, err = tx.release(locksOf(locks, kinds), guess, kinds, keys, r); err != nil {
-				return err
-			}
-			// The decisions read the counts: the release's go in first.
-			if err := tx.counts.save(tx.ctx, tx.q); err != nil {
-				return err
-			}
-			decided, err = tx.decide(locksOf(locks, jobKinds), guess, jobKinds, jobs, parkAfter)
-			return err
-		})
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("release and decide: %w", err)
-	}
-	return granted, decided, nil
-}
-
-// keys are the keys whose rows a release takes under per-key limits
-// alone (kind → keys): those of the slots it frees or moves, and those of
-// its KeyRounds.
-func (r Release) keys() map[string][]string {
-	keys := map[string][]string{}
-	for _, hs := range [][]Held{r.Ended, r.Forgotten} {
-		for _, h := range hs {
-			if h.Key != "" {
-				keys[h.Kind] = append(keys[h.Kind], h.Key)
-			}
-		}
-	}
-	for _, h := range r.Handed {
-		if h.From.Key != "" {
-			keys[h.From.Kind] = append(keys[h.From.Kind], h.From.Key)
-		}
-	}
-	for kind, ks := range r.KeyRounds {
-		for _, key := range ks {
-			if key != "" {
-				keys[kind] = append(keys[kind], key)
-			}
-		}
-	}
-	return keys
-}
-
-// locks are the locks of kinds (locksFor) for a transaction of r: a kind
-// whose whole line r reads (Rounds) exclusive.
-func (r Release) locks(kinds []string, guess map[string]Limits, keys map[string][]string) []lock {
-	locks := locksFor(kinds, guess, keys)
-	for i := range locks {
-		if slices.Contains(r.Rounds, locks[i].kind) {
-			locks[i].shared, locks[i].keys = false, nil
-		}
-	}
-	return locks
-}
-
-// locksOf are the locks of kinds among locks.
-func locksOf(locks []lock, kinds []string) []lock {
-	var out []lock
-	for _, k := range locks {
-		if slices.Contains(kinds, k.kind) {
-			out = append(out, k)
-		}
-	}
-	return out
 }
 
 // release frees what r frees, reads the kinds' lines, and runs their
