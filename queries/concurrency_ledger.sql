@@ -1024,10 +1024,15 @@ ON CONFLICT (job_id) DO UPDATE SET leased = false, key = EXCLUDED.key;
 -- a fetch, so that the change's round and the decisions after it let no
 -- younger job of its line take the room first: its worker decides it
 -- again before it begins (limiter.limitCameAfter), and that decision
--- takes the mark away. The ledger cannot tell a job that began already
--- (its worker leaves it be), so the mark counts for hold_ms from now at
--- most (its fetched_at is set so: the ledger reads marks for two
--- seconds), and never later than the job's real fetch.
+-- takes the mark away. When the kind had no limit before the change
+-- (was_unlimited), so are the running jobs of the kind fetched within the
+-- two seconds a mark counts that hold nothing (decided to run with no
+-- limit: a job that had parked before goes through its worker's queue
+-- even then) and neither wait in the line nor are marked already: the
+-- ledger has no row of theirs to tell them by. The ledger cannot tell a
+-- job that began already (its worker leaves it be), so the mark counts
+-- for hold_ms from now at most (its fetched_at is set so: the ledger reads
+-- marks for two seconds), and never later than the job's real fetch.
 WITH lim AS (
     SELECT l.kind, l.partition_fields,
            (l.max_concurrency > 0 OR COALESCE(l.key_max, 0) > 0) AS slotted,
@@ -1039,6 +1044,12 @@ held AS (
     SELECT e.job_id FROM concurrency_executions e WHERE e.kind = sqlc.arg(kind) AND NOT e.reserved
     UNION
     SELECT s.job_id FROM concurrency_starts s WHERE s.kind = sqlc.arg(kind) AND NOT s.reserved
+    UNION
+    SELECT j.id FROM river_job j
+    WHERE sqlc.arg(was_unlimited)::boolean AND j.kind = sqlc.arg(kind) AND (j.state = 'running') IS TRUE
+      AND j.attempted_at > statement_timestamp() - interval '2 seconds'
+      AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = j.id) IS NULL
+      AND (SELECT f.job_id FROM concurrency_fetches f WHERE f.job_id = j.id) IS NULL
 ),
 unfit AS (
     SELECT j.id, j.args, j.attempted_at,

@@ -31,7 +31,8 @@ const RecheckHold = 250 * time.Millisecond
 // the running jobs that hold less than the new limits ask as fetched and not
 // decided for RecheckHold (their workers decide them again before they
 // begin: the round below passes none of their lines' younger jobs ahead of
-// them), and, with no
+// them; where the kind had no limit, every job of it fetched within the
+// marks' two seconds that holds nothing), and, with no
 // limit left, lets every job of the line go (its leases, reservations and
 // row go with it); else it takes back the grants not claimed yet that the
 // new limits no longer allow, recounts, and gives the room to the front of
@@ -82,7 +83,8 @@ func (l *Ledger) Change(ctx context.Context, kind string, edit func(tx *Tx) erro
 			}
 		}
 		if c.Regime() != Unlimited && c.Max >= 0 {
-			if err := tx.q.LedgerMarkRechecks(tx.ctx, db.LedgerMarkRechecksParams{Kind: kind, HoldMs: RecheckHold.Milliseconds()}); err != nil {
+			if err := tx.q.LedgerMarkRechecks(tx.ctx, db.LedgerMarkRechecksParams{Kind: kind, HoldMs: RecheckHold.Milliseconds(),
+				WasUnlimited: before[kind].Regime() == Unlimited}); err != nil {
 				return fmt.Errorf("mark the jobs decided again: %w", err)
 			}
 		}

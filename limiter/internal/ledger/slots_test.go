@@ -618,3 +618,26 @@ func TestCleanUpLeavesASlotBeingHandedOver(t *testing.T) {
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_limits WHERE kind = $1 AND admitted = 1`, kind),
 		"counted once")
 }
+
+// TestAChangeFromNoLimitHoldsItsRoomForAJobRunningFree: with no limit,
+// job A, which had parked before, was fetched by w2 and decided to run
+// with no slot, and has not begun when a per-kind limit of 1 is set; B, a
+// younger job of the kind, is fetched by w1 after the change. A holds no
+// row the ledger could tell it by, so the change marks it as fetched and
+// not decided (for RecheckHold at most): B waits behind it, and A, decided
+// again by its worker, takes the slot (seed 421705582: B took the new
+// slot and began while A, fetched 56 ms before it, was decided again).
+func TestAChangeFromNoLimitHoldsItsRoomForAJobRunningFree(t *testing.T) {
+	t.Parallel()
+	const kind = "test.change.fromnone"
+	pool, w1 := newLedger(t, "w1")
+	w2 := ledger.New(ledger.Config{Pool: pool, WorkerID: "w2"})
+	a := running(t, pool, kind, `{}`, "w2", 1, time.Now())
+	require.Equal(t, ledger.Run, decideOne(t, w2, a, nil).Action, "no limit: it runs")
+
+	setLimits(t, w1, kind, "max_concurrency = 1")
+	b := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Wait, decideOne(t, w1, b, nil).Action, "the younger job took the slot ahead of A")
+	a.Recheck = true
+	require.Equal(t, ledger.Slot, decideOne(t, w2, a, nil).Action, "A decided again takes the slot")
+}
