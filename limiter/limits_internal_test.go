@@ -58,15 +58,9 @@ func TestHeldAsNamesOnlyTheLimitsHeld(t *testing.T) {
 func TestACopyReadBeforeAChangeHeardIsNotUsed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.New(t)
-	pool, err := pgkit.Open(ctx, url, 10*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
 	const kind = "test.copy.stale"
-	l, err := New(Config{Pool: pool, WorkerID: "w1"})
-	require.NoError(t, err)
-	t.Cleanup(l.Flush)
-	l.limits.connected() // as its listener does: the copy is trusted until a change is heard
+	l := listeningLimiter(t)
+	pool := l.pool // as its listener does: the copy is trusted until a change is heard
 	require.NoError(t, l.SetConcurrency(ctx, kind, 1))
 	before, err := l.limits.snapshot(ctx)
 	require.NoError(t, err)
@@ -92,15 +86,8 @@ func TestACopyReadBeforeAChangeHeardIsNotUsed(t *testing.T) {
 func TestAChangeOfAnotherKindLeavesADecisionBe(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testdb.New(t)
-	pool, err := pgkit.Open(ctx, url, 10*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
 	const kind, other = "test.recheck.mine", "test.recheck.other"
-	l, err := New(Config{Pool: pool, WorkerID: "w1"})
-	require.NoError(t, err)
-	t.Cleanup(l.Flush)
-	l.limits.connected()
+	l := listeningLimiter(t)
 	require.NoError(t, l.SetRate(ctx, kind, Rate{Max: 5, Per: time.Second}, nil))
 
 	q := l.queues.of(kind)
@@ -122,4 +109,20 @@ func TestAChangeOfAnotherKindLeavesADecisionBe(t *testing.T) {
 		require.True(t, l.limitCameAfter(ctx, q, j), "a change of %s left the job as it was decided", name)
 		q.Forget(j.ID)
 	}
+}
+
+// listeningLimiter is a Limiter of worker "w1" on a fresh database, its
+// copy of the limits as its listener leaves it on connecting (trusted
+// until a change is heard); no listener runs.
+func listeningLimiter(t *testing.T) *Limiter {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgkit.Open(ctx, testdb.New(t), 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	t.Cleanup(l.Flush)
+	l.limits.connected()
+	return l
 }
