@@ -1046,7 +1046,9 @@ held AS (
     SELECT s.job_id FROM concurrency_starts s WHERE s.kind = sqlc.arg(kind) AND NOT s.reserved
     UNION
     SELECT j.id FROM river_job j
-    WHERE sqlc.arg(was_unlimited)::boolean AND j.kind = sqlc.arg(kind) AND (j.state = 'running') IS TRUE
+    -- (By state first: River's fetch index leads with it, and a kind's
+    -- finished jobs may be many.)
+    WHERE sqlc.arg(was_unlimited)::boolean AND j.state = 'running' AND j.kind = sqlc.arg(kind)
       AND j.attempted_at > statement_timestamp() - interval '2 seconds'
       AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = j.id) IS NULL
       AND (SELECT f.job_id FROM concurrency_fetches f WHERE f.job_id = j.id) IS NULL
