@@ -1220,8 +1220,9 @@ held AS (
     SELECT s.job_id FROM concurrency_starts s WHERE s.kind = $1 AND NOT s.reserved
     UNION
     SELECT j.id FROM river_job j
-    -- (By state first: River's fetch index leads with it, and a kind's
-    -- finished jobs may be many.)
+    -- (A plain state = 'running', not the IS TRUE form used elsewhere:
+    -- River's fetch index, which leads with the state, then serves it; a
+    -- kind's finished jobs may be many.)
     WHERE $3::boolean AND j.state = 'running' AND j.kind = $1
       AND j.attempted_at > statement_timestamp() - interval '2 seconds'
       AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = j.id) IS NULL

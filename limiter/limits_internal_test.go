@@ -60,7 +60,7 @@ func TestACopyReadBeforeAChangeHeardIsNotUsed(t *testing.T) {
 	ctx := context.Background()
 	const kind = "test.copy.stale"
 	l := listeningLimiter(t)
-	pool := l.pool // as its listener does: the copy is trusted until a change is heard
+	pool := l.pool
 	require.NoError(t, l.SetConcurrency(ctx, kind, 1))
 	before, err := l.limits.snapshot(ctx)
 	require.NoError(t, err)

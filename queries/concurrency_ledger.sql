@@ -1046,8 +1046,9 @@ held AS (
     SELECT s.job_id FROM concurrency_starts s WHERE s.kind = sqlc.arg(kind) AND NOT s.reserved
     UNION
     SELECT j.id FROM river_job j
-    -- (By state first: River's fetch index leads with it, and a kind's
-    -- finished jobs may be many.)
+    -- (A plain state = 'running', not the IS TRUE form used elsewhere:
+    -- River's fetch index, which leads with the state, then serves it; a
+    -- kind's finished jobs may be many.)
     WHERE sqlc.arg(was_unlimited)::boolean AND j.state = 'running' AND j.kind = sqlc.arg(kind)
       AND j.attempted_at > statement_timestamp() - interval '2 seconds'
       AND (SELECT w.job_id FROM concurrency_waiters w WHERE w.job_id = j.id) IS NULL
