@@ -1167,6 +1167,41 @@ func (q *Queries) LedgerLockKinds(ctx context.Context, arg LedgerLockKindsParams
 	return err
 }
 
+const ledgerLockSteals = `-- name: LedgerLockSteals :one
+WITH slots AS (
+    SELECT e.job_id FROM concurrency_executions e
+    WHERE e.job_id = ANY($1::bigint[]) AND e.reserved
+    FOR UPDATE
+),
+starts AS (
+    SELECT s.job_id FROM concurrency_starts s
+    WHERE s.job_id = ANY($1::bigint[]) AND s.reserved
+    FOR UPDATE
+)
+SELECT COALESCE((SELECT array_agg(job_id) FROM slots), '{}')::bigint[] AS slots,
+       COALESCE((SELECT array_agg(job_id) FROM starts), '{}')::bigint[] AS starts
+`
+
+type LedgerLockStealsRow struct {
+	Slots  []int64 `json:"slots"`
+	Starts []int64 `json:"starts"`
+}
+
+// Locks the grants a decision takes from younger jobs of their lines
+// (job_ids: LedgerStealGrants), before it writes, and returns those still
+// reserved: their reserved slots and their reserved starts. A start
+// granted to a job waiting in a worker is claimed by that worker without
+// the kind's lock (LedgerClaimStarts, as the grant wakes it): one claimed
+// since the decision read it is its job's now, and the decision, which
+// counted it as taken, is made again. A claim that comes after this lock
+// waits for the decision's commit, and finds the grant gone.
+func (q *Queries) LedgerLockSteals(ctx context.Context, jobIds []int64) (*LedgerLockStealsRow, error) {
+	row := q.db.QueryRow(ctx, ledgerLockSteals, jobIds)
+	var i LedgerLockStealsRow
+	err := row.Scan(&i.Slots, &i.Starts)
+	return &i, err
+}
+
 const ledgerMarkFetched = `-- name: LedgerMarkFetched :exec
 INSERT INTO concurrency_fetches (job_id, kind, key, worker_id, fetched_at, leased)
 SELECT f.job_id, f.kind, NULLIF(f.key, ''), $1::text, now(), f.leased

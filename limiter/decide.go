@@ -47,18 +47,18 @@ func (l *Limiter) decideBatch(batch []*decideRequest) {
 			kinds = append(kinds, j.Kind)
 		}
 	}
-	// Whether a younger job of its key here holds a slot it has not begun
-	// on is looked at now, as the batch goes to the ledger: a decision of
-	// the batch before (one batch per kind at a time) may have given one
-	// since the job was sent.
-	for i := range jobs {
-		if q := l.queues.get(jobs[i].Kind); q != nil {
-			jobs[i].HeldBehind = q.HeldBehind(jobs[i].ID)
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 	defer cancel()
-	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter)
+	// Whether a younger job of its key here holds a slot (or a start) it
+	// has not begun on is looked at as the ledger reads the line under the
+	// kind's lock: a grant given while the batch waited for the lock
+	// (claimed, and held back behind the job deciding) is the job's to
+	// take, not a reason to park it (seed 836093428).
+	heldBehind := func(j ledger.Job) bool {
+		q := l.queues.get(j.Kind)
+		return q != nil && q.HeldBehind(j.ID)
+	}
+	out, err := l.ledger.Decide(ctx, jobs, l.limits.guess(ctx, kinds), l.parkAfter, heldBehind)
 	if err == nil {
 		l.restamp(ctx, jobs, out.Limits)
 		if len(out.Recheck) > 0 {

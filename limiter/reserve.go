@@ -38,7 +38,7 @@ type SlotReservation struct {
 // ever waiting in the line.
 func (l *Limiter) ReserveSlot(ctx context.Context, job *rivertype.JobRow) (SlotReservation, error) {
 	decided, err := l.ledger.Decide(ctx, []ledger.Job{{ID: job.ID, Kind: job.Kind, Args: job.EncodedArgs, Reserve: true}},
-		l.limits.guess(ctx, []string{job.Kind}), l.parkAfter)
+		l.limits.guess(ctx, []string{job.Kind}), l.parkAfter, nil)
 	if err != nil {
 		return SlotReservation{}, fmt.Errorf("reserve a %s slot: %w", job.Kind, err)
 	}

@@ -1280,6 +1280,28 @@ back AS (
 )
 SELECT r.job_id FROM revoked r;
 
+-- name: LedgerLockSteals :one
+-- Locks the grants a decision takes from younger jobs of their lines
+-- (job_ids: LedgerStealGrants), before it writes, and returns those still
+-- reserved: their reserved slots and their reserved starts. A start
+-- granted to a job waiting in a worker is claimed by that worker without
+-- the kind's lock (LedgerClaimStarts, as the grant wakes it): one claimed
+-- since the decision read it is its job's now, and the decision, which
+-- counted it as taken, is made again. A claim that comes after this lock
+-- waits for the decision's commit, and finds the grant gone.
+WITH slots AS (
+    SELECT e.job_id FROM concurrency_executions e
+    WHERE e.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND e.reserved
+    FOR UPDATE
+),
+starts AS (
+    SELECT s.job_id FROM concurrency_starts s
+    WHERE s.job_id = ANY(sqlc.arg(job_ids)::bigint[]) AND s.reserved
+    FOR UPDATE
+)
+SELECT COALESCE((SELECT array_agg(job_id) FROM slots), '{}')::bigint[] AS slots,
+       COALESCE((SELECT array_agg(job_id) FROM starts), '{}')::bigint[] AS starts;
+
 -- name: LedgerStealGrants :exec
 -- Takes back grants not claimed yet (job_ids: their reserved slots and
 -- starts) for older jobs of their lines that start in their place: each

@@ -144,15 +144,20 @@ type Decided struct {
 // (waiting there would only hold a River slot of this worker that a job
 // of another key could start on), or a wait that is over. guess is the
 // worker's copy of the kinds' limits (for the locks: read again under
-// them).
-func (l *Ledger) Decide(ctx context.Context, jobs []Job, guess map[string]Limits, parkAfter time.Duration) (*Decided, error) {
+// them). heldBehind, when not nil, tells each job's HeldBehind as the
+// decision reads the line under the kinds' locks: a grant that a younger
+// job of its key took while the job's decision waited for the locks holds
+// that job back in its worker, and it is the job's to take (Swap) rather
+// than park behind.
+func (l *Ledger) Decide(ctx context.Context, jobs []Job, guess map[string]Limits, parkAfter time.Duration,
+	heldBehind func(Job) bool) (*Decided, error) {
 	var out *Decided
 	err := withRelock(guess, func(guess map[string]Limits) error {
 		kinds, keys := decideLocks(jobs, guess)
 		locks := locksFor(kinds, guess, keys)
 		return l.run(ctx, locks, func(tx *Tx) error {
 			var err error
-			out, err = tx.decide(locks, guess, kinds, jobs, parkAfter)
+			out, err = tx.decide(locks, guess, kinds, jobs, parkAfter, heldBehind)
 			return err
 		})
 	})
@@ -198,7 +203,8 @@ type decided struct {
 }
 
 // decide reads the jobs' state under the locks and decides them.
-func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs []Job, parkAfter time.Duration) (*Decided, error) {
+func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs []Job, parkAfter time.Duration,
+	heldBehind func(Job) bool) (*Decided, error) {
 	p := db.LedgerDecideStateParams{MaxAhead: maxAhead, MaxSteals: int32(min(len(jobs), maxSteals)), Kinds: kinds, WorkerID: tx.l.worker}
 	for _, j := range jobs {
 		key, _ := PartitionKey(j.Args, guess[j.Kind].Fields)
@@ -246,6 +252,9 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 	all := make([]*decided, len(jobs))
 	for i, j := range jobs {
 		d := &decided{Job: j, h: holdings[j.ID]}
+		if heldBehind != nil {
+			d.HeldBehind = heldBehind(j)
+		}
 		d.d = Decision{Job: j.ID, Kind: j.Kind, Key: d.h.Key}
 		all[i] = d
 		byKind[j.Kind] = append(byKind[j.Kind], d)
@@ -683,15 +692,18 @@ type decideWrites struct {
 	restamp []int64 // jobs whose starts are logged again
 	slots   db.LedgerInsertSlotsParams
 	steals  []int64
-	claims  []int64
-	unwait  []int64
-	forget  []int64
-	starts  map[string]*db.LedgerStartsParams
-	waits   map[string]*db.LedgerWaitParams
-	parkNow db.LedgerParkFetchedParams
-	parkDsp db.LedgerParkDispatchedParams
-	backNow []int64
-	backDsp db.LedgerStepBackDispatchedParams
+	// stealNeeds are what each steal takes (in step with steals): a
+	// reserved slot, a reserved start.
+	stealNeeds []stealNeed
+	claims     []int64
+	unwait     []int64
+	forget     []int64
+	starts     map[string]*db.LedgerStartsParams
+	waits      map[string]*db.LedgerWaitParams
+	parkNow    db.LedgerParkFetchedParams
+	parkDsp    db.LedgerParkDispatchedParams
+	backNow    []int64
+	backDsp    db.LedgerStepBackDispatchedParams
 }
 
 // add gathers what the decision of d writes, and counts it.
@@ -717,6 +729,7 @@ func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
 		case d.admit:
 			if d.steal != 0 {
 				w.steals = append(w.steals, d.steal)
+				w.stealNeeds = append(w.stealNeeds, stealNeed{slot: c.Slotted(), start: c.RateMax > 0})
 				if c.Slotted() {
 					tx.counts.addSlots(d.Kind, key, -1)
 				}
@@ -784,6 +797,29 @@ func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
 	}
 }
 
+// stealNeed is what a steal takes from the younger job: its reserved
+// slot, its reserved start.
+type stealNeed struct{ slot, start bool }
+
+// lockSteals locks the grants the decision takes (LedgerLockSteals) and
+// returns errStale when one of them was claimed since the decision read
+// it: a start granted to a job waiting in a worker is claimed without the
+// kind's lock, and a decision that took it anyway would let one start too
+// many (seed 836093428).
+func (w *decideWrites) lockSteals(tx *Tx) error {
+	got, err := tx.q.LedgerLockSteals(tx.ctx, w.steals)
+	if err != nil {
+		return fmt.Errorf("lock the grants taken: %w", err)
+	}
+	for i, id := range w.steals {
+		need := w.stealNeeds[i]
+		if (need.slot && !slices.Contains(got.Slots, id)) || (need.start && !slices.Contains(got.Starts, id)) {
+			return errStale
+		}
+	}
+	return nil
+}
+
 func (w *decideWrites) startsOf(kind string, reserved bool) *db.LedgerStartsParams {
 	if w.starts == nil {
 		w.starts = map[string]*db.LedgerStartsParams{}
@@ -827,6 +863,9 @@ func (w *decideWrites) write(tx *Tx) error {
 		}
 	}
 	if len(w.steals) > 0 {
+		if err := w.lockSteals(tx); err != nil {
+			return err
+		}
 		if err := q.LedgerStealGrants(ctx, w.steals); err != nil {
 			return fmt.Errorf("take grants for older jobs: %w", err)
 		}

@@ -42,7 +42,7 @@ func TestAJobFetchedElsewhereGoesFirst(t *testing.T) {
 			require.Equal(t, c.reason, d.Reason)
 			requireNotGranted(t, w2, pool, c.kind, younger.ID)
 
-			out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+			out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second, nil)
 			require.NoError(t, err)
 			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the older job: room")
 			requireRoundDue(t, out, c.kind, c.key, "a younger job waits with room left")
@@ -90,7 +90,7 @@ func TestAJobGrantedOnItsWayGoesFirst(t *testing.T) {
 
 	exec(t, pool, `UPDATE river_job SET state = 'running', attempted_at = now() WHERE id = $1`, older.ID)
 	older.FetchedAt = time.Now()
-	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second, nil)
 	require.NoError(t, err)
 	require.Equal(t, ledger.Run, out.Decisions[0].Action, "the older job claims its start")
 	requireRoundDue(t, out, kind, `"a"`, "a younger job waits behind the claimed grant")
@@ -184,7 +184,7 @@ func TestAJobLetGoGoesFirst(t *testing.T) {
 	require.Equal(t, ledger.ReasonFIFO, d.Reason)
 
 	older.FetchedAt = time.Now()
-	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+	out, err := w1.Decide(ctx, []ledger.Job{older}, nil, time.Second, nil)
 	require.NoError(t, err)
 	require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the job let go: room")
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_fetches WHERE job_id = $1`, older.ID),
@@ -335,7 +335,7 @@ func TestJobsWaitingForLeasedSlotsGoFirstAfterAChange(t *testing.T) {
 			require.Equal(t, ledger.ReasonKeyFIFO, d.Reason)
 			requireNotGranted(t, w1, pool, kind, younger.ID)
 
-			out, err := w2.Decide(ctx, []ledger.Job{older}, nil, time.Second)
+			out, err := w2.Decide(ctx, []ledger.Job{older}, nil, time.Second, nil)
 			require.NoError(t, err)
 			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the older job goes first")
 		})
@@ -374,7 +374,7 @@ func TestAnUnleasedMarkHoldsLeasesBack(t *testing.T) {
 	require.WithinDuration(t, time.Now(), st.OldestOther, 5*time.Second)
 	require.Equal(t, job.ID, st.OldestOtherLine, "the job fetched for the line is the oldest of the line elsewhere")
 
-	_, err = waiter.Decide(ctx, []ledger.Job{{ID: job.ID, Kind: kind, Args: []byte(`{}`), FetchedAt: time.Now(), Attempt: 1}}, nil, time.Second)
+	_, err = waiter.Decide(ctx, []ledger.Job{{ID: job.ID, Kind: kind, Args: []byte(`{}`), FetchedAt: time.Now(), Attempt: 1}}, nil, time.Second, nil)
 	require.NoError(t, err)
 	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)

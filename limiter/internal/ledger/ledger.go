@@ -114,10 +114,15 @@ type errRelock struct {
 
 func (e *errRelock) Error() string { return "ledger: the kinds' limits changed; locking again" }
 
+// errStale is returned by a transaction that found, as it wrote, that
+// what it read has changed under it in a way its locks do not prevent (a
+// grant it took claimed meanwhile): run runs it again.
+var errStale = errors.New("ledger: a grant read was claimed meanwhile; deciding again")
+
 // run runs fn in one ledger transaction holding locks (in kind order, the
 // keys' rows after), writes the counts fn changed, commits, and runs what
 // fn left to do after. It runs fn again when Postgres aborted it to break a
-// deadlock.
+// deadlock, or when fn found what it read changed under it (errStale).
 func (l *Ledger) run(parent context.Context, locks []lock, fn func(tx *Tx) error) error {
 	return l.runOn(parent, locks, false, fn)
 }
@@ -161,6 +166,9 @@ func (l *Ledger) runOn(parent context.Context, locks []lock, plain bool, fn func
 		var pgErr *pgconn.PgError
 		if err != nil && try < deadlockTries && errors.As(err, &pgErr) && pgErr.Code == "40P01" {
 			time.Sleep(time.Duration(try) * 5 * time.Millisecond)
+			continue
+		}
+		if err != nil && try < deadlockTries && errors.Is(err, errStale) {
 			continue
 		}
 		if err != nil {

@@ -100,7 +100,7 @@ func admitted(t *testing.T, pool *pgxpool.Pool, kind string) (count, rows int) {
 // decideOne decides job and returns its decision.
 func decideOne(t *testing.T, l *ledger.Ledger, job ledger.Job, guess map[string]ledger.Limits) ledger.Decision {
 	t.Helper()
-	d, err := l.Decide(context.Background(), []ledger.Job{job}, guess, time.Second)
+	d, err := l.Decide(context.Background(), []ledger.Job{job}, guess, time.Second, nil)
 	require.NoError(t, err)
 	require.Len(t, d.Decisions, 1)
 	return d.Decisions[0]
@@ -428,7 +428,7 @@ func TestKeysDoNotShareALock(t *testing.T) {
 	a := running(t, pool, kind, `{"tenant": "a"}`, "w1", 1, time.Now())
 	quick, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	d, err := l.Decide(quick, []ledger.Job{a}, limits, time.Second)
+	d, err := l.Decide(quick, []ledger.Job{a}, limits, time.Second, nil)
 	require.NoError(t, err, "key a waited for key b's lock")
 	require.Equal(t, ledger.Slot, d.Decisions[0].Action)
 	_, err = l.Release(quick, ledger.Release{Ended: []ledger.Held{{ID: a.ID, Kind: kind, Key: `"a"`}}}, limits)
@@ -439,7 +439,7 @@ func TestKeysDoNotShareALock(t *testing.T) {
 	b := running(t, pool, kind, `{"tenant": "b"}`, "w1", 1, time.Now())
 	decided := make(chan error, 1)
 	go func() {
-		_, err := l.Decide(ctx, []ledger.Job{b}, limits, time.Second)
+		_, err := l.Decide(ctx, []ledger.Job{b}, limits, time.Second, nil)
 		decided <- err
 	}()
 	select {
@@ -463,7 +463,7 @@ func TestKeysDoNotShareALock(t *testing.T) {
 	require.NoError(t, err)
 	c := running(t, pool, kind, `{"tenant": "c"}`, "w1", 1, time.Now())
 	go func() {
-		_, err := l.Decide(ctx, []ledger.Job{c}, limits, time.Second)
+		_, err := l.Decide(ctx, []ledger.Job{c}, limits, time.Second, nil)
 		decided <- err
 	}()
 	select {

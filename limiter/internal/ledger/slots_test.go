@@ -3,10 +3,12 @@ package ledger_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/limiter/internal/ledger"
@@ -472,7 +474,7 @@ func TestAStealUnderAFullKindWithJobsParked(t *testing.T) {
 			exec(t, pool, `UPDATE river_job SET metadata = '{"sluice_parking": {}}' WHERE id = $1`, younger.ID)
 			retry.Dispatched, younger.Dispatched = false, false
 
-			out, err := l.Decide(ctx, []ledger.Job{retry, younger}, nil, time.Second)
+			out, err := l.Decide(ctx, []ledger.Job{retry, younger}, nil, time.Second, nil)
 			require.NoError(t, err)
 			if olderParked {
 				require.NotEqual(t, ledger.Slot, out.Decisions[0].Action, "the retry took the grant past an older job of its key parked")
@@ -554,7 +556,7 @@ func TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed(t *testing.T) {
 	n, _ := admitted(t, pool, kind)
 	require.Equal(t, 2, n)
 
-	out, err := l.Decide(ctx, older, nil, time.Second)
+	out, err := l.Decide(ctx, older, nil, time.Second, nil)
 	require.NoError(t, err)
 	for i, d := range out.Decisions {
 		require.Equal(t, ledger.Slot, d.Action, "older job %d (%s)", older[i].ID, d.Reason)
@@ -640,4 +642,115 @@ func TestAChangeFromNoLimitHoldsItsRoomForAJobRunningFree(t *testing.T) {
 	require.Equal(t, ledger.Wait, decideOne(t, w1, b, nil).Action, "the younger job took the slot ahead of A")
 	a.Recheck = true
 	require.Equal(t, ledger.Slot, decideOne(t, w2, a, nil).Action, "A decided again takes the slot")
+}
+
+// waitForALockWait waits until a backend of pool's database waits for a
+// lock (a row, an advisory lock) held by the test.
+func waitForALockWait(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	}, 10*time.Second, 5*time.Millisecond, "no backend waits for the lock the test holds")
+}
+
+// TestAStealOfAStartClaimedMeanwhileDecidesAgain: under a kind-wide rate
+// of 3, three younger jobs waiting in w1 were granted the window's three
+// starts (reserved). An older job (a retry) is decided: held by the rate,
+// it takes the newest grant (a steal). Meanwhile w1 claims that grant as
+// it wakes its job (LedgerClaimStarts, without the kind's lock), between
+// the decision's read and its write. The decision must not take a start
+// that is no longer reserved: it is made again, takes the next grant, and
+// the window still holds three starts. Seed 836093428: the retry began as
+// a fourth start beside the three granted.
+func TestAStealOfAStartClaimedMeanwhileDecidesAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.steal.claimed"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "rate_max = 3, rate_period = interval '1 minute'")
+	retry := running(t, pool, kind, `{}`, "w1", 2, time.Now())
+	retry.Dispatched = false
+	var granted []int64
+	for range 3 {
+		j := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+		exec(t, pool, `INSERT INTO concurrency_starts (kind, job_id, started_at, reserved) VALUES ($1, $2, now(), true)`, kind, j.ID)
+		granted = append(granted, j.ID)
+	}
+	newest := granted[2]
+
+	// The claim of the newest grant, begun and not committed yet.
+	claim, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer claim.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = claim.Exec(ctx, `UPDATE concurrency_starts SET reserved = false, started_at = clock_timestamp() WHERE job_id = $1`, newest)
+	require.NoError(t, err)
+
+	type result struct {
+		out *ledger.Decided
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := l.Decide(ctx, []ledger.Job{retry}, nil, time.Second, nil)
+		done <- result{out, err}
+	}()
+	waitForALockWait(t, pool) // the decision reached the newest grant's row
+	require.NoError(t, claim.Commit(ctx))
+	res := <-done
+	require.NoError(t, res.err)
+
+	require.Equal(t, 3, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE kind = $1`, kind),
+		"the window holds more starts than the rate")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1 AND NOT reserved`, newest),
+		"the start claimed by its job was taken from it")
+	require.Equal(t, ledger.Run, res.out.Decisions[0].Action, "the retry did not take the next grant on its way")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, retry.ID))
+	require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, granted[1]),
+		"the retry took a grant other than the newest left")
+}
+
+// TestHeldBehindIsToldUnderTheLock: whether a job is held behind (a
+// younger job of its key in its worker holds a grant it has not begun on)
+// is asked as the decision reads the line under the kind's lock, not as
+// the job is sent: a grant that came to the younger job while the
+// decision waited for the lock makes the job wait (and take it, Swap)
+// rather than park. Seed 836093428: the job parked, its decision sent
+// before the grant, and the younger ones began as it did.
+func TestHeldBehindIsToldUnderTheLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.heldbehind.locked"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "partition_fields = ARRAY['key'], key_max = 1")
+	older := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now())
+	younger := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now())
+	require.Equal(t, ledger.Slot, decideOne(t, l, younger, nil).Action)
+	older.TimedOut = true // it parks unless held behind
+
+	// Another transaction holds the kind's lock (a grant round, say).
+	round, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer round.Rollback(ctx) //nolint:errcheck // committed below
+	_, err = round.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('sluice.limit_row:' || $1::text, 0))`, kind)
+	require.NoError(t, err)
+
+	var heldNow atomic.Bool
+	type result struct {
+		out *ledger.Decided
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := l.Decide(ctx, []ledger.Job{older}, nil, time.Second, func(j ledger.Job) bool {
+			return j.ID == older.ID && heldNow.Load()
+		})
+		done <- result{out, err}
+	}()
+	waitForALockWait(t, pool) // the decision waits for the kind's lock
+	heldNow.Store(true)       // the younger job's grant came meanwhile
+	require.NoError(t, round.Commit(ctx))
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, ledger.Wait, res.out.Decisions[0].Action, "held behind was asked before the decision held the lock")
 }
