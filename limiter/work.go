@@ -299,7 +299,7 @@ func (l *Limiter) end(q *local.Queue, j *local.Job) {
 	kind := q.Kind()
 	switch q.End(j.ID) {
 	case local.LeasedSlot:
-		if q.GiveLeased() == nil {
+		if q.GiveLeased(time.Now()) == nil {
 			l.keeper.wakeUp()
 		}
 	case local.LineSlot:

@@ -286,14 +286,19 @@ func (q *Queue) TakeLeased(id int64, fast bool, limit int32, now time.Time) (wor
 	return false, true
 }
 
-// GiveLeased gives a leased slot that freed (a job that ended on one) to
-// the job at the front of the queue Queued for one, if the leased path is
-// open (in this worker too: no job of the kind waits in the line here), the
-// worker keeps within its share and the kind's limit, and no job fetched
-// earlier waits in another worker; else the slot is given up (the keeper
-// gives it back, for the line or another worker). It returns the job
-// that got it (nil: none).
-func (q *Queue) GiveLeased() *Job {
+// GiveLeased gives a leased slot that freed (a job that ended on one) at
+// now to the job at the front of the queue Queued for one, if the leased
+// path is open (in this worker too: no job of the kind waits in the line
+// here), the worker keeps within its share and the kind's limit, and no
+// job fetched earlier waits in another worker; else the slot is given up
+// (the keeper gives it back, for the line or another worker). It is
+// handed only on a view younger than TakeFresh, as a job takes a spare
+// one at its fetch: an older view may not show a job fetched elsewhere
+// before the front one (torture seed 836093454: a job fetched 51 ms after
+// an older one elsewhere was handed a slot ahead of it); on an older view
+// the slot stays spare, and the keeper's next look serves it. It returns
+// the job that got it (nil: none).
+func (q *Queue) GiveLeased(now time.Time) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := &q.lease
@@ -307,8 +312,8 @@ func (q *Queue) GiveLeased() *Job {
 		l.Leased--
 		l.ToReturn++
 		return nil
-	case l.view.Heard < l.heard:
-		return nil // a change came since the keeper looked: it serves the slot once it looked again
+	case !l.view.fresh(now, l.heard, TakeFresh):
+		return nil // read too long ago, or before a change heard since: the keeper serves the slot once it looked again
 	}
 	j := q.frontLocked(Queued)
 	if l.owed(j) > 0 {
@@ -316,7 +321,7 @@ func (q *Queue) GiveLeased() *Job {
 		l.ToReturn++
 		return nil
 	}
-	if j == nil || l.InUse >= l.usable() || q.parkedBeforeLocked(j.ID, time.Now()) {
+	if j == nil || l.InUse >= l.usable() || q.parkedBeforeLocked(j.ID, now) {
 		return nil // (an older job parked here since the view was read: the keeper serves it once it looked again)
 	}
 	q.workLocked(j, LeasedSlot)

@@ -139,7 +139,7 @@ func events() []event {
 				slot := m.q.End(id)
 				switch slot {
 				case LeasedSlot:
-					return m.checkGiven(m.q.GiveLeased(), Queued)
+					return m.checkGiven(m.q.GiveLeased(m.now), Queued)
 				case LineSlot:
 					return m.checkGiven(m.q.GiveLine(m.now), Lined)
 				}
@@ -653,7 +653,7 @@ func TestNoSlotHandedOverOnAViewBeforeAChange(t *testing.T) {
 	if q.End(1) != LeasedSlot {
 		t.Fatal("job 1 did not end on its leased slot")
 	}
-	if j := q.GiveLeased(); j != nil {
+	if j := q.GiveLeased(now); j != nil {
 		t.Fatalf("job %d was handed a leased slot on a view read before the change", j.ID)
 	}
 	q.SetView(View{At: now, Limit: 2, Heard: 1})
@@ -676,6 +676,49 @@ func TestNoSlotHandedOverOnAViewBeforeAChange(t *testing.T) {
 	}
 }
 
+// TestALeasedSlotIsHandedOnlyOnAFreshView: a leased slot that frees goes
+// to the job Queued here only while the keeper's view is younger than
+// TakeFresh (a view read earlier may not show an older job fetched in
+// another worker since, which goes first); on an older view it stays
+// spare, and the keeper's next look gives it to the job.
+func TestALeasedSlotIsHandedOnlyOnAFreshView(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		after  time.Duration
+		handed bool
+	}{{TakeFresh / 2, true}, {TakeFresh + time.Millisecond, false}} {
+		q := NewQueue("k")
+		q.SetByFetch(true)
+		q.SetView(View{At: now, Limit: 2})
+		q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
+		q.Leased(1)
+		if works, _ := q.TakeLeased(1, true, 2, now); !works {
+			t.Fatal("job 1 did not take the leased slot")
+		}
+		if works, _ := q.TakeLeased(2, true, 2, now); works {
+			t.Fatal("job 2 took a second slot of one leased")
+		}
+		if q.End(1) != LeasedSlot {
+			t.Fatal("job 1 did not end on its leased slot")
+		}
+		at := now.Add(c.after)
+		j := q.GiveLeased(at)
+		if handed := j != nil; handed != c.handed {
+			t.Fatalf("a slot freed %s after the view was read: handed %t, want %t", c.after, handed, c.handed)
+		}
+		if c.handed {
+			continue
+		}
+		if leased, inUse, toReturn := q.LeaseState(); leased != 1 || inUse != 0 || toReturn != 0 {
+			t.Fatalf("the slot not handed is leased %d, in use %d, to return %d: want it spare", leased, inUse, toReturn)
+		}
+		q.SetView(View{At: at, Limit: 2})
+		if j := q.Get(2); j.State() != Working || j.Slot() != LeasedSlot {
+			t.Fatalf("job 2, once the kind was read again, is %s", j.State())
+		}
+	}
+}
+
 // TestALeasedSlotGoesBackWhileAJobWaitsInTheLine: a leased slot that frees
 // while a job of the kind waits in the line in this worker goes back (the
 // database counts it taken, and the line's grant round is what gives it
@@ -694,7 +737,7 @@ func TestALeasedSlotGoesBackWhileAJobWaitsInTheLine(t *testing.T) {
 	if q.End(1) != LeasedSlot {
 		t.Fatal("job 1 did not end on its leased slot")
 	}
-	if j := q.GiveLeased(); j != nil {
+	if j := q.GiveLeased(now); j != nil {
 		t.Fatalf("job %d was given the leased slot", j.ID)
 	}
 	if n := q.Returning(now, time.Hour, false); n != 1 {
@@ -728,7 +771,7 @@ func TestSpareLeasedSlotsGoBackToOlderJobsElsewhere(t *testing.T) {
 		if q.End(1) != LeasedSlot {
 			t.Fatal("job 1 did not end on its leased slot")
 		}
-		q.GiveLeased()
+		q.GiveLeased(now)
 		v.At, v.Limit, v.Admitted = now, 8, 8
 		q.SetView(v)
 		q.Fetch([]Fetched{{ID: 2, Fetched: now}})
