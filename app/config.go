@@ -226,7 +226,8 @@ type Config struct {
 	// ParkAfter is how long a job of a limited kind waits in the worker for
 	// a slot before it parks (--park-after; default 1 second). A job resumed
 	// ahead of a free slot waits as long as it takes (its place is the
-	// line's).
+	// line's); one whose line moves in the worker fast enough to start it
+	// within another ParkAfter waits on.
 	ParkAfter time.Duration
 	// MaintenanceTimeout bounds a maintenance run (--maintenance-timeout;
 	// default 30 minutes).

@@ -460,3 +460,50 @@ func TestALongLineIsMeasuredAgainstTheRiverSlots(t *testing.T) {
 		})
 	}
 }
+
+// TestAJobWhoseLineMovesWaitsPastItsParkAfter: under a per-key limit of 1
+// with a park-after of 400 ms, one worker fetches jobs of two keys. Key m:
+// three jobs that take no time, one of 600 ms, then job m4, which waits
+// about 620 ms. Its line moved in its worker within its park-after (three
+// or four began, none waits ahead of it), so it would start within
+// another: it waits on rather than park (a parking would only send it
+// back to be fetched behind the same line). Key s: a job of 2 s, then job
+// s1: its line does not move, and it parks (at its park-after, or the
+// next). The jobs of each key run in job-id order.
+func TestAJobWhoseLineMovesWaitsPastItsParkAfter(t *testing.T) {
+	t.Parallel()
+
+	ctx := context.Background()
+	const kind = "moving"
+	const fullKind = "test.keyed." + kind
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	logParkings(t, pool)
+	lim := newLimiter(t, url)
+	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
+	tracker := newKeyedTracker()
+	w, _ := startKeyedWorkerParkAfter(t, url, kind+"-w", kind, tracker, 20, 400*time.Millisecond)
+
+	var ids []int64
+	ids = append(ids, insertKeyed(t, w, kind, "s", 100, 1, 2000)...)
+	ids = append(ids, insertKeyed(t, w, kind, "s", 101, 1, 0)...)
+	stuck := ids[1]
+	ids = append(ids, insertKeyed(t, w, kind, "m", 0, 3, 0)...)
+	ids = append(ids, insertKeyed(t, w, kind, "m", 3, 1, 600)...)
+	moving := insertKeyed(t, w, kind, "m", 4, 1, 0)[0]
+	ids = append(ids, moving)
+	require.Eventually(t, func() bool {
+		return count(t, pool, "SELECT count(*) FROM river_job WHERE id = ANY($1) AND state = 'completed'", ids) == len(ids)
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Zero(t, count(t, pool, "SELECT count(*) FROM test_parkings WHERE job_id = $1", moving),
+		"a job whose line moved in its worker parked at its park-after")
+	require.Positive(t, count(t, pool, "SELECT count(*) FROM test_parkings WHERE job_id = $1", stuck),
+		"a job whose line did not move waited on past its park-after")
+	_, perKey, starts, _ := tracker.snapshot()
+	require.Equal(t, 1, perKey["m"], "one job of the key at a time")
+	prev := map[string]int{"m": -1, "s": 99}
+	for _, s := range starts {
+		require.Greater(t, s.seq, prev[s.tenant], "the jobs of %s start in job-id order", s.tenant)
+		prev[s.tenant] = s.seq
+	}
+}

@@ -143,7 +143,9 @@ type Config struct {
 	// before it started).
 	NeverPark bool
 	// ParkAfter is how long a job of a limited kind waits in its worker for
-	// a slot before it parks (default DefaultParkAfter).
+	// a slot before it parks (default DefaultParkAfter), unless its line
+	// there moves fast enough to start it within another ParkAfter
+	// (local.Queue.StartsSoon): then it waits on.
 	ParkAfter time.Duration
 	// Keeper and Grants configure the lease keeper and the grant watch
 	// (zero: their defaults).

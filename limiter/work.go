@@ -200,21 +200,31 @@ func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.J
 // decided again: timedOut, or cancelled by JobCancel).
 func (l *Limiter) wait(ctx context.Context, q *local.Queue, j *local.Job, deadline time.Time) (timedOut, cancelled bool) {
 	var expired <-chan time.Time
+	var timer *time.Timer
 	if _, ahead := j.Held(); !ahead && j.State() != local.Held {
-		timer := time.NewTimer(time.Until(deadline))
+		timer = time.NewTimer(time.Until(deadline))
 		defer timer.Stop()
 		expired = timer.C
 	}
-	select {
-	case <-j.Wake():
-		return false, false
-	case <-expired:
-		timedOut = true
-	case <-ctx.Done():
-		// A stop or a timeout parks it, its attempt undone; JobCancel
-		// parks it too, and its parking cancels it.
-		timedOut = true
-		cancelled = errors.Is(context.Cause(ctx), rivertype.ErrJobCancelledRemotely)
+	for waiting := true; waiting; {
+		select {
+		case <-j.Wake():
+			return false, false
+		case <-expired:
+			if q.StartsSoon(j.ID, time.Now(), l.parkAfter) {
+				// Its line here moves fast enough to start it within another
+				// park-after: parked, it would only be fetched again behind
+				// the same line.
+				timer.Reset(l.parkAfter)
+				continue
+			}
+			timedOut, waiting = true, false
+		case <-ctx.Done():
+			// A stop or a timeout parks it, its attempt undone; JobCancel
+			// parks it too, and its parking cancels it.
+			timedOut, waiting = true, false
+			cancelled = errors.Is(context.Cause(ctx), rivertype.ErrJobCancelledRemotely)
+		}
 	}
 	if !q.Leave(j.ID) {
 		<-j.Wake() // a grant or a hand-over came meanwhile: it stands

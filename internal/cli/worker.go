@@ -156,7 +156,7 @@ cancels them and exits 0.`,
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cmp.Or(base.ShutdownTimeout, app.DefaultShutdownTimeout), "on SIGINT/SIGTERM, how long running jobs may finish before they are cancelled")
 	f.DurationVar(&cfg.JobTimeout, "job-timeout", cmp.Or(base.JobTimeout, app.DefaultJobTimeout), "River's job timeout for kinds without their own")
 	f.DurationVar(&cfg.MaintenanceTimeout, "maintenance-timeout", cmp.Or(base.MaintenanceTimeout, maintenance.DefaultTimeout), "bound of one maintenance run (the lock's lease)")
-	f.DurationVar(&cfg.ParkAfter, "park-after", cmp.Or(base.ParkAfter, limiter.DefaultParkAfter), "how long a job of a limited kind waits in the worker for a slot before it parks (1ms to 1h)")
+	f.DurationVar(&cfg.ParkAfter, "park-after", cmp.Or(base.ParkAfter, limiter.DefaultParkAfter), "how long a job of a limited kind waits in the worker for a slot before it parks, unless its line there would start it within another park-after (1ms to 1h)")
 	f.DurationVar(&cfg.FetchCooldown, "fetch-cooldown", cmp.Or(base.FetchCooldown, app.DefaultFetchCooldown), "least time between two fetches of a queue (River's FetchCooldown)")
 	f.DurationVar(&cfg.FetchPollInterval, "fetch-poll-interval", cmp.Or(base.FetchPollInterval, app.DefaultFetchPollInterval), "poll a queue this often when no insert notification arrives")
 	f.DurationVar(&cfg.RescueStuckJobsAfter, "rescue-stuck-jobs-after", cmp.Or(base.RescueStuckJobsAfter, app.DefaultRescueStuckJobsAfter), "River's rescuer retries a job running longer than this (its worker presumed dead)")

@@ -234,7 +234,14 @@ type Queue struct {
 	// parked are the jobs this worker parked within the last ViewFresh
 	// (Park), and when: a view read before a parking does not show it.
 	parked map[int64]time.Time
+	// begun are, per key with jobs here, when its last jobs here began
+	// (at most recentBegins, the newest last): the pace of its line here
+	// (StartsSoon).
+	begun map[string][]time.Time
 }
+
+// recentBegins is how many begins of a key a queue remembers.
+const recentBegins = 16
 
 // NewQueue returns the queue of kind, empty, its jobs of a key starting
 // in job-id order.
@@ -347,7 +354,20 @@ func (q *Queue) removeLocked(j *Job) {
 	if i := slices.Index(q.order, j); i >= 0 {
 		q.order = slices.Delete(q.order, i, i+1)
 	}
+	if _, ok := q.begun[j.Key]; ok && !q.hasKeyLocked(j.Key) {
+		delete(q.begun, j.Key) // its pace is remembered while jobs of it are here
+	}
 	q.releaseHeldLocked()
+}
+
+// hasKeyLocked reports whether a job of key is here; q.mu is held.
+func (q *Queue) hasKeyLocked(key string) bool {
+	for _, o := range q.jobs {
+		if o.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // blockedLocked reports whether a job of j's key ahead of it here (older,
@@ -488,8 +508,55 @@ func (q *Queue) Begin(id int64) bool {
 		return false
 	}
 	j.begun = true
+	q.noteBeginLocked(j.Key, time.Now())
 	q.releaseHeldLocked() // a younger job of its key held for it begins now
 	return true
+}
+
+// noteBeginLocked records that a job of key began here at now; q.mu is
+// held.
+func (q *Queue) noteBeginLocked(key string, now time.Time) {
+	if q.begun == nil {
+		q.begun = map[string][]time.Time{}
+	}
+	b := append(q.begun[key], now)
+	if len(b) > recentBegins {
+		b = slices.Delete(b, 0, len(b)-recentBegins)
+	}
+	q.begun[key] = b
+}
+
+// StartsSoon reports whether job id, waiting in the line here (Lined),
+// would start within window at the pace its line keeps here: fewer jobs
+// of its key wait ahead of it here than began here within the last
+// window. Its worker then waits on past its park-after rather than park
+// it, which would only send it back to be fetched again behind the same
+// line (P10: the jobs of a key under a per-key limit parked and were
+// fetched again, each, once the line's pace fell below one park-after's
+// worth of jobs waiting ahead).
+func (q *Queue) StartsSoon(id int64, now time.Time, window time.Duration) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.jobs[id]
+	if j == nil || j.state != Lined {
+		return false
+	}
+	recent := 0
+	for _, t := range q.begun[j.Key] {
+		if t.After(now.Add(-window)) {
+			recent++
+		}
+	}
+	if recent == 0 {
+		return false
+	}
+	ahead := 0
+	for _, o := range q.order {
+		if o.state == Lined && q.precedesLocked(o, j) {
+			ahead++
+		}
+	}
+	return ahead < recent
 }
 
 // olderNotBegunLocked reports whether an older job of j's key here holds

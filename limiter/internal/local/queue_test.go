@@ -975,3 +975,54 @@ func TestSwapForTakesTheYoungestByJobID(t *testing.T) {
 		t.Fatalf("SwapFor(5) = %v, want job 20, the youngest by id", y)
 	}
 }
+
+// TestStartsSoonFollowsTheLinesPace: a job waiting in the line here starts
+// soon when fewer jobs of its key wait ahead of it here than began here
+// within the window; begins of another key, or older than the window, do
+// not count, nor does a job not in the line.
+func TestStartsSoonFollowsTheLinesPace(t *testing.T) {
+	q := NewQueue("k")
+	now := time.Now()
+	var fetched []Fetched
+	for id := int64(1); id <= 6; id++ {
+		key := "a"
+		if id == 6 {
+			key = "b"
+		}
+		fetched = append(fetched, Fetched{ID: id, Key: key, Fetched: now})
+	}
+	q.Fetch(fetched)
+	for _, id := range []int64{1, 2} {
+		if !q.Work(id, LineSlot) || !q.Begin(id) {
+			t.Fatalf("job %d did not begin", id)
+		}
+	}
+	for _, id := range []int64{3, 4, 5, 6} {
+		if !q.Line(id, false, "key_limit") {
+			t.Fatalf("job %d did not go in the line", id)
+		}
+	}
+	window := time.Minute
+	for _, c := range []struct {
+		id   int64
+		want bool
+	}{{3, true}, {4, true}, {5, false}, {6, false}} {
+		if got := q.StartsSoon(c.id, time.Now(), window); got != c.want {
+			t.Errorf("job %d (%d of its key ahead, 2 begun): starts soon %t, want %t", c.id, c.id-3, got, c.want)
+		}
+	}
+	if q.StartsSoon(3, time.Now().Add(2*window), window) {
+		t.Error("begins older than the window count")
+	}
+	if q.StartsSoon(1, time.Now(), window) {
+		t.Error("a job working is said to start soon")
+	}
+	q.Forget(1)
+	q.Forget(2)
+	q.Forget(3)
+	q.Forget(4)
+	q.Forget(5)
+	if _, ok := q.begun["a"]; ok {
+		t.Error("the begins of a key with no job left here are kept")
+	}
+}
