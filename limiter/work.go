@@ -195,7 +195,9 @@ func (l *Limiter) limitCameAfter(ctx context.Context, q *local.Queue, j *local.J
 // wait waits until the wait of j ends: a grant or a hand-over (it is
 // Working), its place or path gone (Deciding), its deadline (none for a
 // job resumed ahead: its place is the line's, until a rate is set; none
-// for a job Held: it has its slot), an end of its wait ahead (it waits
+// for a job Held: it has its slot; a park-after later, again and again,
+// while its line here would start it within one: StartsSoon), an end of
+// its wait ahead (it waits
 // again, to its deadline) or its context (it leaves the line to be
 // decided again: timedOut, or cancelled by JobCancel).
 func (l *Limiter) wait(ctx context.Context, q *local.Queue, j *local.Job, deadline time.Time) (timedOut, cancelled bool) {
