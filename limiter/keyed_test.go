@@ -383,16 +383,9 @@ func TestKeyedLimitSetBySQL(t *testing.T) {
 func TestBacklogLeavesRoomForOtherKeys(t *testing.T) {
 	t.Parallel()
 
-	ctx := context.Background()
 	const kind = "backlog"
 	const fullKind = "test.keyed." + kind
-	url := testdb.New(t)
-	pool := openPool(t, url)
-	logParkings(t, pool)
-	lim := newLimiter(t, url)
-	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
-	tracker := newKeyedTracker()
-	a, _ := startKeyedWorkerParkAfter(t, url, kind+"-a", kind, tracker, 20, time.Second)
+	pool, a, tracker := perKeyOneWorker(t, kind, time.Second)
 
 	busy := insertKeyed(t, a, kind, "busy", 0, 300, 20)
 	require.Eventually(t, func() bool {
@@ -461,6 +454,21 @@ func TestALongLineIsMeasuredAgainstTheRiverSlots(t *testing.T) {
 	}
 }
 
+// perKeyOneWorker sets up, on a fresh database whose parkings are logged
+// (logParkings), a per-key limit of 1 on kind's tenants and one worker of
+// 20 River slots with parkAfter, and returns the pool, the worker's client
+// and its tracker.
+func perKeyOneWorker(t *testing.T, kind string, parkAfter time.Duration) (*pgxpool.Pool, *jobtest.Client, *keyedTracker) {
+	t.Helper()
+	url := testdb.New(t)
+	pool := openPool(t, url)
+	logParkings(t, pool)
+	require.NoError(t, newLimiter(t, url).SetPerKey(context.Background(), "test.keyed."+kind, []string{"tenant"}, 1))
+	tracker := newKeyedTracker()
+	w, _ := startKeyedWorkerParkAfter(t, url, kind+"-w", kind, tracker, 20, parkAfter)
+	return pool, w, tracker
+}
+
 // TestAJobWhoseLineMovesWaitsPastItsParkAfter: under a per-key limit of 1
 // with a park-after of 400 ms, one worker fetches jobs of two keys. Key m:
 // three jobs that take no time, one of 600 ms, then job m4, which waits
@@ -473,16 +481,8 @@ func TestALongLineIsMeasuredAgainstTheRiverSlots(t *testing.T) {
 func TestAJobWhoseLineMovesWaitsPastItsParkAfter(t *testing.T) {
 	t.Parallel()
 
-	ctx := context.Background()
 	const kind = "moving"
-	const fullKind = "test.keyed." + kind
-	url := testdb.New(t)
-	pool := openPool(t, url)
-	logParkings(t, pool)
-	lim := newLimiter(t, url)
-	require.NoError(t, lim.SetPerKey(ctx, fullKind, []string{"tenant"}, 1))
-	tracker := newKeyedTracker()
-	w, _ := startKeyedWorkerParkAfter(t, url, kind+"-w", kind, tracker, 20, 400*time.Millisecond)
+	pool, w, tracker := perKeyOneWorker(t, kind, 400*time.Millisecond)
 
 	var ids []int64
 	ids = append(ids, insertKeyed(t, w, kind, "s", 100, 1, 2000)...)

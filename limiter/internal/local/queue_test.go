@@ -676,6 +676,22 @@ func TestNoSlotHandedOverOnAViewBeforeAChange(t *testing.T) {
 	}
 }
 
+// oneLeasedSlotTaken is a queue of a kind under a per-kind limit of 2
+// read at now, with jobs 1 and 2 fetched at now and one slot leased, which
+// job 1 took.
+func oneLeasedSlotTaken(t *testing.T, now time.Time) *Queue {
+	t.Helper()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 2})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
+	q.Leased(1)
+	if works, _ := q.TakeLeased(1, true, 2, now); !works {
+		t.Fatal("job 1 did not take the leased slot")
+	}
+	return q
+}
+
 // TestALeasedSlotIsHandedOnlyOnAFreshView: a leased slot that frees goes
 // to the job Queued here only while the keeper's view is younger than
 // TakeFresh (a view read earlier may not show an older job fetched in
@@ -687,14 +703,7 @@ func TestALeasedSlotIsHandedOnlyOnAFreshView(t *testing.T) {
 		after  time.Duration
 		handed bool
 	}{{TakeFresh / 2, true}, {TakeFresh + time.Millisecond, false}} {
-		q := NewQueue("k")
-		q.SetByFetch(true)
-		q.SetView(View{At: now, Limit: 2})
-		q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
-		q.Leased(1)
-		if works, _ := q.TakeLeased(1, true, 2, now); !works {
-			t.Fatal("job 1 did not take the leased slot")
-		}
+		q := oneLeasedSlotTaken(t, now)
 		if works, _ := q.TakeLeased(2, true, 2, now); works {
 			t.Fatal("job 2 took a second slot of one leased")
 		}
@@ -725,14 +734,7 @@ func TestALeasedSlotIsHandedOnlyOnAFreshView(t *testing.T) {
 // to the waiting job), rather than stay spare for the next job fetched.
 func TestALeasedSlotGoesBackWhileAJobWaitsInTheLine(t *testing.T) {
 	now := time.Now()
-	q := NewQueue("k")
-	q.SetByFetch(true)
-	q.SetView(View{At: now, Limit: 2})
-	q.Fetch([]Fetched{{ID: 1, Fetched: now}, {ID: 2, Fetched: now}})
-	q.Leased(1)
-	if works, _ := q.TakeLeased(1, true, 2, now); !works {
-		t.Fatal("job 1 did not take the leased slot")
-	}
+	q := oneLeasedSlotTaken(t, now)
 	q.Line(2, false, "limit")
 	if q.End(1) != LeasedSlot {
 		t.Fatal("job 1 did not end on its leased slot")
