@@ -43,7 +43,8 @@ func TestUpOtherSchemas(t *testing.T) {
 	require.Empty(t, types(t, pool, "public"))
 	require.Empty(t, queryStrings(t, pool, "SELECT nspname::text FROM pg_namespace WHERE nspname = 'sluice'"))
 	for _, p := range queryStrings(t, pool, `
-		SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE pronamespace = 'jobs_x'::regnamespace`) {
+		SELECT COALESCE((SELECT c FROM unnest(proconfig) AS c WHERE c LIKE 'search_path=%'), '')
+		FROM pg_proc WHERE pronamespace = 'jobs_x'::regnamespace`) {
 		require.Equal(t, `search_path="jobs_x", "river_x"`, p)
 	}
 
