@@ -75,9 +75,16 @@ func (l *Ledger) ParkAhead(ctx context.Context, tx db.DBTX, queue string, limits
 	for _, kind := range free {
 		pick.Kinds, pick.Caps = append(pick.Kinds, kind), append(pick.Caps, int32(limits[kind].WaitCap(slots)))
 	}
+	plan, err := q.LedgerPlanIndexes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("plan the pick of the jobs behind long lines: %w", err)
+	}
 	picked, err := q.LedgerParkAheadPick(ctx, pick)
 	if err != nil {
 		return nil, fmt.Errorf("pick the jobs behind long lines: %w", err)
+	}
+	if err := q.LedgerPlanRestore(ctx, db.LedgerPlanRestoreParams{Seqscan: plan.Seqscan, Bitmapscan: plan.Bitmapscan}); err != nil {
+		return nil, fmt.Errorf("restore the plan settings after the pick: %w", err)
 	}
 	if len(picked) == 0 {
 		return nil, nil

@@ -380,3 +380,65 @@ func TestAnUnleasedMarkHoldsLeasesBack(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, st.OldestOther.IsZero(), "a job decided still counts as fetched and not decided")
 }
+
+// TestParkAheadReadsEachLineByItsIndex: a fetch that parks the backlog
+// behind a long line reads each line's parked jobs by their index, however
+// its connection's cached plan was made. Planned while few jobs were
+// parked (a prepared statement's generic plan, kept as the table grows),
+// the pick read every parked job of the line, by a bitmap scan and a
+// sort, for each available job it looked at (2-3 s a fetch with 4,800
+// parked in P11, while the jobs the rate had granted waited for it). The
+// transaction's own counts tell: 500 jobs behind 2,000 parked. The fetch's
+// transaction gets its plan settings back for River's fetch.
+func TestParkAheadReadsEachLineByItsIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.ahead.plan"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 2")
+	limits := map[string]ledger.Limits{kind: {Kind: kind, Present: true, Max: 2}}
+	park := func(n int) {
+		exec(t, pool, `WITH j AS (INSERT INTO river_job (args, kind, max_attempts, state, queue)
+			SELECT '{}', $1, 5, 'pending', 'default' FROM generate_series(1, $2::int) RETURNING id)
+			INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id) SELECT id, $1, 'limit', 'w0' FROM j`, kind, n)
+	}
+	available := func(n int) {
+		exec(t, pool, `INSERT INTO river_job (args, kind, max_attempts, state, queue)
+			SELECT '{}', $1, 5, 'available', 'default' FROM generate_series(1, $2::int)`, kind, n)
+	}
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	// pickOn parks ahead in a transaction on conn and returns the jobs
+	// parked, the parked jobs' rows read, and the settings it left.
+	pickOn := func(commit bool) (parked []int64, fetched int64, settings []string) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		parked, err = l.ParkAhead(ctx, tx, "default", limits, 500, 0)
+		require.NoError(t, err)
+		var seqscan, bitmapscan string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0), current_setting('enable_seqscan'), current_setting('enable_bitmapscan')
+			FROM pg_stat_xact_user_tables WHERE relname = 'concurrency_parked_jobs'`).Scan(&fetched, &seqscan, &bitmapscan))
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		}
+		return parked, fetched, []string{seqscan, bitmapscan}
+	}
+	// The connection's plans, made while 8 jobs are parked.
+	exec(t, pool, "ANALYZE concurrency_parked_jobs")
+	park(8)
+	available(1)
+	for range 8 {
+		parked, _, _ := pickOn(false)
+		require.Len(t, parked, 1)
+	}
+
+	park(2000)
+	available(500)
+	parked, fetched, settings := pickOn(true)
+	require.Len(t, parked, 500, "the 500 looked at are all behind the line's parked ones")
+	require.Less(t, fetched, int64(50_000), "parked jobs read to pick 500 jobs behind 2,008")
+	require.Equal(t, []string{"on", "on"}, settings, "the fetch's plan settings after the pick")
+}
