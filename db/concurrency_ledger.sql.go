@@ -1454,10 +1454,9 @@ type LedgerParkAheadPickRow struct {
 // them.
 // The parked jobs of a key's line by the index on (kind, key, job_id); of
 // an unpartitioned kind's by the one on (kind, job_id). Per line of the
-// front (not per job: counted per job, a fetch of 500 jobs behind a line
-// under a cap of 256 read 44,000 buffers and took 0.8-1.6 s, while the
-// jobs granted meanwhile waited for it), its cap-th oldest parked job: a
-// job of the line with a younger id has at least cap older jobs parked.
+// front, its cap-th oldest parked job, read once (a count of older parked
+// jobs per job read up to cap of them for each of the jobs looked at):
+// a job of the line with a younger id has at least cap older jobs parked.
 func (q *Queries) LedgerParkAheadPick(ctx context.Context, arg LedgerParkAheadPickParams) ([]*LedgerParkAheadPickRow, error) {
 	rows, err := q.db.Query(ctx, ledgerParkAheadPick,
 		arg.Kinds,
@@ -1613,11 +1612,11 @@ type LedgerPlanIndexesRow struct {
 // Turns sequential and bitmap scans off for the rest of the transaction
 // and returns the settings as they were (LedgerPlanRestore puts them back):
 // LedgerParkAheadPick runs in River's fetch transaction, not a ledger
-// transaction (LedgerSettings), and planned from the statistics of a
-// concurrency_parked_jobs analyzed nearly empty it read every parked job
-// of the line, by a bitmap scan and a sort, for each of the 500 jobs it
-// looked at: 2-3 s a fetch with 4,800 parked (P11), while the jobs the rate
-// had granted waited for that fetch.
+// transaction (LedgerSettings), and on a connection's cached generic plan,
+// made while few jobs were parked, it read every parked job of the line
+// (by a bitmap scan and a sort, or a sequential scan) for each of the 500
+// jobs it looked at: 0.8-3 s a fetch with 4,800 parked (P11), while the
+// jobs the rate had granted waited for that fetch.
 func (q *Queries) LedgerPlanIndexes(ctx context.Context) (*LedgerPlanIndexesRow, error) {
 	row := q.db.QueryRow(ctx, ledgerPlanIndexes)
 	var i LedgerPlanIndexesRow

@@ -5,7 +5,7 @@
 -- seen, a quiet system whose finished jobs River's cleaner removed), the
 -- plan was a sequential scan of the table for every row inserted, and an
 -- InsertMany of 10,000 jobs under a policy read the rows the same
--- statement had just inserted, once per row: 45–53 s where 2 s is usual.
+-- statement had just inserted, once per row: 36–53 s where 2 s is usual.
 -- The trigger's statements all have an index that answers them, so the
 -- function forbids sequential scans while it runs (the setting is the
 -- function's own: the caller's is back on return).
