@@ -234,10 +234,17 @@ type Queue struct {
 	// parked are the jobs this worker parked within the last ViewFresh
 	// (Park), and when: a view read before a parking does not show it.
 	parked map[int64]time.Time
-	// begun are, per key with jobs here, when its last jobs here began
-	// (at most recentBegins, the newest last): the pace of its line here
-	// (StartsSoon).
-	begun map[string][]time.Time
+	// keys are the keys with jobs here: how many, and the pace of the
+	// key's line here (StartsSoon). A key's record goes with its last job.
+	keys map[string]*keyLine
+}
+
+// keyLine is what a queue keeps of a key while jobs of it are here.
+type keyLine struct {
+	jobs int
+	// begun is when the key's last jobs here began (at most
+	// recentBegins, the newest last).
+	begun []time.Time
 }
 
 // recentBegins is how many begins of a key a queue remembers.
@@ -246,7 +253,7 @@ const recentBegins = 16
 // NewQueue returns the queue of kind, empty, its jobs of a key starting
 // in job-id order.
 func NewQueue(kind string) *Queue {
-	return &Queue{kind: kind, jobs: map[int64]*Job{}}
+	return &Queue{kind: kind, jobs: map[int64]*Job{}, keys: map[string]*keyLine{}}
 }
 
 // SetByFetch says whether the kind's jobs start in fetch order (a per-kind
@@ -328,6 +335,7 @@ func (q *Queue) Fetch(fetched []Fetched) []*Job {
 		}
 		j := &Job{ID: f.ID, Key: f.Key, Fetched: f.Fetched, args: f.Args, mu: &q.mu, seq: q.seq, state: Deciding, wake: make(chan Outcome, 1)}
 		q.jobs[f.ID] = j
+		q.joinKeyLocked(j.Key)
 		q.insertLocked(j)
 		out[i] = j
 	}
@@ -354,20 +362,35 @@ func (q *Queue) removeLocked(j *Job) {
 	if i := slices.Index(q.order, j); i >= 0 {
 		q.order = slices.Delete(q.order, i, i+1)
 	}
-	if _, ok := q.begun[j.Key]; ok && !q.hasKeyLocked(j.Key) {
-		delete(q.begun, j.Key) // its pace is remembered while jobs of it are here
-	}
+	q.leaveKeyLocked(j.Key)
 	q.releaseHeldLocked()
 }
 
-// hasKeyLocked reports whether a job of key is here; q.mu is held.
-func (q *Queue) hasKeyLocked(key string) bool {
-	for _, o := range q.jobs {
-		if o.Key == key {
-			return true
-		}
+// joinKeyLocked counts a job of key here; q.mu is held.
+func (q *Queue) joinKeyLocked(key string) {
+	k := q.keys[key]
+	if k == nil {
+		k = &keyLine{}
+		q.keys[key] = k
 	}
-	return false
+	k.jobs++
+}
+
+// leaveKeyLocked counts a job of key gone from here; the key's record
+// (its pace) goes with its last job. q.mu is held.
+func (q *Queue) leaveKeyLocked(key string) {
+	if k := q.keys[key]; k.jobs > 1 {
+		k.jobs--
+		return
+	}
+	delete(q.keys, key)
+}
+
+// rekeyLocked gives j key; q.mu is held.
+func (q *Queue) rekeyLocked(j *Job, key string) {
+	q.leaveKeyLocked(j.Key)
+	j.Key = key
+	q.joinKeyLocked(key)
 }
 
 // blockedLocked reports whether a job of j's key ahead of it here (older,
@@ -422,7 +445,7 @@ func (q *Queue) SetKey(id int64, key string) {
 	if j == nil || j.Key == key {
 		return
 	}
-	j.Key = key
+	q.rekeyLocked(j, key)
 	q.releaseHeldLocked()
 }
 
@@ -443,7 +466,8 @@ func (q *Queue) Rekey(key func(args []byte) string) {
 			continue
 		}
 		if k := key(j.args); k != j.Key {
-			j.Key, changed = k, true
+			q.rekeyLocked(j, k)
+			changed = true
 		}
 	}
 	if changed {
@@ -508,22 +532,18 @@ func (q *Queue) Begin(id int64) bool {
 		return false
 	}
 	j.begun = true
-	q.noteBeginLocked(j.Key, time.Now())
+	q.keys[j.Key].noteBegin(time.Now())
 	q.releaseHeldLocked() // a younger job of its key held for it begins now
 	return true
 }
 
-// noteBeginLocked records that a job of key began here at now; q.mu is
-// held.
-func (q *Queue) noteBeginLocked(key string, now time.Time) {
-	if q.begun == nil {
-		q.begun = map[string][]time.Time{}
+// noteBegin records that a job of the key began here at now (its queue's
+// mu is held).
+func (k *keyLine) noteBegin(now time.Time) {
+	k.begun = append(k.begun, now)
+	if len(k.begun) > recentBegins {
+		k.begun = slices.Delete(k.begun, 0, len(k.begun)-recentBegins)
 	}
-	b := append(q.begun[key], now)
-	if len(b) > recentBegins {
-		b = slices.Delete(b, 0, len(b)-recentBegins)
-	}
-	q.begun[key] = b
 }
 
 // StartsSoon reports whether job id, waiting in the line here (Lined),
@@ -542,7 +562,7 @@ func (q *Queue) StartsSoon(id int64, now time.Time, window time.Duration) bool {
 		return false
 	}
 	recent := 0
-	for _, t := range q.begun[j.Key] {
+	for _, t := range q.keys[j.Key].begun {
 		if t.After(now.Add(-window)) {
 			recent++
 		}

@@ -382,6 +382,18 @@ func (m *model) invariants() string {
 	if inUse != q.lease.InUse {
 		return fmt.Sprintf("%d leased slots in use, %d jobs work on one", q.lease.InUse, inUse)
 	}
+	perKey := map[string]int{}
+	for _, j := range q.jobs {
+		perKey[j.Key]++
+	}
+	if len(perKey) != len(q.keys) {
+		return fmt.Sprintf("%d keys have jobs here, %d are kept", len(perKey), len(q.keys))
+	}
+	for key, n := range perKey {
+		if k := q.keys[key]; k == nil || k.jobs != n {
+			return fmt.Sprintf("key %q: %d jobs here, the queue counts %v", key, n, k)
+		}
+	}
 	if len(q.order) > 0 && q.order[0].state == Queued && q.lease.InUse < q.lease.usable() && q.lease.letsGo(q.order[0].Fetched) &&
 		q.lease.view.fresh(m.now, q.lease.heard, TakeFresh) {
 		return fmt.Sprintf("a leased slot is spare while job %d waits for one at the front", q.order[0].ID)
@@ -1024,7 +1036,7 @@ func TestStartsSoonFollowsTheLinesPace(t *testing.T) {
 	q.Forget(3)
 	q.Forget(4)
 	q.Forget(5)
-	if _, ok := q.begun["a"]; ok {
+	if _, ok := q.keys["a"]; ok {
 		t.Error("the begins of a key with no job left here are kept")
 	}
 }
