@@ -760,17 +760,20 @@ func (q *Queue) forgetLocked(id int64) {
 
 // Park takes a job that parked out of the queue, as Forget does, and
 // remembers it until every view that may be used was read after now
-// (ViewFresh): no slot is handed over in memory past it (GiveLine) on a
-// view that does not show it parked.
+// (ViewFresh): no slot is handed over in memory past it (GiveLine,
+// GiveLeased) nor taken past it (TakeLeased, and the spare leased slots
+// served as it leaves the queue) on a view that does not show it parked.
 func (q *Queue) Park(id int64, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.forgetLocked(id)
 	if q.parked == nil {
 		q.parked = map[int64]time.Time{}
 	}
 	q.forgetParkedLocked(now)
+	// Remembered before it leaves: leaving serves the spare leased slots
+	// to the jobs behind it.
 	q.parked[id] = now
+	q.forgetLocked(id)
 }
 
 // forgetParkedLocked forgets the jobs parked here more than ViewFresh

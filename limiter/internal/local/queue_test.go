@@ -882,6 +882,45 @@ func TestNoLeasedSlotPastAJobParkedHere(t *testing.T) {
 	}
 }
 
+// TestNoSpareLeasedSlotServedAsAnOlderJobParks: under a per-kind limit
+// alone, job 1 waited here for a leased slot, its park-after time ran out
+// and it went to the ledger; job 2, younger, fetched meanwhile, waits for
+// one behind it. The keeper's lease (asked for job 1) lands while job 1 is
+// decided, and the ledger, counting that slot, parks job 1. As job 1
+// leaves the queue the spare slot is not served to job 2 on a view read
+// before the parking (make test, TestReleaseRetriedAfterFailure under
+// load: job 2 began on it while job 1, older, stayed parked behind it
+// until job 2 ended): the keeper's next view, which shows job 1 parked,
+// decides.
+func TestNoSpareLeasedSlotServedAsAnOlderJobParks(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 1})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}})
+	if works, ok := q.TakeLeased(1, true, 1, now); !ok || works {
+		t.Fatalf("job 1 on the leased path: works %v, decided %v; want it waiting for a leased slot", works, ok)
+	}
+	if !q.Leave(1) {
+		t.Fatal("job 1 did not leave its wait")
+	}
+	q.Fetch([]Fetched{{ID: 2, Fetched: now.Add(time.Millisecond)}})
+	if works, ok := q.TakeLeased(2, true, 1, now.Add(time.Millisecond)); !ok || works {
+		t.Fatalf("job 2 on the leased path: works %v, decided %v; want it waiting for a leased slot", works, ok)
+	}
+	if got := q.Leased(1); len(got) != 0 {
+		t.Fatalf("job %d was served a leased slot while job 1, ahead of it, was being decided", got[0].ID)
+	}
+	q.Park(1, now.Add(2*time.Millisecond))
+	if st := q.Get(2).State(); st != Queued {
+		t.Fatalf("job 2 is %s after job 1 parked, on a view read before; want it Queued", st)
+	}
+	q.SetView(View{At: now.Add(3 * time.Millisecond), Limit: 1, Admitted: 1})
+	if st := q.Get(2).State(); st != Working {
+		t.Fatalf("on a view read after the parking (job 1 resumed since: not parked), job 2 is %s", st)
+	}
+}
+
 // TestParkedJobsAreForgottenAfterViewFresh: the jobs a worker parked are
 // remembered only while a usable view may have been read before them, so
 // that a worker parking jobs all day (of a keyed kind, say, which never
