@@ -21,8 +21,8 @@ import (
 //   - By fetch (a per-kind limit alone): a job never starts while an older
 //     job of its kind fetched more than fetchTolerance before it (by any
 //     worker), or in the same fetch, waits in a worker; nor while an older
-//     job of its kind is parked or resumed, but for one parked or resumed
-//     within leaseTolerance, or one River hands out after it (its
+//     job of its kind is parked or resumed, but for one resumed, or parked
+//     by another worker, within leaseTolerance, or one River hands out after it (its
 //     scheduled_at later: snoozed or retried after the younger one's
 //     insert). (An older job fetched later, a retry say, may start after
 //     it: River hands jobs out in its own order.)
@@ -234,7 +234,10 @@ func (r *record) orderExcuse(l limits, i int64, w wait, xj run, fj change) strin
 		}
 		return ""
 	default: // parked or resumed
-		if w.since.After(xj.start.Add(-leaseTolerance)) {
+		if w.since.After(xj.start.Add(-leaseTolerance)) && (w.how == "resumed" || w.fetchedBy != xj.worker) {
+			// Another worker hears of a parking (or of a resume) at its
+			// next look; the worker that parked the older job knows of it
+			// at once, and no tolerance covers it.
 			return w.how + " just now"
 		}
 		if r.scheduledAt(i, xj.start).After(r.scheduledAt(xj.job, fj.at)) {

@@ -45,10 +45,11 @@ const (
 	// goroutine is scheduled. The fairness check counts no start of
 	// another key within it before a key's own as ahead of it.
 	wakeJitter = 10 * time.Millisecond
-	// leaseTolerance is how long after a parking a worker on leased slots
-	// may still hand a freed slot to a younger job waiting in it: it hears
-	// of the parking at its next look (LeasePoll 5 ms, LeaseIdlePoll
-	// 25 ms), later on a loaded machine.
+	// leaseTolerance is how long after a parking by another worker (or a
+	// resume) a worker on leased slots may still hand a freed slot to a
+	// younger job waiting in it: it hears of the parking at its next look
+	// (LeasePoll 5 ms, LeaseIdlePoll 25 ms), later on a loaded machine. A
+	// worker knows of its own parkings at once: none is tolerated there.
 	leaseTolerance = 150 * time.Millisecond
 	// livenessBound is the longest a key with waiting jobs may go without
 	// a start while its limits have room.

@@ -301,6 +301,35 @@ func TestCheckOrderFollowsRiversOrder(t *testing.T) {
 	}
 }
 
+// TestCheckOrderParkedJustNowByItsOwnWorker: under a per-kind limit
+// alone, job 1 is fetched by w1 and parked by it at 40 ms; job 2, younger,
+// starts in w1 at 60 ms. Parked by w2 it is within the lease tolerance
+// (w1 hears of it at its next look); parked by w1 itself it is a violation
+// (the worker knew: a spare leased slot was served to job 2 as job 1 left
+// its queue, before it was recorded as parked).
+func TestCheckOrderParkedJustNowByItsOwnWorker(t *testing.T) {
+	for _, parker := range []string{"w2", "w1"} {
+		f := newFakeRecord(limits{max: 1})
+		f.worker("w2")
+		f.job(1, "")
+		f.job(2, "")
+		f.r.changes[1] = append(f.r.changes[1],
+			change{job: 1, from: "available", to: "running", client: parker, at: f.at(10)},
+			change{job: 1, from: "running", to: "pending", client: parker, at: f.at(40)})
+		f.ran(2, 20, 40, "ok")
+		f.r.runs[len(f.r.runs)-1].start = f.at(60)
+		f.state(1, "pending", "available", 300)
+		f.ran(1, 310, 10, "ok")
+		got := f.found("order")
+		switch {
+		case parker == "w2" && len(got) > 0:
+			t.Fatalf("parked by another worker just before: order violations %q, want none", got)
+		case parker == "w1" && (len(got) != 1 || !strings.Contains(got[0], "job 2 started") || !strings.Contains(got[0], "job 1 was parked")):
+			t.Fatalf("parked by job 2's own worker just before: order violations %q, want job 2's", got)
+		}
+	}
+}
+
 func TestCheckOrderFindsAYoungerJobFirst(t *testing.T) {
 	f := newFakeRecord(limits{fields: []string{"key"}, keyMax: 1})
 	f.job(1, "repo")
