@@ -263,10 +263,10 @@ func (k *keeper) look(ctx context.Context, q *local.Queue) error {
 	// what it holds (a lease freed by its expiry is seen at once).
 	k.reconcile(q, st.Own)
 	k.l.trace("lease view", "kind", q.Kind(), "limit", st.Max, "admitted", st.Admitted, "own", st.Own, "off_path", st.OffPath,
-		"others", st.Others, "oldest_other", st.OldestOther, "oldest_other_line", st.OldestOtherLine)
+		"others", st.Others, "oldest_other", st.OldestOther, "oldest_other_line", st.OldestOtherLine, "oldest_resumed", st.OldestResumed)
 	q.SetView(local.View{At: time.Now(), Limit: st.Max, Admitted: st.Admitted, OffPath: st.OffPath, Keyed: st.Keyed,
 		Others: st.Others, OldestOther: st.OldestOther, OldestParked: st.OldestParked, OldestReserved: st.OldestReserved,
-		OldestOtherLine: st.OldestOtherLine, Heard: heard})
+		OldestResumed: st.OldestResumed, OldestOtherLine: st.OldestOtherLine, Heard: heard})
 	return nil
 }
 

@@ -859,11 +859,13 @@ SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned;
 -- yet), or fetched there and not decided yet (marked for the line: that
 -- worker's leased path was closed), was fetched (9999-12-31: none), which
 -- goes before this worker's younger jobs; and, for the hand-over of a
--- freed slot in memory, its oldest parked job, its oldest job granted a slot not claimed yet,
--- and its oldest job waiting in its line other than in this worker (or
--- fetched by another worker and not decided yet, or waiting there for a
--- leased slot, as the line's decisions and grant rounds count them; 0:
--- none), which go before any younger job.
+-- freed slot in memory, its oldest parked job, its oldest job granted a
+-- slot not claimed yet and its oldest job resumed ahead and not fetched
+-- yet (0: none), which go before any younger job, and when the oldest job
+-- waiting in its line in another worker (or fetched there and not decided
+-- yet, or waiting there for a leased slot, as the line's decisions and
+-- grant rounds count them) was fetched (9999-12-31: none), which goes
+-- before a job fetched more than the fetch tolerance after it.
 SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
        (l.has_parked OR l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL
         OR EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved))::boolean AS off_path,
@@ -883,16 +885,13 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
                 '9999-12-31'::timestamptz)::timestamptz AS oldest_other,
        COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
        COALESCE((SELECT min(e.job_id) FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved), 0)::bigint AS oldest_reserved,
-       COALESCE(LEAST((SELECT min(w.job_id) FROM concurrency_waiters w
-                       WHERE w.kind = l.kind AND w.worker_id IS DISTINCT FROM sqlc.arg(worker_id)::text
-                         AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
-                      (SELECT min(f.job_id) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND (j.state = 'running') IS TRUE
-                       WHERE f.kind = l.kind AND f.worker_id <> sqlc.arg(worker_id)::text
-                         AND f.fetched_at > statement_timestamp() - interval '2 seconds'),
-                      (SELECT min(u.job_id) FROM concurrency_leases cl
-                       CROSS JOIN LATERAL unnest(cl.waiting) AS u(job_id)
-                       JOIN river_job j ON j.id = u.job_id AND (j.state = 'running') IS TRUE
-                       WHERE cl.kind = l.kind AND cl.worker_id <> sqlc.arg(worker_id)::text)), 0)::bigint AS oldest_other_line
+       COALESCE((SELECT min(w.job_id) FROM concurrency_waiters w
+                 WHERE w.kind = l.kind AND w.worker_id IS NULL
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL), 0)::bigint AS oldest_resumed,
+       COALESCE((SELECT min(j.attempted_at) FROM concurrency_waiters w JOIN river_job j ON j.id = w.job_id AND (j.state = 'running') IS TRUE
+                 WHERE w.kind = l.kind AND w.worker_id <> sqlc.arg(worker_id)::text
+                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
+                '9999-12-31'::timestamptz)::timestamptz AS oldest_other_line
 FROM concurrency_limits l
 WHERE l.kind = sqlc.arg(kind);
 

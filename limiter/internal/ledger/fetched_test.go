@@ -126,7 +126,7 @@ func TestALeasedMarkWaitsUntilPublished(t *testing.T) {
 	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.False(t, st.OldestOther.IsZero(), "the holder does not see the job its fetch marked waiting in w2")
-	require.Equal(t, job.ID, st.OldestOtherLine, "a hand-over in memory would pass the leased mark")
+	require.Equal(t, st.OldestOther, st.OldestOtherLine, "a hand-over in memory would pass the leased mark")
 
 	younger := running(t, pool, kind, `{}`, "w1", 2, time.Now())
 	d := decideOne(t, holder, younger, nil)
@@ -140,14 +140,14 @@ func TestALeasedMarkWaitsUntilPublished(t *testing.T) {
 	requireNotGranted(t, holder, pool, kind, younger.ID)
 	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
-	require.Equal(t, job.ID, st.OldestOtherLine, "a hand-over in memory would pass the job published as waiting for a leased slot")
+	require.WithinDuration(t, fetched, st.OldestOtherLine, 5*time.Millisecond, "a hand-over in memory would pass the job published as waiting for a leased slot")
 
 	// It waits no more (a leased slot, say): the younger job's turn.
 	require.NoError(t, waiter.PublishWaiting(ctx, kind, nil, nil))
 	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, st.OldestOther.IsZero(), "a job published as no longer waiting still counts")
-	require.Zero(t, st.OldestOtherLine, "a job published as no longer waiting still holds the hand-over up")
+	require.True(t, st.OldestOtherLine.IsZero(), "a job published as no longer waiting still holds the hand-over up")
 	_, err = holder.Release(ctx, ledger.Release{Rounds: []string{kind}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, younger.ID),
@@ -372,13 +372,50 @@ func TestAnUnleasedMarkHoldsLeasesBack(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, st.OldestOther.IsZero(), "the holder's leased path does not see the job w2 fetched and has not decided")
 	require.WithinDuration(t, time.Now(), st.OldestOther, 5*time.Second)
-	require.Equal(t, job.ID, st.OldestOtherLine, "the job fetched for the line is the oldest of the line elsewhere")
+	require.Equal(t, st.OldestOther, st.OldestOtherLine, "the job fetched for the line is the oldest of the line elsewhere")
 
 	_, err = waiter.Decide(ctx, []ledger.Job{{ID: job.ID, Kind: kind, Args: []byte(`{}`), FetchedAt: time.Now(), Attempt: 1}}, nil, time.Second, nil)
 	require.NoError(t, err)
 	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, st.OldestOther.IsZero(), "a job decided still counts as fetched and not decided")
+}
+
+// TestLeaseStateTellsWhenTheOtherLinesWereFetched: the lease state tells
+// a worker when the oldest job of the line waiting in another worker was
+// fetched (its own jobs of the line do not count), for a hand-over in
+// memory follows fetch order under a per-kind limit alone, and which job
+// is the oldest resumed ahead and not fetched yet, which goes first
+// whatever its fetch.
+func TestLeaseStateTellsWhenTheOtherLinesWereFetched(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.otherline"
+	pool, holder, other := leaseHolder(t, kind, 1, 1)
+
+	st, err := holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, st.OldestOtherLine.IsZero(), "nothing waits elsewhere")
+	require.Zero(t, st.OldestResumed)
+
+	own := running(t, pool, kind, `{}`, "w1", 1, time.Now().Add(-2*time.Second).Truncate(time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, holder, own, nil).Action, "the kind's one slot is leased: the job waits")
+	fetched := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	elsewhere := running(t, pool, kind, `{}`, "w2", 1, fetched)
+	require.Equal(t, ledger.Wait, decideOne(t, other, elsewhere, nil).Action)
+	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.WithinDuration(t, fetched, st.OldestOtherLine, time.Millisecond,
+		"the job waiting in w2's line (not w1's own, fetched earlier) is the oldest of the line elsewhere")
+	require.Zero(t, st.OldestResumed)
+
+	resumed := queued(t, pool, kind, `{}`, "available")
+	_, err = pool.Exec(ctx, `INSERT INTO concurrency_waiters (job_id, kind, reason, ahead) VALUES ($1, $2, 'limit', true)`, resumed, kind)
+	require.NoError(t, err)
+	st, err = holder.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, resumed, st.OldestResumed, "a job resumed ahead and not fetched is the oldest resumed")
+	require.WithinDuration(t, fetched, st.OldestOtherLine, time.Millisecond)
 }
 
 // TestParkAheadReadsEachLineByItsIndex: a fetch that parks the backlog

@@ -33,11 +33,16 @@ type LeaseState struct {
 	// leased slot, or fetched there and not decided yet, was fetched
 	// (zero: none).
 	OldestOther time.Time
-	// OldestParked, OldestReserved and OldestOtherLine are the kind's
-	// oldest parked job, its oldest job granted a slot it has not claimed
-	// yet, and its oldest job waiting in its line other than in this worker
-	// (0: none): they go before any younger job.
-	OldestParked, OldestReserved, OldestOtherLine int64
+	// OldestParked, OldestReserved and OldestResumed are the kind's oldest
+	// parked job, its oldest job granted a slot it has not claimed yet, and
+	// its oldest job resumed ahead and not fetched yet (0: none): they go
+	// before any younger job.
+	OldestParked, OldestReserved, OldestResumed int64
+	// OldestOtherLine is when the oldest job of the kind's line in another
+	// worker (waiting in the line there, waiting for a leased slot, or
+	// fetched and not decided yet) was fetched (zero: none): it goes before
+	// a job fetched more than the fetch tolerance after it.
+	OldestOtherLine time.Time
 }
 
 // noneWaiting is what LedgerLeaseState says when no job waits in another
@@ -55,9 +60,14 @@ func (l *Ledger) LeaseState(ctx context.Context, kind string, wantedWindow time.
 		return LeaseState{}, fmt.Errorf("lease state of %s: %w", kind, err)
 	}
 	st := LeaseState{Present: true, Max: row.MaxConcurrency, Admitted: row.Admitted, OffPath: row.OffPath, Keyed: row.Keyed, Own: row.Own,
-		Others: row.Others, OldestParked: row.OldestParked, OldestReserved: row.OldestReserved, OldestOtherLine: row.OldestOtherLine}
+		Others: row.Others, OldestParked: row.OldestParked, OldestReserved: row.OldestReserved, OldestResumed: row.OldestResumed}
 	if row.OldestOther.Before(noneWaiting) {
 		st.OldestOther = row.OldestOther
+	}
+	if line := row.OldestOtherLine; line.Before(noneWaiting) && (st.OldestOther.IsZero() || line.Before(st.OldestOther)) {
+		st.OldestOtherLine = line
+	} else {
+		st.OldestOtherLine = st.OldestOther
 	}
 	return st, nil
 }

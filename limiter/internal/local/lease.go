@@ -21,6 +21,14 @@ const (
 	// was ViewFresh). A job handed a slot in memory waited in the line or
 	// for a leased slot first: the jobs fetched before it have committed.
 	TakeFresh = 30 * time.Millisecond
+	// LineFetchTolerance is how much later than a job waiting in another
+	// worker's line a job of this worker may have been fetched and still be
+	// handed a freed slot of the line in memory ahead of it (GiveLine):
+	// FetchTolerance, less a margin for the times compared, which are
+	// attempted_at, the start of each fetch's transaction, while the order
+	// is that of the fetches' statements (the parking pick runs before
+	// River's, in the same transaction).
+	LineFetchTolerance = FetchTolerance - 10*time.Millisecond
 )
 
 // View is a leased kind as the worker's keeper last read it.
@@ -42,11 +50,15 @@ type View struct {
 	// leased slot, or fetched there and not decided yet, was fetched
 	// (zero: none).
 	OldestOther time.Time
-	// OldestParked, OldestReserved and OldestOtherLine are the kind's
-	// oldest parked job, its oldest job granted a slot not claimed yet and
-	// its oldest job waiting in its line other than in this worker (0:
-	// none): no younger job is handed a slot in memory ahead of them.
-	OldestParked, OldestReserved, OldestOtherLine int64
+	// OldestParked, OldestReserved and OldestResumed are the kind's oldest
+	// parked job, its oldest job granted a slot not claimed yet and its
+	// oldest job resumed ahead and not fetched yet (0: none): no younger
+	// job is handed a slot in memory ahead of them.
+	OldestParked, OldestReserved, OldestResumed int64
+	// OldestOtherLine is when the oldest job of the kind's line in another
+	// worker was fetched (zero: none): no job fetched more than
+	// FetchTolerance after it is handed a slot in memory ahead of it.
+	OldestOtherLine time.Time
 	// Heard is the count of limit changes the worker had heard when the
 	// keeper began to read it (Queue.Heard).
 	Heard uint64
@@ -332,27 +344,37 @@ func (q *Queue) GiveLeased(now time.Time) *Job {
 
 // GiveLine hands a slot of the line that freed (a job of the worker that
 // ended on one, under a per-kind limit alone) to the job at the front of
-// the queue Lined, in memory, if the keeper's view is fresh, the kind has
-// a per-kind limit alone, positive and not exceeded, and no job of the kind older than it is
-// parked (as the view shows, or by this worker since it was read), granted
-// and on its way, or waiting in another worker; the move
-// is the caller's to write. It returns the job that got it (nil: none: the
-// slot is released).
+// the queue Lined, in memory, if the keeper's view is younger than
+// TakeFresh, the kind has a per-kind limit alone, positive and not
+// exceeded, no job of the kind older than it is parked (as the view shows,
+// or by this worker since it was read), granted and on its way, or
+// resumed and not fetched, and no job of the line waits in another worker
+// that was fetched more than LineFetchTolerance before it: the order of a
+// per-kind limit is fetch order, and jobs fetched by different workers
+// within FetchTolerance go in either order (P12: two workers handing
+// every slot over through the ledger, ~13 ms a turn, because the other's
+// front job was a few ids older). The view must be as young as for a
+// take at fetch (TakeFresh): a job fetched elsewhere shows once its fetch
+// commits. The move is the caller's to write. It returns the job that got
+// it (nil: none: the slot is released).
 func (q *Queue) GiveLine(now time.Time) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	v := q.lease.view
-	if !v.fresh(now, q.lease.heard, ViewFresh) || v.Keyed || v.Limit <= 0 || v.overLimit() {
+	if !v.fresh(now, q.lease.heard, TakeFresh) || v.Keyed || v.Limit <= 0 || v.overLimit() {
 		return nil
 	}
 	j := q.frontLocked(Lined)
 	if j == nil {
 		return nil
 	}
-	for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestOtherLine} {
+	for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestResumed} {
 		if older != 0 && older < j.ID {
 			return nil
 		}
+	}
+	if !v.OldestOtherLine.IsZero() && j.Fetched.After(v.OldestOtherLine.Add(LineFetchTolerance)) {
+		return nil // a job fetched well before it waits in another worker
 	}
 	if q.parkedBeforeLocked(j.ID, now) {
 		return nil // an older job parked here since the view was read

@@ -156,6 +156,10 @@ func events() []event {
 			m.q.SetView(View{At: m.now, Heard: m.gen, Limit: 2, Admitted: 1, OldestParked: 1})
 			return ""
 		}},
+		event{"view other line long before", func(m *model) string {
+			m.q.SetView(View{At: m.now, Heard: m.gen, Limit: 2, Admitted: 1, OldestOtherLine: m.now.Add(-2 * FetchTolerance)})
+			return ""
+		}},
 		event{"view off path", func(m *model) string {
 			for _, id := range m.q.SetView(View{At: m.now, Heard: m.gen, Limit: 2, OffPath: true}) {
 				if j := m.q.Get(id); j == nil || j.state != Deciding {
@@ -320,10 +324,13 @@ func (m *model) checkGiven(j *Job, state State) string {
 	}
 	if state == Lined {
 		v := m.q.lease.view
-		for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestOtherLine} {
+		for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestResumed} {
 			if older != 0 && older < j.ID {
 				return fmt.Sprintf("job %d was handed a slot while job %d, older, waited elsewhere", j.ID, older)
 			}
+		}
+		if !v.OldestOtherLine.IsZero() && j.Fetched.Sub(v.OldestOtherLine) > LineFetchTolerance {
+			return fmt.Sprintf("job %d, fetched at %s, was handed a slot while a job fetched at %s waited elsewhere", j.ID, j.Fetched, v.OldestOtherLine)
 		}
 	}
 	return ""
@@ -848,6 +855,50 @@ func TestNoHandOverPastAJobParkedHere(t *testing.T) {
 	}
 	if j := q.GiveLine(now.Add(4 * time.Millisecond)); j == nil || j.ID != 3 {
 		t.Fatalf("on a view read after the parking, the slot went to %v, want job 3", j)
+	}
+}
+
+// TestLineHandOverFollowsFetchOrderAcrossWorkers: under a per-kind limit
+// alone, a slot of the line freed here goes in memory to the front job
+// here when the oldest job of the line in another worker was fetched no
+// more than LineFetchTolerance before it (or after it), whatever their ids; not
+// when it was fetched longer before, nor past an older job resumed and not
+// fetched yet, nor on a view older than TakeFresh.
+func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name   string
+		view   View
+		at     time.Time
+		handed bool
+	}{
+		{"nothing elsewhere", View{}, now, true},
+		{"an older job fetched elsewhere within the tolerance before", View{OldestOtherLine: now.Add(-LineFetchTolerance)}, now, true},
+		{"one fetched elsewhere after it", View{OldestOtherLine: now.Add(time.Millisecond)}, now, true},
+		{"one fetched elsewhere more than the tolerance before", View{OldestOtherLine: now.Add(-LineFetchTolerance - time.Millisecond)}, now, false},
+		{"an older job resumed and not fetched", View{OldestResumed: 1}, now, false},
+		{"a view older than TakeFresh", View{}, now.Add(TakeFresh + time.Millisecond), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := NewQueue("k")
+			q.SetByFetch(true)
+			v := c.view
+			v.At, v.Limit, v.Admitted = now, 1, 1
+			q.SetView(v)
+			q.Fetch([]Fetched{{ID: 5, Fetched: now}, {ID: 6, Fetched: now}})
+			q.Work(5, LineSlot)
+			q.Line(6, false, "limit")
+			if q.End(5) != LineSlot {
+				t.Fatal("job 5 did not end on its slot of the line")
+			}
+			j := q.GiveLine(c.at)
+			switch {
+			case c.handed && (j == nil || j.ID != 6):
+				t.Fatalf("the slot went to %v, want job 6", j)
+			case !c.handed && j != nil:
+				t.Fatalf("job %d was handed the slot", j.ID)
+			}
+		})
 	}
 }
 
