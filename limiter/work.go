@@ -316,9 +316,11 @@ func (l *Limiter) end(q *local.Queue, j *local.Job) {
 		}
 	case local.LineSlot:
 		from := ledger.Held{ID: j.ID, Kind: kind, Key: j.CurrentKey()}
-		if to := q.GiveLine(time.Now()); to != nil {
+		to := q.GiveLine(time.Now(), func(id int64, key string) {
+			l.releaser.submitAsync(&releaseRequest{handed: &ledger.HandOver{From: from, To: ledger.Held{ID: id, Kind: kind, Key: key}}})
+		})
+		if to != nil {
 			l.trace("handed over", "job_id", to.ID, "from_job_id", j.ID)
-			l.releaser.submitAsync(&releaseRequest{handed: &ledger.HandOver{From: from, To: ledger.Held{ID: to.ID, Kind: kind, Key: to.CurrentKey()}}})
 			l.TestSignals.HandedOver.Signal(to.ID)
 			return
 		}

@@ -355,9 +355,16 @@ func (q *Queue) GiveLeased(now time.Time) *Job {
 // every slot over through the ledger, ~13 ms a turn, because the other's
 // front job was a few ids older). The view must be as young as for a
 // take at fetch (TakeFresh): a job fetched elsewhere shows once its fetch
-// commits. The move is the caller's to write. It returns the job that got
-// it (nil: none: the slot is released).
-func (q *Queue) GiveLine(now time.Time) *Job {
+// commits. The move is the caller's to write: handed is called with the
+// job that got the slot and its key before that job is told (under the
+// queue's lock), so that the caller queues the move before anything the
+// job does once it has the slot (its own end, handing the slot on): a
+// move queued after the end of the job it went to would leave that ended
+// job holding the slot's row for ever (P15 stalled with 8 slots held by
+// jobs long completed, the debug log slowing the goroutine between the
+// hand-over and its write). It returns the job that got it (nil: none:
+// the slot is released).
+func (q *Queue) GiveLine(now time.Time, handed func(id int64, key string)) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	v := q.lease.view
@@ -380,6 +387,7 @@ func (q *Queue) GiveLine(now time.Time) *Job {
 		return nil // an older job parked here since the view was read
 	}
 	q.workLocked(j, LineSlot)
+	handed(j.ID, j.Key)
 	j.notify(Granted)
 	return j
 }

@@ -141,7 +141,7 @@ func events() []event {
 				case LeasedSlot:
 					return m.checkGiven(m.q.GiveLeased(m.now), Queued)
 				case LineSlot:
-					return m.checkGiven(m.q.GiveLine(m.now), Lined)
+					return m.checkGiven(m.q.GiveLine(m.now, func(int64, string) {}), Lined)
 				}
 				return ""
 			}},
@@ -690,7 +690,7 @@ func TestNoSlotHandedOverOnAViewBeforeAChange(t *testing.T) {
 	if line.End(3) != LineSlot {
 		t.Fatal("job 3 did not end on its slot of the line")
 	}
-	if j := line.GiveLine(now); j != nil {
+	if j := line.GiveLine(now, func(int64, string) {}); j != nil {
 		t.Fatalf("job %d was handed a slot of the line on a view read before the change", j.ID)
 	}
 }
@@ -843,7 +843,7 @@ func TestNoHandOverPastAJobParkedHere(t *testing.T) {
 	if q.End(1) != LineSlot {
 		t.Fatal("job 1 did not end on its slot of the line")
 	}
-	if j := q.GiveLine(now.Add(2 * time.Millisecond)); j != nil {
+	if j := q.GiveLine(now.Add(2*time.Millisecond), func(int64, string) {}); j != nil {
 		t.Fatalf("job %d was handed the slot past job 2, parked here after the view was read", j.ID)
 	}
 
@@ -853,7 +853,7 @@ func TestNoHandOverPastAJobParkedHere(t *testing.T) {
 	if q.End(5) != LineSlot {
 		t.Fatal("job 5 did not end on its slot of the line")
 	}
-	if j := q.GiveLine(now.Add(4 * time.Millisecond)); j == nil || j.ID != 3 {
+	if j := q.GiveLine(now.Add(4*time.Millisecond), func(int64, string) {}); j == nil || j.ID != 3 {
 		t.Fatalf("on a view read after the parking, the slot went to %v, want job 3", j)
 	}
 }
@@ -891,7 +891,21 @@ func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
 			if q.End(5) != LineSlot {
 				t.Fatal("job 5 did not end on its slot of the line")
 			}
-			j := q.GiveLine(c.at)
+			var told []int64
+			j := q.GiveLine(c.at, func(id int64, key string) {
+				// The move is queued before the job can do anything with the
+				// slot: it has not been told yet.
+				if jj := q.jobs[id]; jj == nil || len(jj.wake) > 0 || jj.state != Working {
+					t.Errorf("job %d was told of its slot (or is not working) before the move was handed to the caller", id)
+				}
+				told = append(told, id)
+			})
+			if j != nil && (len(told) != 1 || told[0] != j.ID) {
+				t.Fatalf("the move of the slot to job %d was told as %v", j.ID, told)
+			}
+			if j == nil && len(told) > 0 {
+				t.Fatalf("no job got the slot, and moves %v were told", told)
+			}
 			switch {
 			case c.handed && (j == nil || j.ID != 6):
 				t.Fatalf("the slot went to %v, want job 6", j)
