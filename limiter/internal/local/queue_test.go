@@ -325,7 +325,7 @@ func (m *model) checkGiven(j *Job, state State) string {
 	if state == Lined {
 		v := m.q.lease.view
 		for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestResumed} {
-			if older != 0 && older < j.ID {
+			if older != 0 && older < j.ID && !m.q.begunSinceLocked(older, v.At) {
 				return fmt.Sprintf("job %d was handed a slot while job %d, older, waited elsewhere", j.ID, older)
 			}
 		}
@@ -877,6 +877,8 @@ func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
 		{"one fetched elsewhere after it", View{OldestOtherLine: now.Add(time.Millisecond)}, now, true},
 		{"one fetched elsewhere more than the tolerance before", View{OldestOtherLine: now.Add(-LineFetchTolerance - time.Millisecond)}, now, false},
 		{"an older job resumed and not fetched", View{OldestResumed: 1}, now, false},
+		{"an older job resumed and not fetched, begun here since the view", View{OldestResumed: 1}, now, true},
+		{"an older job parked, begun here since the view", View{OldestParked: 1}, now, true},
 		{"a view older than TakeFresh", View{}, now.Add(TakeFresh + time.Millisecond), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -885,6 +887,13 @@ func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
 			v := c.view
 			v.At, v.Limit, v.Admitted = now, 1, 1
 			q.SetView(v)
+			if strings.Contains(c.name, "begun here") {
+				q.Fetch([]Fetched{{ID: 1, Fetched: now}})
+				q.Work(1, LineSlot)
+				if !q.Begin(1) {
+					t.Fatal("job 1 did not begin")
+				}
+			}
 			q.Fetch([]Fetched{{ID: 5, Fetched: now}, {ID: 6, Fetched: now}})
 			q.Work(5, LineSlot)
 			q.Line(6, false, "limit")
