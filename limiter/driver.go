@@ -203,7 +203,11 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 		// are all marked, and decided after the commit.
 		var took map[int64]bool
 		if snap := l.limits.held(); snap != nil {
-			out.admitted, out.admitErr = l.admitLocal(ctx, l.limitedOf(out.res.Jobs, out.res.DecodeErrors, e.d.kinds), false, snap)
+			jobs := l.limitedOf(out.res.Jobs, out.res.DecodeErrors, e.d.kinds)
+			if err := l.lookAtFetch(ctx, e.d.UnwrapTx(tx), jobs, snap); err != nil {
+				return nil, err
+			}
+			out.admitted, out.admitErr = l.admitLocal(ctx, jobs, false, snap)
 			took = out.admitted.took
 		}
 		marks = l.toMark(out.res, limited, took)
@@ -229,6 +233,37 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 		}
 	}
 	return out, nil
+}
+
+// lookAtFetch reads, in the fetch's transaction tx, the state of each kind
+// on the leased path whose first attempts the fetch brought (and whose
+// queue exists), into its queue's view, as the lease keeper does: a job
+// takes a spare leased slot at its fetch only on a view younger than
+// local.TakeFresh, and the keeper's, read every 25 ms, often is not by
+// then (P2: a fetch takes ~27 ms). The read sees every fetch committed
+// before this one's statement.
+func (l *Limiter) lookAtFetch(ctx context.Context, tx pgx.Tx, jobs []*rivertype.JobRow, snap *limitsSnapshot) error {
+	var looked []string
+	for _, job := range jobs {
+		if job.Attempt > 1 || everParked(job) || slices.Contains(looked, job.Kind) || snap.of(job.Kind).Regime() != ledger.Leased {
+			continue
+		}
+		looked = append(looked, job.Kind)
+		q := l.queues.get(job.Kind)
+		if q == nil {
+			continue // the keeper reads it once it serves the kind
+		}
+		heard, at := l.limits.gen.Load(), time.Now()
+		st, err := l.ledger.LeaseStateOn(ctx, tx, job.Kind, l.keeper.cfg.WantedWindow)
+		if err != nil {
+			return fmt.Errorf("read %s at the fetch: %w", job.Kind, err)
+		}
+		if st.Present {
+			q.SetView(viewOf(st, heard, at))
+			l.TestSignals.LookedAtFetch.Signal(job.Kind)
+		}
+	}
+	return nil
 }
 
 // noteLeasedMarks tells the kinds' queues of the jobs their fetch marked

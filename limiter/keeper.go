@@ -249,7 +249,11 @@ func (k *keeper) reconcile(q *local.Queue, held int32) {
 
 // look reads the kind's state into its queue's view.
 func (k *keeper) look(ctx context.Context, q *local.Queue) error {
-	heard := k.l.limits.gen.Load() // before the read: a change heard during it makes the view stale
+	// Both before the read: a change heard during it makes the view stale,
+	// and its age counts from the read's start (a read that waited for a
+	// connection shows the kind as it was when its statement began, not as
+	// it is when it returns).
+	heard, at := k.l.limits.gen.Load(), time.Now()
 	st, err := k.l.ledger.LeaseState(ctx, q.Kind(), k.cfg.WantedWindow)
 	if err != nil {
 		return err
@@ -264,10 +268,16 @@ func (k *keeper) look(ctx context.Context, q *local.Queue) error {
 	k.reconcile(q, st.Own)
 	k.l.trace("lease view", "kind", q.Kind(), "limit", st.Max, "admitted", st.Admitted, "own", st.Own, "off_path", st.OffPath,
 		"others", st.Others, "oldest_other", st.OldestOther, "oldest_other_line", st.OldestOtherLine, "oldest_resumed", st.OldestResumed)
-	q.SetView(local.View{At: time.Now(), Limit: st.Max, Admitted: st.Admitted, OffPath: st.OffPath, Keyed: st.Keyed,
-		Others: st.Others, OldestOther: st.OldestOther, OldestParked: st.OldestParked, OldestReserved: st.OldestReserved,
-		OldestResumed: st.OldestResumed, OldestOtherLine: st.OldestOtherLine, Heard: heard})
+	q.SetView(viewOf(st, heard, at))
 	return nil
+}
+
+// viewOf is the view of a kind that st gives a worker whose read of it
+// began at at, when it had heard heard changes of limits.
+func viewOf(st ledger.LeaseState, heard uint64, at time.Time) local.View {
+	return local.View{At: at, Limit: st.Max, Admitted: st.Admitted, OffPath: st.OffPath, Keyed: st.Keyed,
+		Others: st.Others, OldestOther: st.OldestOther, OldestParked: st.OldestParked, OldestReserved: st.OldestReserved,
+		OldestResumed: st.OldestResumed, OldestOtherLine: st.OldestOtherLine, Heard: heard}
 }
 
 // publish writes the jobs waiting in this worker for a leased slot, or

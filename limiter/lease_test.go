@@ -348,3 +348,22 @@ func TestLeasedFetchRolledBack(t *testing.T) {
 			count(t, pool, "SELECT COALESCE(sum(slots), 0)::int FROM concurrency_leases") == 0
 	}, 10*time.Second, 10*time.Millisecond, "idle leases given back")
 }
+
+// TestAFetchReadsTheLeasedKind: a worker's fetch of first attempts of a
+// kind on the leased path reads the kind's state in its own transaction,
+// so that they take a spare leased slot on a view as young as the fetch
+// (the keeper's, read every 25 ms, is often older than TakeFresh by the
+// time a fetch's jobs are decided): the jobs run within the limit.
+func TestAFetchReadsTheLeasedKind(t *testing.T) {
+	t.Parallel()
+	const kind = "atfetch"
+	const fullKind = "test.probe." + kind
+	url, pool, tracker := probeKind(t, kind, 2)
+	a, lim := startProbeWorkerSignals(t, url, kind+"-a", kind, tracker, 0, nil)
+	insertProbes(t, a, kind, 0, 1, 10)
+	waitAllDone(t, pool, tracker, fullKind, 1, 30*time.Second)
+	insertProbes(t, a, kind, 1, 4, 10)
+	require.Equal(t, fullKind, lim.TestSignals.LookedAtFetch.WaitOrTimeout(), "the fetch did not read the kind")
+	waitAllDone(t, pool, tracker, fullKind, 5, 30*time.Second)
+	require.LessOrEqual(t, tracker.max.Load(), int32(2), "the limit held")
+}

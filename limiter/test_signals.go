@@ -36,6 +36,10 @@ type TestSignals struct {
 	// ReservationFreed: the listener heard that a job holding a
 	// reservation went, and the kind's clean-up ran (value: the kind).
 	ReservationFreed testsignal.TestSignal[string]
+	// LookedAtFetch: a fetch read the state of a kind on the leased path
+	// in its transaction, for its first attempts to take a spare leased
+	// slot by (value: the kind).
+	LookedAtFetch testsignal.TestSignal[string]
 }
 
 // Init initializes every signal for tb.
@@ -49,4 +53,5 @@ func (ts *TestSignals) Init(tb testutil.TestingTB) {
 	ts.Renewed.Init(tb)
 	ts.RateWake.Init(tb)
 	ts.ReservationFreed.Init(tb)
+	ts.LookedAtFetch.Init(tb)
 }

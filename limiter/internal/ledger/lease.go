@@ -51,7 +51,13 @@ var noneWaiting = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // LeaseState reads kind's state for a lease holder.
 func (l *Ledger) LeaseState(ctx context.Context, kind string, wantedWindow time.Duration) (LeaseState, error) {
-	row, err := db.New(l.pool).LedgerLeaseState(ctx, db.LedgerLeaseStateParams{Kind: kind, WorkerID: l.worker,
+	return l.LeaseStateOn(ctx, l.pool, kind, wantedWindow)
+}
+
+// LeaseStateOn reads kind's state for a lease holder on conn (a fetch's
+// transaction: the state as the fetch leaves it).
+func (l *Ledger) LeaseStateOn(ctx context.Context, conn db.DBTX, kind string, wantedWindow time.Duration) (LeaseState, error) {
+	row, err := db.New(conn).LedgerLeaseState(ctx, db.LedgerLeaseStateParams{Kind: kind, WorkerID: l.worker,
 		WantedWindowMs: wantedWindow.Milliseconds()})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return LeaseState{}, nil

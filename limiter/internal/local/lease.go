@@ -167,12 +167,16 @@ func (q *Queue) Heard(gen uint64) {
 	q.lease.heard = max(q.lease.heard, gen)
 }
 
-// SetView stores the keeper's view of the kind. When the leased path
+// SetView stores a view of the kind (the keeper's, or one read at a
+// fetch), unless the one it holds was read later. When the leased path
 // closed, the jobs Queued for a leased slot go to the ledger (Redecide),
 // and the spare slots are given up; it returns the jobs sent.
 func (q *Queue) SetView(v View) []int64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if v.At.Before(q.lease.view.At) {
+		return nil // a read that began before the one held
+	}
 	q.lease.view = v
 	if !v.OffPath {
 		q.serveLocked()

@@ -925,6 +925,23 @@ func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
 	}
 }
 
+// TestAnOlderViewDoesNotReplaceAYoungerOne: a read of a kind that began
+// before the view a queue holds (the keeper's slow read, landing after a
+// fetch's) does not replace it: the view's age counts from its read's
+// start, and an older one would be trusted on what it shows as if newer.
+func TestAnOlderViewDoesNotReplaceAYoungerOne(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetView(View{At: now, Limit: 1, OffPath: true, OldestParked: 3})
+	q.SetView(View{At: now.Add(-time.Millisecond), Limit: 1})
+	q.mu.Lock()
+	v := q.lease.view
+	q.mu.Unlock()
+	if !v.At.Equal(now) || !v.OffPath || v.OldestParked != 3 {
+		t.Fatalf("the view read later was replaced by one read before it: %+v", v)
+	}
+}
+
 // TestNoLeasedSlotPastAJobParkedHere: under a per-kind limit alone, job 1
 // waited in the line here and parked (its park-after time ran out). Job
 // 2, younger, fetched since, takes no spare leased slot on a view read
