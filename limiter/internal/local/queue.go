@@ -237,10 +237,6 @@ type Queue struct {
 	// keys are the keys with jobs here: how many, and the pace of the
 	// key's line here (StartsSoon). A key's record goes with its last job.
 	keys map[string]*keyLine
-	// begun are the jobs that began here within the last ViewFresh, and
-	// when, oldest first: a view read before a job began here may show it
-	// still parked or resumed (GiveLine).
-	begun []begin
 }
 
 // keyLine is what a queue keeps of a key while jobs of it are here.
@@ -249,12 +245,6 @@ type keyLine struct {
 	// begun is when the key's last jobs here began (at most
 	// recentBegins, the newest last).
 	begun []time.Time
-}
-
-// begin is a job that began here, and when.
-type begin struct {
-	id int64
-	at time.Time
 }
 
 // recentBegins is how many begins of a key a queue remembers.
@@ -542,32 +532,9 @@ func (q *Queue) Begin(id int64) bool {
 		return false
 	}
 	j.begun = true
-	now := time.Now()
-	q.keys[j.Key].noteBegin(now)
-	q.noteBegunLocked(j.ID, now)
+	q.keys[j.Key].noteBegin(time.Now())
 	q.releaseHeldLocked() // a younger job of its key held for it begins now
 	return true
-}
-
-// noteBegunLocked records that job id began here at now, and forgets the
-// begins older than ViewFresh; q.mu is held.
-func (q *Queue) noteBegunLocked(id int64, now time.Time) {
-	drop := 0
-	for drop < len(q.begun) && now.Sub(q.begun[drop].at) > ViewFresh {
-		drop++
-	}
-	q.begun = append(q.begun[drop:], begin{id: id, at: now})
-}
-
-// begunSinceLocked reports whether job id began here at or after since
-// (within the last ViewFresh); q.mu is held.
-func (q *Queue) begunSinceLocked(id int64, since time.Time) bool {
-	for i := len(q.begun) - 1; i >= 0 && !q.begun[i].at.Before(since); i-- {
-		if q.begun[i].id == id {
-			return true
-		}
-	}
-	return false
 }
 
 // noteBegin records that a job of the key began here at now (its queue's

@@ -325,7 +325,7 @@ func (m *model) checkGiven(j *Job, state State) string {
 	if state == Lined {
 		v := m.q.lease.view
 		for _, older := range []int64{v.OldestParked, v.OldestReserved, v.OldestResumed} {
-			if older != 0 && older < j.ID && !m.q.begunSinceLocked(older, v.At) {
+			if older != 0 && older < j.ID {
 				return fmt.Sprintf("job %d was handed a slot while job %d, older, waited elsewhere", j.ID, older)
 			}
 		}
@@ -877,8 +877,6 @@ func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
 		{"one fetched elsewhere after it", View{OldestOtherLine: now.Add(time.Millisecond)}, now, true},
 		{"one fetched elsewhere more than the tolerance before", View{OldestOtherLine: now.Add(-LineFetchTolerance - time.Millisecond)}, now, false},
 		{"an older job resumed and not fetched", View{OldestResumed: 1}, now, false},
-		{"an older job resumed and not fetched, begun here since the view", View{OldestResumed: 1}, now, true},
-		{"an older job parked, begun here since the view", View{OldestParked: 1}, now, true},
 		{"a view older than TakeFresh", View{}, now.Add(TakeFresh + time.Millisecond), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -887,13 +885,6 @@ func TestLineHandOverFollowsFetchOrderAcrossWorkers(t *testing.T) {
 			v := c.view
 			v.At, v.Limit, v.Admitted = now, 1, 1
 			q.SetView(v)
-			if strings.Contains(c.name, "begun here") {
-				q.Fetch([]Fetched{{ID: 1, Fetched: now}})
-				q.Work(1, LineSlot)
-				if !q.Begin(1) {
-					t.Fatal("job 1 did not begin")
-				}
-			}
 			q.Fetch([]Fetched{{ID: 5, Fetched: now}, {ID: 6, Fetched: now}})
 			q.Work(5, LineSlot)
 			q.Line(6, false, "limit")
@@ -939,6 +930,34 @@ func TestAnOlderViewDoesNotReplaceAYoungerOne(t *testing.T) {
 	q.mu.Unlock()
 	if !v.At.Equal(now) || !v.OffPath || v.OldestParked != 3 {
 		t.Fatalf("the view read later was replaced by one read before it: %+v", v)
+	}
+}
+
+// TestNoHandOverPastAParkedJobTheViewDoesNotName: the keeper's view
+// names only the oldest parked job of the kind. When that one has begun
+// here since the view was read, other parked jobs older than the front
+// job here may still wait (torture seed 219519086: a slot went in memory
+// to job 385 while 383 and 384 were parked, because 326, the view's
+// oldest, had begun here since): no slot is handed past the view's
+// oldest parked job, whatever became of it.
+func TestNoHandOverPastAParkedJobTheViewDoesNotName(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.SetByFetch(true)
+	q.SetView(View{At: now, Limit: 3, Admitted: 2, OldestParked: 1})
+	q.Fetch([]Fetched{{ID: 1, Fetched: now}})
+	q.Work(1, LineSlot)
+	if !q.Begin(1) {
+		t.Fatal("job 1 did not begin")
+	}
+	q.Fetch([]Fetched{{ID: 5, Fetched: now}, {ID: 6, Fetched: now}})
+	q.Work(5, LineSlot)
+	q.Line(6, false, "limit")
+	if q.End(5) != LineSlot {
+		t.Fatal("job 5 did not end on its slot of the line")
+	}
+	if j := q.GiveLine(now, func(int64, string) {}); j != nil {
+		t.Fatalf("job %d was handed the slot past the view's oldest parked job (job 3, parked too, may wait)", j.ID)
 	}
 }
 
