@@ -57,7 +57,7 @@ type View struct {
 	OldestParked, OldestReserved, OldestResumed int64
 	// OldestOtherLine is when the oldest job of the kind's line in another
 	// worker was fetched (zero: none): no job fetched more than
-	// FetchTolerance after it is handed a slot in memory ahead of it.
+	// LineFetchTolerance after it is handed a slot in memory ahead of it.
 	OldestOtherLine time.Time
 	// Heard is the count of limit changes the worker had heard when the
 	// keeper began to read it (Queue.Heard).
