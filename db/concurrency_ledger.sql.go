@@ -924,7 +924,7 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
        COALESCE((SELECT min(j.attempted_at) FROM concurrency_waiters w JOIN river_job j ON j.id = w.job_id AND (j.state = 'running') IS TRUE
                  WHERE w.kind = l.kind AND w.worker_id <> $1::text
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
-                '9999-12-31'::timestamptz)::timestamptz AS oldest_other_line
+                '9999-12-31'::timestamptz)::timestamptz AS oldest_other_waiter
 FROM concurrency_limits l
 WHERE l.kind = $3
 `
@@ -936,17 +936,17 @@ type LedgerLeaseStateParams struct {
 }
 
 type LedgerLeaseStateRow struct {
-	MaxConcurrency  int32     `json:"max_concurrency"`
-	Admitted        int32     `json:"admitted"`
-	OffPath         bool      `json:"off_path"`
-	Keyed           bool      `json:"keyed"`
-	Own             int32     `json:"own"`
-	Others          int32     `json:"others"`
-	OldestOther     time.Time `json:"oldest_other"`
-	OldestParked    int64     `json:"oldest_parked"`
-	OldestReserved  int64     `json:"oldest_reserved"`
-	OldestResumed   int64     `json:"oldest_resumed"`
-	OldestOtherLine time.Time `json:"oldest_other_line"`
+	MaxConcurrency    int32     `json:"max_concurrency"`
+	Admitted          int32     `json:"admitted"`
+	OffPath           bool      `json:"off_path"`
+	Keyed             bool      `json:"keyed"`
+	Own               int32     `json:"own"`
+	Others            int32     `json:"others"`
+	OldestOther       time.Time `json:"oldest_other"`
+	OldestParked      int64     `json:"oldest_parked"`
+	OldestReserved    int64     `json:"oldest_reserved"`
+	OldestResumed     int64     `json:"oldest_resumed"`
+	OldestOtherWaiter time.Time `json:"oldest_other_waiter"`
 }
 
 // A leased kind as a worker holding or wanting its slots sees it, without
@@ -962,10 +962,11 @@ type LedgerLeaseStateRow struct {
 // freed slot in memory, its oldest parked job, its oldest job granted a
 // slot not claimed yet and its oldest job resumed ahead and not fetched
 // yet (0: none), which go before any younger job, and when the oldest job
-// waiting in its line in another worker (or fetched there and not decided
-// yet, or waiting there for a leased slot, as the line's decisions and
-// grant rounds count them) was fetched (9999-12-31: none), which goes
-// before a job fetched more than the fetch tolerance after it.
+// waiting in its line in another worker was fetched (9999-12-31: none):
+// with oldest_other (the jobs fetched there and not decided yet, or
+// waiting there for a leased slot, as the line's decisions and grant
+// rounds count them too), it goes before a job fetched more than the
+// fetch tolerance after it (ledger.LeaseState.OldestOtherLine).
 func (q *Queries) LedgerLeaseState(ctx context.Context, arg LedgerLeaseStateParams) (*LedgerLeaseStateRow, error) {
 	row := q.db.QueryRow(ctx, ledgerLeaseState, arg.WorkerID, arg.WantedWindowMs, arg.Kind)
 	var i LedgerLeaseStateRow
@@ -980,7 +981,7 @@ func (q *Queries) LedgerLeaseState(ctx context.Context, arg LedgerLeaseStatePara
 		&i.OldestParked,
 		&i.OldestReserved,
 		&i.OldestResumed,
-		&i.OldestOtherLine,
+		&i.OldestOtherWaiter,
 	)
 	return &i, err
 }

@@ -862,10 +862,11 @@ SELECT COALESCE((SELECT back.n FROM back), 0)::integer AS returned;
 -- freed slot in memory, its oldest parked job, its oldest job granted a
 -- slot not claimed yet and its oldest job resumed ahead and not fetched
 -- yet (0: none), which go before any younger job, and when the oldest job
--- waiting in its line in another worker (or fetched there and not decided
--- yet, or waiting there for a leased slot, as the line's decisions and
--- grant rounds count them) was fetched (9999-12-31: none), which goes
--- before a job fetched more than the fetch tolerance after it.
+-- waiting in its line in another worker was fetched (9999-12-31: none):
+-- with oldest_other (the jobs fetched there and not decided yet, or
+-- waiting there for a leased slot, as the line's decisions and grant
+-- rounds count them too), it goes before a job fetched more than the
+-- fetch tolerance after it (ledger.LeaseState.OldestOtherLine).
 SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
        (l.has_parked OR l.partition_fields IS NOT NULL OR l.rate_max IS NOT NULL
         OR EXISTS (SELECT 1 FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved))::boolean AS off_path,
@@ -891,7 +892,7 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
        COALESCE((SELECT min(j.attempted_at) FROM concurrency_waiters w JOIN river_job j ON j.id = w.job_id AND (j.state = 'running') IS TRUE
                  WHERE w.kind = l.kind AND w.worker_id <> sqlc.arg(worker_id)::text
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
-                '9999-12-31'::timestamptz)::timestamptz AS oldest_other_line
+                '9999-12-31'::timestamptz)::timestamptz AS oldest_other_waiter
 FROM concurrency_limits l
 WHERE l.kind = sqlc.arg(kind);
 

@@ -70,10 +70,9 @@ func (l *Ledger) LeaseStateOn(ctx context.Context, conn db.DBTX, kind string, wa
 	if row.OldestOther.Before(noneWaiting) {
 		st.OldestOther = row.OldestOther
 	}
-	if line := row.OldestOtherLine; line.Before(noneWaiting) && (st.OldestOther.IsZero() || line.Before(st.OldestOther)) {
-		st.OldestOtherLine = line
-	} else {
-		st.OldestOtherLine = st.OldestOther
+	st.OldestOtherLine = st.OldestOther
+	if w := row.OldestOtherWaiter; w.Before(noneWaiting) && (st.OldestOtherLine.IsZero() || w.Before(st.OldestOtherLine)) {
+		st.OldestOtherLine = w
 	}
 	return st, nil
 }

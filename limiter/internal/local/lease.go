@@ -348,28 +348,25 @@ func (q *Queue) GiveLeased(now time.Time) *Job {
 
 // GiveLine hands a slot of the line that freed (a job of the worker that
 // ended on one, under a per-kind limit alone) to the job at the front of
-// the queue Lined, in memory, if the keeper's view is younger than
-// TakeFresh, the kind has a per-kind limit alone, positive and not
-// exceeded, no job of the kind older than it is parked (as the view shows,
-// or by this worker since it was read), granted and on its way, or
-// resumed and not fetched (the view names only the oldest of each: none
-// is passed, whatever became of it since, for others may wait behind it;
-// TestNoHandOverPastAParkedJobTheViewDoesNotName), and no job of the line waits in another worker
-// that was fetched more than LineFetchTolerance before it: the order of a
-// per-kind limit is fetch order, and jobs fetched by different workers
-// within FetchTolerance go in either order (P12: two workers handing
-// every slot over through the ledger, ~13 ms a turn, because the other's
-// front job was a few ids older). The view must be as young as for a
-// take at fetch (TakeFresh): a job fetched elsewhere shows once its fetch
-// commits. The move is the caller's to write: handed is called with the
-// job that got the slot and its key before that job is told (under the
-// queue's lock), so that the caller queues the move before anything the
-// job does once it has the slot (its own end, handing the slot on): a
-// move queued after the end of the job it went to would leave that ended
-// job holding the slot's row for ever (P15 stalled with 8 slots held by
-// jobs long completed, the debug log slowing the goroutine between the
-// hand-over and its write). It returns the job that got it (nil: none:
-// the slot is released).
+// the queue Lined, in memory, when the keeper's view, younger than
+// TakeFresh (a job fetched elsewhere shows once its fetch commits), shows
+// the limit positive and not exceeded and, ahead of the job:
+//   - no older job parked (or parked here since the view), granted and on
+//     its way, or resumed and not fetched; the view names only the oldest
+//     of each, so none is passed whatever became of it since, for others
+//     may wait behind it (TestNoHandOverPastAParkedJobTheViewDoesNotName);
+//   - no job waiting in another worker's line fetched more than
+//     LineFetchTolerance before it: the order of a per-kind limit is fetch
+//     order, not job id (P12: two workers handed every slot over through
+//     the ledger, ~13 ms a turn, for the other's front job was a few ids
+//     older).
+//
+// The move is the caller's to write: handed is called with the job and its
+// key before the job is told (under the queue's lock), so that the move is
+// queued before anything the job does with the slot: a move written after
+// the release of the job it went to leaves that ended job holding the
+// slot's row (P15 stalled with 8 slots held by completed jobs). It returns
+// the job that got the slot (nil: none: the slot is released).
 func (q *Queue) GiveLine(now time.Time, handed func(id int64, key string)) *Job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
