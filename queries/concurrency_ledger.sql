@@ -900,17 +900,21 @@ WHERE l.kind = sqlc.arg(kind);
 -- Sets kind's counts from the rows they describe (under the kind's
 -- exclusive lock): admitted (its slot rows and leased slots; NULL without
 -- a per-kind limit), has_parked (jobs of the line wait for the kind
--- itself), and its keys' rows (each key's slot rows, and whether jobs of
--- it wait; a key with neither has no row; turns kept).
+-- itself: without a partition every one, whatever it waited for when it
+-- parked, as a partition just cleared leaves jobs parked for their keys),
+-- and its keys' rows (each key's slot rows, and whether jobs of it wait; a
+-- key with neither has no row; turns kept).
 WITH lim AS (
     UPDATE concurrency_limits l
     SET admitted = CASE WHEN l.max_concurrency <> 0 THEN
             (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
             + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) END,
         has_parked = EXISTS (SELECT 1 FROM concurrency_parked_jobs p
-                             WHERE p.kind = l.kind AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                             WHERE p.kind = l.kind
+                               AND (l.partition_fields IS NULL OR p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')))
                   OR EXISTS (SELECT 1 FROM concurrency_waiters w
-                             WHERE w.kind = l.kind AND w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))
+                             WHERE w.kind = l.kind
+                               AND (l.partition_fields IS NULL OR w.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')))
     WHERE l.kind = sqlc.arg(kind)
     RETURNING l.kind
 ),

@@ -29,7 +29,7 @@ SELECT
                     (SELECT count(*) FROM concurrency_executions e WHERE e.kind = l.kind)
                     + (SELECT COALESCE(sum(cl.slots), 0) FROM concurrency_leases cl WHERE cl.kind = l.kind) END AS n,
                 EXISTS (SELECT 1 FROM concurrency_parked_jobs p WHERE p.kind = l.kind
-                        AND p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate')) AS parked
+                        AND (l.partition_fields IS NULL OR p.reason NOT IN ('key_limit', 'key_fifo', 'key_rate'))) AS parked
      ) c
      WHERE l.kind LIKE 'torture.%' AND (l.admitted IS DISTINCT FROM c.n OR l.has_parked <> c.parked))`
 

@@ -81,6 +81,8 @@ var corpus = []corpusSeed{
 		"ledger's TestCleanUpLeavesASlotBeingHandedOver"},
 	{124141674, "grants no worker could fetch", "a breaker lifted to per-kind 4 over per-key 3: grant rounds gave every slot of the kind to jobs of two keys resumed ahead and not fetched, while 18 jobs of other keys resumed ahead filled both workers' River slots waiting for those slots; for 1.1 s no job ran (the books: reserved slots with no job of their key working)",
 		"ledger's TestAJobAheadStepsBackForAnotherKeysGrant"},
+	{738679279, "leased slots past jobs parked for their keys", "a per-key limit was cleared under a per-kind one while two jobs completed their parking for their key; the change granted nothing past a parking in progress, and the kind's count of jobs waiting for it left out parkings for a key, so a worker leased slots to three jobs fetched 100 ms after them",
+		"ledger's TestAPartitionClearedLeavesTheKeysParkedJobsWaitingForTheKind"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -399,6 +399,35 @@ func TestGrantWaitsForAParkingInProgress(t *testing.T) {
 	require.Equal(t, "pending", state(3), "two slots")
 }
 
+// TestAPartitionClearedLeavesTheKeysParkedJobsWaitingForTheKind: a job
+// parked for its key's limit waits for the kind once the partition is
+// cleared (a per-kind limit left alone), and the kind stays off the leased
+// path while it is parked: a change of limits grants nothing past a parking
+// in progress, and the kind's count of jobs waiting for it (has_parked)
+// counted only parkings for the kind itself, so the workers leased slots
+// to jobs younger than it (torture seed 738679279: three jobs fetched 100
+// ms after it started on leased slots while it completed its parking).
+func TestAPartitionClearedLeavesTheKeysParkedJobsWaitingForTheKind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.unpartitioned"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 20, partition_fields = '{key}', key_max = 1")
+	// Job 1, of key a, is completing its parking for its key's limit.
+	exec(t, pool, `
+		INSERT INTO river_job (id, args, kind, max_attempts, state, queue, priority, attempt, attempted_at, attempted_by, metadata)
+		VALUES (1, '{"key": "a"}', $1, 5, 'running', 'default', 1, 1, now(), '{w1}', '{"sluice_park": true}')`, kind)
+	exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id, key) VALUES (1, $1, 'key_limit', 'w1', 'a')`, kind)
+
+	setLimits(t, l, kind, "partition_fields = NULL, key_max = NULL")
+	require.Equal(t, 0, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind),
+		"nothing is granted past a parking in progress")
+	st, err := l.LeaseState(ctx, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.OldestParked)
+	require.True(t, st.OffPath, "the leased path is open while an older job is parked")
+}
+
 // TestKeysDoNotShareALock: under per-key limits alone, a decision, a
 // release and a grant round of one key's line (a recheck) do not wait for
 // a transaction that holds another key's lock (its row in
