@@ -115,7 +115,7 @@ func TestTortureSequence(t *testing.T) {
 // must stay under a tenth of the rate's candidates: each worker runs 4
 // jobs of 50 ms at once, so that few start in any 50 ms however slowly a
 // loaded machine hears the change (with 24 slots and jobs of 5 ms, 16 to
-// 24 did when the machine was busy, against about 55 candidates).
+// 24 did on a busy machine, against 59 to 79 candidates).
 func TestTortureRateChanged(t *testing.T) {
 	x := newTorture(t, 200)
 	defer x.close()
