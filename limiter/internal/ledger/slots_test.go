@@ -569,6 +569,75 @@ func TestOlderJobsOfOneDecisionTakeTheGrantsTheyNeed(t *testing.T) {
 	require.Equal(t, []int{2, 2}, []int{n, rows}, "the slots changed hands: the counts stay")
 }
 
+// TestAGrantGivenBeforeAnOlderJobCameIsGivenBack: slots reserved for
+// younger jobs by a round that ran before an older job of their line came
+// back (a retry) are not taken past it. Fetched together, the older job is
+// decided first: with the line empty ahead of it and the limit full it
+// takes the newest of the younger jobs' grants (a steal); with a job ahead
+// of it (here one granted and not fetched yet) it may not, and waits or
+// parks, and then the younger jobs give their grants back, for the round
+// after to give the room in the line's order (torture seed 564674972: a
+// retry parked at its fetch while two younger jobs fetched with it began
+// on slots reserved before it came back).
+func TestAGrantGivenBeforeAnOlderJobCameIsGivenBack(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		ahead     bool // a job older than the retry holds a grant, not fetched
+		retry     ledger.Action
+		claimedBy int // how many of the younger jobs take their slots
+	}{
+		{"nothing ahead: the retry takes the newest grant", false, ledger.Slot, 1},
+		{"a job ahead: the grants go back", true, ledger.Parked, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			const kind = "test.givenback"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 20")
+			reserve := func(id int64) {
+				exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, reserved) VALUES ($1, $2, true)`, id, kind)
+			}
+			limit := 2
+			if c.ahead {
+				reserve(queued(t, pool, kind, `{}`, "available"))
+				limit = 3
+			}
+			retry := running(t, pool, kind, `{}`, "w1", 2, time.Now())
+			retry.Dispatched = false
+			batch := []ledger.Job{retry}
+			for range 2 {
+				y := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+				y.Dispatched = false
+				reserve(y.ID)
+				batch = append(batch, y)
+			}
+			for range 30 { // a long line behind them: a job behind an older one parks at its fetch
+				id := queued(t, pool, kind, `{}`, "pending")
+				exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id) VALUES ($1, $2, 'limit', 'w1')`, id, kind)
+			}
+			setLimits(t, l, kind, fmt.Sprintf("max_concurrency = %d", limit)) // recounted: every slot taken
+
+			out, err := l.Decide(ctx, batch, nil, time.Second, nil)
+			require.NoError(t, err)
+			require.Len(t, out.Decisions, 3)
+			require.Equal(t, c.retry, out.Decisions[0].Action, "the retry (%s)", out.Decisions[0].Reason)
+			claimed := 0
+			for _, d := range out.Decisions[1:] {
+				if d.Action == ledger.Slot || d.Action == ledger.Run {
+					claimed++
+				}
+			}
+			require.Equal(t, c.claimedBy, claimed, "younger jobs that took their slots: %+v", out.Decisions[1:])
+			if c.ahead {
+				require.Equal(t, 0, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = ANY($1)`,
+					[]int64{batch[1].ID, batch[2].ID}), "the younger jobs' grants went back")
+			}
+		})
+	}
+}
+
 // TestCleanUpLeavesASlotBeingHandedOver: a worker hands the slot of a job
 // that ended to the next job of its line in memory, and writes the move a
 // moment after River's completer wrote the job's end. The safety net
