@@ -210,24 +210,6 @@ SELECT jsonb_build_object(
             'waiting', (SELECT min(w.job_id) FROM concurrency_waiters w
                         WHERE lim.fields IS NULL AND w.kind = lim.kind AND w.worker_id IS NOT NULL
                           AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
-            -- the oldest job of the line waiting with no grant (in a worker,
-            -- resumed ahead, or parked; the decision's own jobs are counted
-            -- as it decides them): a younger job holding a grant given before
-            -- it joined the line gives the grant back at its decision
-            'unserved', (SELECT min(x.job_id) FROM (
-                (SELECT w.job_id FROM concurrency_waiters w
-                 WHERE lim.fields IS NULL AND w.kind = lim.kind
-                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = w.job_id AND s.reserved)
-                   AND w.job_id <> ALL(sqlc.arg(job_ids)::bigint[])
-                 ORDER BY w.job_id LIMIT 1)
-                UNION ALL
-                (SELECT p.job_id FROM concurrency_parked_jobs p
-                 WHERE lim.fields IS NULL AND p.kind = lim.kind
-                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = p.job_id) IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = p.job_id AND s.reserved)
-                   AND p.job_id <> ALL(sqlc.arg(job_ids)::bigint[])
-                 ORDER BY p.job_id LIMIT 1)) x),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = lim.kind AND lim.fields IS NULL
                  LIMIT sqlc.arg(max_ahead)::integer)
@@ -267,20 +249,6 @@ SELECT jsonb_build_object(
             'waiting', (SELECT min(w.job_id) FROM concurrency_waiters w
                         WHERE w.kind = k.kind AND w.key = k.key AND w.worker_id IS NOT NULL
                           AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
-            'unserved', (SELECT min(x.job_id) FROM (
-                (SELECT w.job_id FROM concurrency_waiters w
-                 WHERE w.kind = k.kind AND w.key = k.key
-                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = w.job_id AND s.reserved)
-                   AND w.job_id <> ALL(sqlc.arg(job_ids)::bigint[])
-                 ORDER BY w.job_id LIMIT 1)
-                UNION ALL
-                (SELECT p.job_id FROM concurrency_parked_jobs p
-                 WHERE p.kind = k.kind AND p.key = k.key
-                   AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = p.job_id) IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM concurrency_starts s WHERE s.job_id = p.job_id AND s.reserved)
-                   AND p.job_id <> ALL(sqlc.arg(job_ids)::bigint[])
-                 ORDER BY p.job_id LIMIT 1)) x),
             'ahead', (SELECT count(*) FROM (
                 (SELECT 1 FROM concurrency_waiters w WHERE w.kind = k.kind AND w.key = k.key LIMIT sqlc.arg(max_ahead)::integer)
                 UNION ALL

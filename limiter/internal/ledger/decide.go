@@ -345,7 +345,7 @@ func (k *kindDecision) keyOf(d *decided) *keyLine {
 		if l == nil {
 			l = &keyLine{Kind: k.c.Kind, Front: k.line.Front, Ahead: k.line.Ahead, ReservedSlots: k.line.ReservedSlots,
 				ReservedStarts: k.line.ReservedStarts, ReservedBoth: k.line.ReservedBoth, Transit: k.line.Transit, Fetched: k.line.Fetched,
-				Waiting: k.line.Waiting, Unserved: k.line.Unserved}
+				Waiting: k.line.Waiting}
 			k.keys[keyRef{k.c.Kind, ""}] = l
 		}
 		return l
@@ -404,15 +404,6 @@ func (k *kindDecision) decide(ds []*decided) {
 			if h.SlotReserved {
 				d.d.Action = Slot
 			}
-		case (h.SlotReserved || h.StartReserved) && ks.Unserved != 0 && ks.Unserved < d.ID:
-			// Granted before an older job of its line joined the line (back
-			// from a retry, parked by another worker's decision since): the
-			// grant goes back, it is decided afresh behind that job, and the
-			// round after the decision gives the room to the front (seed
-			// 564674972: a retry parked at its fetch while two younger jobs
-			// fetched with it began on slots reserved before it came back).
-			k.giveBack(d, ks)
-			k.decideNew(d, ks)
 		case (h.SlotReserved || h.StartReserved) && (h.SlotReserved || !k.c.Slotted()) && (h.StartReserved || k.c.RateMax == 0):
 			d.claim, d.d.Action = true, Run
 			if h.SlotReserved {
@@ -561,9 +552,6 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 	// queue behind it.
 	if ks.Front == 0 || d.ID < ks.Front {
 		ks.Front = d.ID
-	}
-	if ks.Unserved == 0 || d.ID < ks.Unserved {
-		ks.Unserved = d.ID
 	}
 	ks.Ahead++
 	if !KeyReason(reason) {

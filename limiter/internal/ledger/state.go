@@ -45,12 +45,9 @@ type kindLine struct {
 	// Transit is the oldest job granted a slot of the kind and not
 	// fetched yet: without a partition, its line's; with one, of any key,
 	// under a kind-wide limit (0: none).
-	Transit int64 `json:"transit"`
-	Fetched int64 `json:"fetched"`
-	Waiting int64 `json:"waiting"`
-	// Unserved is the oldest job of its line waiting with no grant (in a
-	// worker, resumed ahead, or parked; 0: none).
-	Unserved  int64 `json:"unserved"`
+	Transit   int64 `json:"transit"`
+	Fetched   int64 `json:"fetched"`
+	Waiting   int64 `json:"waiting"`
 	Ahead     int   `json:"ahead"`
 	Starts    int32 `json:"starts"`
 	FreesInMs int64 `json:"frees_in_ms"`
@@ -67,9 +64,8 @@ type keyLine struct {
 	ReservedStarts []int64 `json:"reserved_starts"`
 	ReservedBoth   []int64 `json:"reserved_both"` // the newest jobs with both a slot and a start reserved
 	Transit        int64   `json:"transit"`
-	Fetched        int64   `json:"fetched"`  // the oldest job fetched by a worker and not decided yet (0: none)
-	Waiting        int64   `json:"waiting"`  // the oldest job waiting in a worker without a grant (0: none)
-	Unserved       int64   `json:"unserved"` // the oldest job of its line waiting with no grant, parked too (0: none)
+	Fetched        int64   `json:"fetched"` // the oldest job fetched by a worker and not decided yet (0: none)
+	Waiting        int64   `json:"waiting"` // the oldest job waiting in a worker without a grant (0: none)
 	Front          int64   `json:"front"`
 	Ahead          int     `json:"ahead"`
 	Starts         int32   `json:"starts"`
