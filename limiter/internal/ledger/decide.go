@@ -576,10 +576,13 @@ func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly 
 	case ReasonFIFO, ReasonKeyFIFO:
 		// Capacity holds it too (not orderOnly), and jobs wait ahead: of
 		// other keys, for the kind (the grant on its way was its key's
-		// turn, which its oldest job takes), but not of its own line.
-		if (ks.Front != 0 && ks.Front < d.ID) || (ks.Fetched != 0 && ks.Fetched < d.ID) {
-			return false
-		}
+		// turn, which its oldest job here takes), or of its own line. A
+		// steal only moves a grant from a younger job to an older one, so
+		// it never passes a job the younger one would not pass: an older
+		// job of its line, granted or waiting, does not stop it (seed
+		// 564674972: a retry, held behind an older job granted and not
+		// fetched, parked at its fetch while two younger jobs fetched
+		// with it began on slots reserved before it came back).
 	default:
 		return false
 	}

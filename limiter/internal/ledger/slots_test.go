@@ -446,7 +446,9 @@ func TestAStealFindsTheNewestJobWithBothReserved(t *testing.T) {
 // its way, and a job of another key is parked (it waits for the kind).
 // An older job of k (a retry) fetched with the younger one takes its
 // grant: the grant was k's turn, and the older job of k goes first in it;
-// the younger one waits. With an older job of k parked, it does not.
+// the younger one waits. With an older job of k parked it does too: the
+// younger one would pass that job as much as the retry does, and the
+// retry too.
 func TestAStealUnderAFullKindWithJobsParked(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -476,13 +478,71 @@ func TestAStealUnderAFullKindWithJobsParked(t *testing.T) {
 
 			out, err := l.Decide(ctx, []ledger.Job{retry, younger}, nil, time.Second, nil)
 			require.NoError(t, err)
-			if olderParked {
-				require.NotEqual(t, ledger.Slot, out.Decisions[0].Action, "the retry took the grant past an older job of its key parked")
-				return
-			}
 			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the retry did not take the grant of the younger job of its key")
 			require.NotEqual(t, ledger.Slot, out.Decisions[1].Action)
 			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1`, retry.ID))
+		})
+	}
+}
+
+// TestARetryTakesAGrantGivenBeforeItCameBack: slots reserved for younger
+// jobs by a round that ran before an older job of their line came back (a
+// retry) go to the retry first. Fetched together with two of them, under a
+// full per-kind limit and a long line parked behind, the retry takes the
+// newest one's grant and starts, the other younger job starts on its own,
+// and the newest waits in the line again, whatever is ahead of the retry:
+// nothing, an older job granted and not fetched yet, or an older job
+// parked (which the younger job would pass as much as the retry does).
+// Torture seed 564674972: the retry parked at its fetch (long line) behind
+// an older job, while both younger jobs began.
+func TestARetryTakesAGrantGivenBeforeItCameBack(t *testing.T) {
+	t.Parallel()
+	for _, ahead := range []string{"nothing", "granted", "parked"} {
+		t.Run(ahead, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			const kind = "test.givenbefore"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 20")
+			reserve := func(id int64) {
+				exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, reserved) VALUES ($1, $2, true)`, id, kind)
+			}
+			park := func(id int64) {
+				exec(t, pool, `INSERT INTO concurrency_parked_jobs (job_id, kind, reason, worker_id) VALUES ($1, $2, 'limit', 'w2')`, id, kind)
+			}
+			limit := 2
+			switch ahead {
+			case "granted":
+				reserve(queued(t, pool, kind, `{}`, "available"))
+				limit = 3
+			case "parked":
+				park(queued(t, pool, kind, `{}`, "pending"))
+			}
+			retry := running(t, pool, kind, `{}`, "w1", 2, time.Now())
+			retry.Dispatched = false
+			batch := []ledger.Job{retry}
+			for range 2 {
+				y := running(t, pool, kind, `{}`, "w1", 1, time.Now())
+				y.Dispatched = false
+				reserve(y.ID)
+				batch = append(batch, y)
+			}
+			for range 30 { // a long line behind them: a job behind an older one parks at its fetch
+				park(queued(t, pool, kind, `{}`, "pending"))
+			}
+			setLimits(t, l, kind, fmt.Sprintf("max_concurrency = %d", limit)) // recounted: every slot taken
+
+			out, err := l.Decide(ctx, batch, nil, time.Second, nil)
+			require.NoError(t, err)
+			require.Len(t, out.Decisions, 3)
+			require.Equal(t, ledger.Slot, out.Decisions[0].Action, "the retry (%s): younger jobs began on grants given before it came back", out.Decisions[0].Reason)
+			require.Equal(t, ledger.Slot, out.Decisions[1].Action, "the older of the younger jobs (%s)", out.Decisions[1].Reason)
+			require.NotEqual(t, ledger.Slot, out.Decisions[2].Action, "the newest job kept its grant")
+			require.NotEqual(t, ledger.Run, out.Decisions[2].Action, "the newest job kept its grant")
+			n, rows := admitted(t, pool, kind)
+			require.Equal(t, limit, n, "the slots changed hands: the count stays")
+			require.Equal(t, limit, rows)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND NOT reserved`, retry.ID))
 		})
 	}
 }
