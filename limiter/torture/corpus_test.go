@@ -83,6 +83,8 @@ var corpus = []corpusSeed{
 		"ledger's TestAJobAheadStepsBackForAnotherKeysGrant"},
 	{738679279, "leased slots past jobs parked for their keys", "a per-key limit was cleared under a per-kind one while two jobs completed their parking for their key; the change granted nothing past a parking in progress, and the kind's count of jobs waiting for it left out parkings for a key, so a worker leased slots to three jobs fetched 100 ms after them",
 		"ledger's TestAPartitionClearedLeavesTheKeysParkedJobsWaitingForTheKind"},
+	{564674972, "a retry parked behind grants given before it came back", "under a per-kind limit alone, a retry fetched in one fetch with two younger jobs that a change of limits had granted slots before the retry came back was held by an older job ahead of it, so it might not take their grants, and parked at its fetch, while the two younger jobs began on their slots",
+		"ledger's TestARetryTakesAGrantGivenBeforeItCameBack"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
