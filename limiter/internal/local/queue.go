@@ -237,6 +237,10 @@ type Queue struct {
 	// keys are the keys with jobs here: how many, and the pace of the
 	// key's line here (StartsSoon). A key's record goes with its last job.
 	keys map[string]*keyLine
+	// mayHold: a job was Held since releaseHeldLocked last found none in
+	// the order (it looks only then: a fetch's jobs taking leased slots
+	// one by one would each scan the whole order for none).
+	mayHold bool
 }
 
 // keyLine is what a queue keeps of a key while jobs of it are here.
@@ -356,12 +360,23 @@ func (q *Queue) insertLocked(j *Job) {
 	q.order = slices.Insert(q.order, i, j)
 }
 
+// dropLocked takes j out of the order, if it is in it; q.mu is held. The
+// front, where jobs mostly leave (a fetch's jobs taking leased slots one
+// after the other), goes without moving the rest.
+func (q *Queue) dropLocked(j *Job) {
+	switch i := slices.Index(q.order, j); {
+	case i == 0:
+		q.order[0] = nil
+		q.order = q.order[1:]
+	case i > 0:
+		q.order = slices.Delete(q.order, i, i+1)
+	}
+}
+
 // removeLocked takes j out of the queue; q.mu is held.
 func (q *Queue) removeLocked(j *Job) {
 	delete(q.jobs, j.ID)
-	if i := slices.Index(q.order, j); i >= 0 {
-		q.order = slices.Delete(q.order, i, i+1)
-	}
+	q.dropLocked(j)
 	q.leaveKeyLocked(j.Key)
 	q.releaseHeldLocked()
 }
@@ -409,7 +424,7 @@ func (q *Queue) blockedLocked(j *Job) bool {
 // held. It reports whether j works now.
 func (q *Queue) startLocked(j *Job, slot Slot) bool {
 	if q.blockedLocked(j) {
-		j.state, j.heldSlot, j.held = Held, slot, true
+		j.state, j.heldSlot, j.held, q.mayHold = Held, slot, true, true
 		return false
 	}
 	q.workLocked(j, slot)
@@ -419,15 +434,23 @@ func (q *Queue) startLocked(j *Job, slot Slot) bool {
 // releaseHeldLocked starts the Held jobs no longer blocked, waking them;
 // q.mu is held. Every change that can unblock one calls it.
 func (q *Queue) releaseHeldLocked() {
-	for again := true; again; {
+	for again := q.mayHold; again; {
 		again = false
+		held := false
 		for _, j := range q.order {
-			if j.state == Held && !j.swapping && !q.blockedLocked(j) && !q.olderNotBegunLocked(j) {
+			if j.state != Held {
+				continue
+			}
+			if !j.swapping && !q.blockedLocked(j) && !q.olderNotBegunLocked(j) {
 				q.workLocked(j, j.heldSlot)
 				j.notify(Granted)
 				again = true // the order changed
 				break
 			}
+			held = true
+		}
+		if !again && !held {
+			q.mayHold = false
 		}
 	}
 }
@@ -500,9 +523,7 @@ func (q *Queue) Work(id int64, slot Slot) bool {
 
 // workLocked makes j Working with slot; q.mu is held.
 func (q *Queue) workLocked(j *Job, slot Slot) {
-	if i := slices.Index(q.order, j); i >= 0 {
-		q.order = slices.Delete(q.order, i, i+1)
-	}
+	q.dropLocked(j)
 	j.state, j.slot, j.early = Working, slot, false
 	if slot == LeasedSlot {
 		q.lease.InUse++
@@ -527,7 +548,7 @@ func (q *Queue) Begin(id int64) bool {
 		return false // held back meanwhile (a swap took its slot): it waits
 	}
 	if !j.begun && j.slot != LeasedSlot && len(j.wake) == 0 && (q.blockedLocked(j) || q.olderNotBegunLocked(j)) {
-		j.state, j.heldSlot, j.held = Held, j.slot, true
+		j.state, j.heldSlot, j.held, q.mayHold = Held, j.slot, true, true
 		q.insertLocked(j)
 		return false
 	}
@@ -696,7 +717,7 @@ func (q *Queue) SwapFor(id int64) *Job {
 		return nil
 	}
 	if y.state == Working {
-		y.state, y.heldSlot, y.held = Held, y.slot, true
+		y.state, y.heldSlot, y.held, q.mayHold = Held, y.slot, true, true
 		q.insertLocked(y)
 	}
 	y.swapping = true
