@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/sluice-dev/sluice/db"
@@ -31,38 +32,8 @@ func (l *Ledger) CleanUp(ctx context.Context, kind string, reservedTTL, staleGra
 			return err
 		}
 		c := before[kind]
-		stale, err := tx.q.DeleteStaleConcurrencyExecutions(tx.ctx, db.DeleteStaleConcurrencyExecutionsParams{
-			Kind: kind, ReservedTtlMs: reservedTTL.Milliseconds(), StaleGraceMs: staleGrace.Milliseconds()})
-		if err != nil {
-			return fmt.Errorf("clean up stale slots: %w", err)
-		}
-		if len(stale) > 0 {
-			logger.Warn(who+": freed slots of jobs no longer running, or granted and not started", "job_ids", stale)
-		}
-		expired, err := tx.q.DeleteStaleLeases(tx.ctx, db.DeleteStaleLeasesParams{Kind: kind, TtlMs: leaseTTL.Milliseconds()})
-		if err != nil {
-			return fmt.Errorf("free expired leases: %w", err)
-		}
-		for _, e := range expired {
-			logger.Warn(who+": freed the lease of a worker that stopped renewing it", "worker_id", e.WorkerID, "slots", e.Slots)
-		}
-		keep := time.Duration(0)
-		if c.RateMax > 0 {
-			keep = c.RatePeriod
-		}
-		if _, err := tx.q.DeleteStaleStarts(tx.ctx, db.DeleteStaleStartsParams{Kind: kind, KeepMs: keep.Milliseconds(),
-			ReservedTtlMs: reservedTTL.Milliseconds()}); err != nil {
-			return fmt.Errorf("clean up stale starts: %w", err)
-		}
-		if err := tx.q.DeleteStaleFetches(tx.ctx, kind); err != nil {
-			return fmt.Errorf("clean up stale fetch marks: %w", err)
-		}
-		gone, err := tx.q.DeleteStaleWaiters(tx.ctx, kind)
-		if err != nil {
-			return fmt.Errorf("clean up stale waiters: %w", err)
-		}
-		if len(gone) > 0 {
-			logger.Info(who+": dropped waiters whose jobs no longer wait", "job_ids", gone)
+		if err := tx.dropStale(kind, c, reservedTTL, staleGrace, leaseTTL, logger, who); err != nil {
+			return err
 		}
 		if c.Keyed() {
 			if err := tx.q.LedgerBackfillKeys(tx.ctx, kind); err != nil {
@@ -103,4 +74,45 @@ func (l *Ledger) CleanUp(ctx context.Context, kind string, reservedTTL, staleGra
 		return 0, false, nil, fmt.Errorf("clean up %s: %w", kind, err)
 	}
 	return resumed, remaining, out, nil
+}
+
+// dropStale deletes, under kind's lock (its limits c), what the ledger
+// keeps for jobs and workers gone: slots of jobs no longer running (or
+// granted and not started within reservedTTL), expired leases, starts out
+// of the rate's window, fetch marks, waiters whose jobs no longer wait.
+func (tx *Tx) dropStale(kind string, c Limits, reservedTTL, staleGrace, leaseTTL time.Duration, logger *slog.Logger, who string) error {
+	stale, err := tx.q.DeleteStaleConcurrencyExecutions(tx.ctx, db.DeleteStaleConcurrencyExecutionsParams{
+		Kind: kind, ReservedTtlMs: reservedTTL.Milliseconds(), StaleGraceMs: staleGrace.Milliseconds()})
+	if err != nil {
+		return fmt.Errorf("clean up stale slots: %w", err)
+	}
+	if len(stale) > 0 {
+		logger.Warn(who+": freed slots of jobs no longer running, or granted and not started", "job_ids", stale)
+	}
+	expired, err := tx.q.DeleteStaleLeases(tx.ctx, db.DeleteStaleLeasesParams{Kind: kind, TtlMs: leaseTTL.Milliseconds()})
+	if err != nil {
+		return fmt.Errorf("free expired leases: %w", err)
+	}
+	for _, e := range expired {
+		logger.Warn(who+": freed the lease of a worker that stopped renewing it", "worker_id", e.WorkerID, "slots", e.Slots)
+	}
+	keep := time.Duration(0)
+	if c.RateMax > 0 {
+		keep = c.RatePeriod
+	}
+	if _, err := tx.q.DeleteStaleStarts(tx.ctx, db.DeleteStaleStartsParams{Kind: kind, KeepMs: keep.Milliseconds(),
+		ReservedTtlMs: reservedTTL.Milliseconds()}); err != nil {
+		return fmt.Errorf("clean up stale starts: %w", err)
+	}
+	if err := tx.q.DeleteStaleFetches(tx.ctx, kind); err != nil {
+		return fmt.Errorf("clean up stale fetch marks: %w", err)
+	}
+	gone, err := tx.q.DeleteStaleWaiters(tx.ctx, kind)
+	if err != nil {
+		return fmt.Errorf("clean up stale waiters: %w", err)
+	}
+	if len(gone) > 0 {
+		logger.Info(who+": dropped waiters whose jobs no longer wait", "job_ids", gone)
+	}
+	return nil
 }

@@ -205,21 +205,7 @@ type decided struct {
 // decide reads the jobs' state under the locks and decides them.
 func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs []Job, parkAfter time.Duration,
 	heldBehind func(Job) bool) (*Decided, error) {
-	p := db.LedgerDecideStateParams{MaxAhead: maxAhead, MaxSteals: int32(min(len(jobs), maxSteals)), Kinds: kinds, WorkerID: tx.l.worker}
-	for _, j := range jobs {
-		key, _ := PartitionKey(j.Args, guess[j.Kind].Fields)
-		fetched := j.FetchedAt
-		if fetched.IsZero() {
-			fetched = time.Now()
-		}
-		p.JobIds, p.JobKinds, p.JobKeys, p.FetchedAts = append(p.JobIds, j.ID), append(p.JobKinds, j.Kind), append(p.JobKeys, key),
-			append(p.FetchedAts, fetched)
-	}
-	raw, err := tx.q.LedgerDecideState(tx.ctx, p)
-	if err != nil {
-		return nil, fmt.Errorf("read the line: %w", err)
-	}
-	st, err := decode[decideState](raw, "the line")
+	st, err := tx.readDecideState(guess, kinds, jobs)
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +280,26 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 	return out, nil
 }
 
+// readDecideState reads, under the locks, the state of jobs (their keys
+// by the partitions of guess) and of their kinds' lines.
+func (tx *Tx) readDecideState(guess map[string]Limits, kinds []string, jobs []Job) (*decideState, error) {
+	p := db.LedgerDecideStateParams{MaxAhead: maxAhead, MaxSteals: int32(min(len(jobs), maxSteals)), Kinds: kinds, WorkerID: tx.l.worker}
+	for _, j := range jobs {
+		key, _ := PartitionKey(j.Args, guess[j.Kind].Fields)
+		fetched := j.FetchedAt
+		if fetched.IsZero() {
+			fetched = time.Now()
+		}
+		p.JobIds, p.JobKinds, p.JobKeys, p.FetchedAts = append(p.JobIds, j.ID), append(p.JobKinds, j.Kind), append(p.JobKeys, key),
+			append(p.FetchedAts, fetched)
+	}
+	raw, err := tx.q.LedgerDecideState(tx.ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("read the line: %w", err)
+	}
+	return decode[decideState](raw, "the line")
+}
+
 // keysLocked checks that every job of a kind locked shared has its key's
 // row locked: the key the database computes from its args is the one the
 // worker computed (ledger.PartitionKey) and locked.
@@ -363,67 +369,79 @@ func (k *kindDecision) keyOf(d *decided) *keyLine {
 func (k *kindDecision) decide(ds []*decided) {
 	k.batch = ds
 	for _, d := range ds {
-		h, ks := d.h, k.keyOf(d)
-		switch {
-		case d.Cancelled:
-			// Cancelled while it waited: it parks whatever it holds (its
-			// parking cancels it; what it holds is given back).
-			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
-		case (d.Recheck || h.SlotHeld || h.StartHeld) && !k.holdsAll(h, ks):
-			// Decided or granted before the limits now in force, not begun,
-			// and not holding what they ask: what it holds goes back and it is
-			// decided afresh, in this transaction (no younger job takes its
-			// slot between). Under a breaker, that parks it. So is a job
-			// decided again for its own reasons (its wait ended as a grant
-			// came) that holds a grant made before a change its worker has
-			// not heard yet (seed 256556233: a slot granted before a rate was
-			// set, and a start it never had).
-			k.giveBack(d, ks)
-			k.decideNew(d, ks)
-		case h.SlotHeld || h.StartHeld:
-			d.d.Action = Run
-			if h.SlotHeld {
-				d.d.Action = Slot
-			}
-			// A start reserved with its grant is logged now, as it starts; one
-			// logged earlier in this attempt (a grant that crossed its wait,
-			// claimed then) is logged again now: a start counts in its window
-			// from when its job begins.
-			d.claim = h.StartReserved
-			d.restamp = h.StartHeld
-		case (h.SlotReserved || h.StartReserved) && k.c.Max < 0:
-			// Granted before the kind became a circuit breaker: the grant
-			// goes back, and the job parks (or, reserving, fails).
-			d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonBreaker, true
-			if d.Reserve || d.NoWait {
-				d.d.Action = Fail
-			}
-		case (h.SlotReserved || h.StartReserved) && d.Reserve:
-			// Reserved already (sluice run asking again): nothing to write.
-			d.d.Action = Run
-			if h.SlotReserved {
-				d.d.Action = Slot
-			}
-		case (h.SlotReserved || h.StartReserved) && (h.SlotReserved || !k.c.Slotted()) && (h.StartReserved || k.c.RateMax == 0):
-			d.claim, d.d.Action = true, Run
-			if h.SlotReserved {
-				d.d.Action = Slot
-			}
-			if ks.Waiting > d.ID {
-				// Younger jobs of its line waiting in workers were held behind
-				// its grant on its way: a grant round looks at the room left.
-				k.recheckLine(d)
-			}
-		case h.SlotReserved || h.StartReserved:
-			// Part of a grant (its slot or its start went: a reaper, the
-			// safety net, limits changed since): it goes back, and the job is
-			// decided afresh.
-			d.giveBack = true
-			d.h.SlotReserved, d.h.StartReserved = false, false
-			k.decideNew(d, ks)
-		default:
-			k.decideNew(d, ks)
+		k.decideOne(d)
+	}
+}
+
+// decideOne decides d by what it holds: what it was decided or granted
+// before, if that still stands, else afresh (decideNew).
+func (k *kindDecision) decideOne(d *decided) {
+	h, ks := d.h, k.keyOf(d)
+	switch {
+	case d.Cancelled:
+		// Cancelled while it waited: it parks whatever it holds (its
+		// parking cancels it; what it holds is given back).
+		d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
+	case (d.Recheck || h.SlotHeld || h.StartHeld) && !k.holdsAll(h, ks):
+		// Decided or granted before the limits now in force, not begun,
+		// and not holding what they ask: what it holds goes back and it is
+		// decided afresh, in this transaction (no younger job takes its
+		// slot between). Under a breaker, that parks it. So is a job
+		// decided again for its own reasons (its wait ended as a grant
+		// came) that holds a grant made before a change its worker has
+		// not heard yet (seed 256556233: a slot granted before a rate was
+		// set, and a start it never had).
+		k.giveBack(d, ks)
+		k.decideNew(d, ks)
+	case h.SlotHeld || h.StartHeld:
+		d.d.Action = Run
+		if h.SlotHeld {
+			d.d.Action = Slot
 		}
+		// A start reserved with its grant is logged now, as it starts; one
+		// logged earlier in this attempt (a grant that crossed its wait,
+		// claimed then) is logged again now: a start counts in its window
+		// from when its job begins.
+		d.claim = h.StartReserved
+		d.restamp = h.StartHeld
+	case (h.SlotReserved || h.StartReserved) && k.c.Max < 0:
+		// Granted before the kind became a circuit breaker: the grant
+		// goes back, and the job parks (or, reserving, fails).
+		d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonBreaker, true
+		if d.Reserve || d.NoWait {
+			d.d.Action = Fail
+		}
+	case (h.SlotReserved || h.StartReserved) && d.Reserve:
+		// Reserved already (sluice run asking again): nothing to write.
+		d.d.Action = Run
+		if h.SlotReserved {
+			d.d.Action = Slot
+		}
+	case (h.SlotReserved || h.StartReserved) && (h.SlotReserved || !k.c.Slotted()) && (h.StartReserved || k.c.RateMax == 0):
+		k.claimGrant(d, ks)
+	case h.SlotReserved || h.StartReserved:
+		// Part of a grant (its slot or its start went: a reaper, the
+		// safety net, limits changed since): it goes back, and the job is
+		// decided afresh.
+		d.giveBack = true
+		d.h.SlotReserved, d.h.StartReserved = false, false
+		k.decideNew(d, ks)
+	default:
+		k.decideNew(d, ks)
+	}
+}
+
+// claimGrant decides d, which holds a whole grant (reserved for it by a
+// grant round), to start on it.
+func (k *kindDecision) claimGrant(d *decided, ks *keyLine) {
+	d.claim, d.d.Action = true, Run
+	if d.h.SlotReserved {
+		d.d.Action = Slot
+	}
+	if ks.Waiting > d.ID {
+		// Younger jobs of its line waiting in workers were held behind its
+		// grant on its way: a grant round looks at the room left.
+		k.recheckLine(d)
 	}
 }
 
@@ -492,6 +510,13 @@ func (k *kindDecision) decideNew(d *decided, ks *keyLine) {
 		}
 		return
 	}
+	k.hold(d, ks, reason, orderOnly)
+}
+
+// hold decides d, held by reason (orderOnly: only its turn holds it), to
+// wait in the line, park, step back or fail, and counts it in its line.
+func (k *kindDecision) hold(d *decided, ks *keyLine, reason string, orderOnly bool) {
+	c := &k.c
 	d.d.Reason = reason
 	if orderOnly {
 		k.recheckLine(d)
@@ -730,43 +755,7 @@ func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
 				w.unwait = append(w.unwait, d.ID)
 			}
 		case d.admit:
-			if d.steal != 0 {
-				w.steals = append(w.steals, d.steal)
-				w.stealNeeds = append(w.stealNeeds, stealNeed{slot: c.Slotted(), start: c.RateMax > 0})
-				if c.Slotted() {
-					tx.counts.addSlots(d.Kind, key, -1)
-				}
-				// The job it took the grant of waits again, parked or
-				// resumed ahead (LedgerStealGrants).
-				if key == "" {
-					tx.counts.setHasParked(d.Kind, true)
-				}
-				tx.counts.setWaiting(d.Kind, key, true)
-			}
-			if d.d.Action == Slot {
-				w.slots.JobIds, w.slots.Kinds, w.slots.Keys = append(w.slots.JobIds, d.ID), append(w.slots.Kinds, d.Kind),
-					append(w.slots.Keys, key)
-				worker := tx.l.worker
-				if d.Reserve {
-					worker = "" // reserved until the job is fetched
-				}
-				w.slots.WorkerIds = append(w.slots.WorkerIds, worker)
-				if !d.h.SlotStale {
-					tx.counts.addSlots(d.Kind, key, 1)
-				}
-			}
-			if c.RateMax > 0 {
-				s := w.startsOf(d.Kind, d.Reserve)
-				s.JobIds, s.Keys = append(s.JobIds, d.ID), append(s.Keys, key)
-			}
-			if d.h.Waiter {
-				w.unwait = append(w.unwait, d.ID)
-			}
-			if c.Keyed() && c.Regime() == KindWide {
-				// Its key was served now, as by a grant: its turn in the
-				// round across keys moves to the end.
-				tx.counts.served(d.Kind, key)
-			}
+			w.addAdmitted(tx, c, d)
 		}
 	case Wait:
 		wp := w.waitsOf(d.Kind, tx.l.worker)
@@ -797,6 +786,49 @@ func (w *decideWrites) add(tx *Tx, c Limits, d *decided) {
 				tx.counts.setHasParked(d.Kind, true)
 			}
 		}
+	}
+}
+
+// addAdmitted gathers the writes of d, admitted by its decision now: the
+// grant it took (a steal), its slot, its start, its turn across keys.
+func (w *decideWrites) addAdmitted(tx *Tx, c Limits, d *decided) {
+	key := d.h.Key
+	if d.steal != 0 {
+		w.steals = append(w.steals, d.steal)
+		w.stealNeeds = append(w.stealNeeds, stealNeed{slot: c.Slotted(), start: c.RateMax > 0})
+		if c.Slotted() {
+			tx.counts.addSlots(d.Kind, key, -1)
+		}
+		// The job it took the grant of waits again, parked or
+		// resumed ahead (LedgerStealGrants).
+		if key == "" {
+			tx.counts.setHasParked(d.Kind, true)
+		}
+		tx.counts.setWaiting(d.Kind, key, true)
+	}
+	if d.d.Action == Slot {
+		w.slots.JobIds, w.slots.Kinds, w.slots.Keys = append(w.slots.JobIds, d.ID), append(w.slots.Kinds, d.Kind),
+			append(w.slots.Keys, key)
+		worker := tx.l.worker
+		if d.Reserve {
+			worker = "" // reserved until the job is fetched
+		}
+		w.slots.WorkerIds = append(w.slots.WorkerIds, worker)
+		if !d.h.SlotStale {
+			tx.counts.addSlots(d.Kind, key, 1)
+		}
+	}
+	if c.RateMax > 0 {
+		s := w.startsOf(d.Kind, d.Reserve)
+		s.JobIds, s.Keys = append(s.JobIds, d.ID), append(s.Keys, key)
+	}
+	if d.h.Waiter {
+		w.unwait = append(w.unwait, d.ID)
+	}
+	if c.Keyed() && c.Regime() == KindWide {
+		// Its key was served now, as by a grant: its turn in the
+		// round across keys moves to the end.
+		tx.counts.served(d.Kind, key)
 	}
 }
 

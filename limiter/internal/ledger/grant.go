@@ -469,26 +469,7 @@ func (r *round) write(out *Granted) error {
 				// counted whatever the time until then.
 				reservedStarts.JobIds, reservedStarts.Keys = append(reservedStarts.JobIds, p.JobID), append(reservedStarts.Keys, p.key)
 			}
-			if worker == tx.l.worker {
-				if _, ok := out.Local[p.JobID]; !ok {
-					out.LocalOrder = append(out.LocalOrder, p.JobID)
-				}
-				out.Local[p.JobID] = Run
-				if c.Slotted() {
-					out.Local[p.JobID] = Slot
-				}
-			} else {
-				n := notes[worker]
-				if n == nil {
-					n = &GrantNote{Worker: worker, Kind: kind, Limits: c.Tag()}
-					notes[worker] = n
-				}
-				if c.Slotted() {
-					n.Jobs = append(n.Jobs, p.JobID)
-				} else {
-					n.Starts = append(n.Starts, p.JobID)
-				}
-			}
+			r.tell(out, notes, p.JobID, worker)
 		}
 		if c.Slotted() {
 			slots.JobIds, slots.Kinds, slots.Keys = append(slots.JobIds, p.JobID), append(slots.Kinds, kind), append(slots.Keys, p.key)
@@ -534,6 +515,33 @@ func (r *round) write(out *Granted) error {
 		}
 	}
 	return nil
+}
+
+// tell has job id, granted while it waits in worker's line, told of its
+// grant: at once when it waits in this worker (out.Local), else by a note
+// to its worker (notes, sent as the round commits).
+func (r *round) tell(out *Granted, notes map[string]*GrantNote, id int64, worker string) {
+	c := r.c
+	if worker == r.tx.l.worker {
+		if _, ok := out.Local[id]; !ok {
+			out.LocalOrder = append(out.LocalOrder, id)
+		}
+		out.Local[id] = Run
+		if c.Slotted() {
+			out.Local[id] = Slot
+		}
+		return
+	}
+	n := notes[worker]
+	if n == nil {
+		n = &GrantNote{Worker: worker, Kind: c.Kind, Limits: c.Tag()}
+		notes[worker] = n
+	}
+	if c.Slotted() {
+		n.Jobs = append(n.Jobs, id)
+	} else {
+		n.Starts = append(n.Starts, id)
+	}
 }
 
 // after records the turns of the keys served (their order within the
