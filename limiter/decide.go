@@ -319,6 +319,9 @@ func (l *Limiter) apply(q *local.Queue, d ledger.Decision) ledger.Action {
 	case ledger.Slot:
 		q.Work(d.Job, local.LineSlot)
 	case ledger.Wait:
+		if d.GaveBack {
+			q.ForgetEarly(d.Job) // a grant heard while it decided may be the one given back
+		}
 		if y := q.SwapFor(d.Job); y != nil {
 			// A younger job of its key here holds a slot and has not started:
 			// it takes that slot, and the younger one waits in its place.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-dev/sluice/internal/pgkit"
 	"github.com/sluice-dev/sluice/internal/testdb"
+	"github.com/sluice-dev/sluice/limiter/internal/ledger"
 	"github.com/sluice-dev/sluice/limiter/internal/local"
 )
 
@@ -65,4 +66,36 @@ func TestAGrantWhoseStartWentIsDecidedAgain(t *testing.T) {
 	require.False(t, l.startedAfterGrant(ctx, q, q.Get(c)), "C's start went: it must not begin")
 	reserve(c)
 	require.True(t, l.startedAfterGrant(ctx, q, q.Get(c)), "C's start is there: it begins")
+}
+
+// TestAGrantGivenBackIsNotStartedOn: a job deciding again (its limits
+// changed before it began) hears of a grant (its start, claimed) while the
+// ledger decides it. A decision to wait that gave back a grant the job
+// held leaves it in the line: the grant heard may be the one given back
+// (torture seed 797934157: the job began on a start the recheck had taken
+// back, one start more in the rate's window than the rate). A decision
+// to wait that gave nothing back lets it start with the grant, which came
+// after the decision read the line.
+func TestAGrantGivenBackIsNotStartedOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.grant.givenback"
+	url := testdb.New(t)
+	pool, err := pgkit.Open(ctx, url, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	t.Cleanup(l.Flush)
+	q := l.queues.of(kind)
+	for id, gaveBack := range map[int64]bool{1: true, 2: false} {
+		q.Fetch([]local.Fetched{{ID: id}})
+		require.False(t, q.Grant(id, local.NoSlot, true, 0), "a grant to a deciding job is kept for its decision")
+		l.apply(q, ledger.Decision{Job: id, Kind: kind, Action: ledger.Wait, Reason: ledger.ReasonRate, GaveBack: gaveBack})
+		want := local.Working
+		if gaveBack {
+			want = local.Lined
+		}
+		require.Equal(t, want, q.Get(id).State(), "job %d (its decision gave a grant back: %t)", id, gaveBack)
+	}
 }

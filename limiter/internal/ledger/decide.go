@@ -116,6 +116,10 @@ type Decision struct {
 	// (the wait cap of jobs ahead of it): the jobs behind it park too, and
 	// can before they are fetched (ParkAhead).
 	LongLine bool
+	// GaveBack: the job held a grant (a slot, a start) that the decision
+	// gave back (it was decided afresh): a grant its worker heard of while
+	// the job was deciding may be that one, and stands no more.
+	GaveBack bool
 }
 
 // Decided is what a decision did.
@@ -194,6 +198,7 @@ type decided struct {
 	h        jobHolding
 	d        Decision
 	giveBack bool // it gives back what it holds (a grant, its place)
+	granted  bool // it held a grant (a slot, a start) as the decision read it
 	claim    bool // it claims its grant
 	restamp  bool // the start it holds is logged again, now
 	admit    bool // it takes a slot (or logs a start) now
@@ -237,7 +242,8 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 	byKind := map[string][]*decided{}
 	all := make([]*decided, len(jobs))
 	for i, j := range jobs {
-		d := &decided{Job: j, h: holdings[j.ID]}
+		h := holdings[j.ID]
+		d := &decided{Job: j, h: h, granted: h.SlotHeld || h.SlotReserved || h.StartHeld || h.StartReserved}
 		if heldBehind != nil {
 			d.HeldBehind = heldBehind(j)
 		}
@@ -275,6 +281,7 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 	}
 	out.Decisions = make([]Decision, len(all))
 	for i, d := range all {
+		d.d.GaveBack = d.giveBack && d.granted
 		out.Decisions[i] = d.d
 	}
 	return out, nil

@@ -204,6 +204,7 @@ func TestRecheckUnderANewRate(t *testing.T) {
 		}
 		require.Contains(t, []ledger.Action{ledger.Wait, ledger.Parked}, d.Action, "the window is full: it does not start")
 		require.Equal(t, ledger.ReasonRate, d.Reason)
+		require.True(t, d.GaveBack, "the decision does not say it gave the job's slot back")
 		require.Zero(t, rows, "its slot went back")
 		require.Zero(t, n)
 	}

@@ -628,6 +628,22 @@ func (q *Queue) Undecide(id int64) bool {
 	return true
 }
 
+// ForgetEarly drops the grant that Deciding job id was given while it
+// decided (Grant), when its decision gave back a grant the job held: the
+// grant heard may be that one, and a job that started with it would start
+// on what the ledger no longer holds for it (torture seed 797934157: a
+// start granted and claimed, then taken back by a recheck under a new
+// limit, and the job, decided to wait, began with it uncounted). A grant
+// given after the decision is found by the grant watch's next look at the
+// ledger.
+func (q *Queue) ForgetEarly(id int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if j := q.jobs[id]; j != nil && j.state == Deciding {
+		j.early = false
+	}
+}
+
 // Line makes a Deciding job Lined (its decision: it waits in the line, held
 // for reason; ahead: it came ahead of a free slot), and closes the leased
 // path (Close). It returns false when the job is not Deciding, or was

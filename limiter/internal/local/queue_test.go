@@ -1189,3 +1189,31 @@ func TestStartsSoonFollowsTheLinesPace(t *testing.T) {
 		t.Error("the begins of a key with no job left here are kept")
 	}
 }
+
+// TestAGrantGivenBackByTheDecisionIsForgotten: a grant heard while a job
+// decides (its wait ended, or a change of limits sent it back) starts the
+// job when its decision is to wait: the grant came after the decision read
+// the line. But when the decision gave back a grant the job held, the one
+// heard may be that one: ForgetEarly drops it, and the job waits in the
+// line (torture seed 797934157: a job whose claimed start a recheck under
+// a new limit took back began on it, uncounted by the rate).
+func TestAGrantGivenBackByTheDecisionIsForgotten(t *testing.T) {
+	for _, gaveBack := range []bool{false, true} {
+		now := time.Now()
+		q := NewQueue("k")
+		q.Fetch([]Fetched{{ID: 5, Key: "a", Fetched: now}})
+		if q.Grant(5, NoSlot, true, 0) {
+			t.Fatal("a grant to a job deciding was applied at once")
+		}
+		if gaveBack {
+			q.ForgetEarly(5)
+		}
+		lined := q.Line(5, false, "limit")
+		switch j := q.Get(5); {
+		case gaveBack && (!lined || j.State() != Lined):
+			t.Fatalf("job 5, its grant given back by its decision, is %s (lined %t), not Lined", j.State(), lined)
+		case !gaveBack && (lined || j.State() != Working):
+			t.Fatalf("job 5, granted as it decided to wait, is %s (lined %t), not Working", j.State(), lined)
+		}
+	}
+}
