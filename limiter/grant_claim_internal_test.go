@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-dev/sluice/internal/pgkit"
@@ -25,13 +26,7 @@ func TestAGrantWhoseStartWentIsDecidedAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.grant.claim"
-	url := testdb.New(t)
-	pool, err := pgkit.Open(ctx, url, 10*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	l, err := New(Config{Pool: pool, WorkerID: "w1"})
-	require.NoError(t, err)
-	t.Cleanup(l.Flush)
+	pool, l := workerW1(t)
 	require.NoError(t, l.SetRate(ctx, kind, Rate{Max: 5, Per: 2 * time.Second}, nil))
 
 	waiting := func() int64 {
@@ -78,15 +73,8 @@ func TestAGrantWhoseStartWentIsDecidedAgain(t *testing.T) {
 // after the decision read the line.
 func TestAGrantGivenBackIsNotStartedOn(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	const kind = "test.grant.givenback"
-	url := testdb.New(t)
-	pool, err := pgkit.Open(ctx, url, 10*time.Second)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	l, err := New(Config{Pool: pool, WorkerID: "w1"})
-	require.NoError(t, err)
-	t.Cleanup(l.Flush)
+	_, l := workerW1(t)
 	q := l.queues.of(kind)
 	for id, gaveBack := range map[int64]bool{1: true, 2: false} {
 		q.Fetch([]local.Fetched{{ID: id}})
@@ -98,4 +86,17 @@ func TestAGrantGivenBackIsNotStartedOn(t *testing.T) {
 		}
 		require.Equal(t, want, q.Get(id).State(), "job %d (its decision gave a grant back: %t)", id, gaveBack)
 	}
+}
+
+// workerW1 is a Limiter of worker "w1" on a fresh database (flushed as
+// the test ends), and its pool.
+func workerW1(t *testing.T) (*pgxpool.Pool, *Limiter) {
+	t.Helper()
+	pool, err := pgkit.Open(context.Background(), testdb.New(t), 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := New(Config{Pool: pool, WorkerID: "w1"})
+	require.NoError(t, err)
+	t.Cleanup(l.Flush)
+	return pool, l
 }

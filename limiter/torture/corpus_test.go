@@ -85,6 +85,8 @@ var corpus = []corpusSeed{
 		"ledger's TestAPartitionClearedLeavesTheKeysParkedJobsWaitingForTheKind"},
 	{564674972, "a retry parked behind grants given before it came back", "under a per-kind limit alone, a retry fetched in one fetch with two younger jobs that a change of limits had granted slots before the retry came back was held by an older job ahead of it, so it might not take their grants, and parked at its fetch, while the two younger jobs began on their slots",
 		"ledger's TestARetryTakesAGrantGivenBeforeItCameBack"},
+	{797934157, "a grant given back, started on", "under a per-key rate, a job's start was granted and claimed while its worker was deciding it again; a per-kind limit added meanwhile made the decision give the start back and put the job in the line, and the job began on the grant its worker had heard while it decided, one start more than the rate in the window",
+		"limiter's TestAGrantGivenBackIsNotStartedOn"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
