@@ -119,7 +119,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 		"sluice 00013_declared_schedules.sql", "sluice 00014_parking_metadata.sql", "sluice 00015_view_names.sql",
 		"sluice 00016_limit_changes_notify.sql", "sluice 00017_limiter_ledger.sql", "sluice 00018_enqueue_policies.sql", "sluice 00019_key_line_arrival.sql",
 		"sluice 00020_concurrency_fetches.sql", "sluice 00021_step_back_quiet.sql", "sluice 00022_grant_while_parking.sql", "sluice 00023_reservation_gone_notify.sql", "sluice 00024_enqueue_policy_fewer_reads.sql",
-		"sluice 00025_granted_due_since_insert.sql", "sluice 00026_stale_slot_grace.sql", "sluice 00027_enqueue_policy_index_plans.sql",
+		"sluice 00025_granted_due_since_insert.sql", "sluice 00026_stale_slot_grace.sql", "sluice 00027_enqueue_policy_index_plans.sql", "sluice 00028_key_turn_order.sql",
 		"taskcancel 00002_pin_search_path.sql", "taskcancel 00003_view_name.sql"}, applied,
 		"the moved versions count as applied; only what came after the old layout runs")
 
@@ -180,7 +180,7 @@ func TestUpgradeLegacyLayout(t *testing.T) {
 	for _, c := range []string{"river", "sluice", "cibuilds", "exports", "taskcancel"} {
 		require.Positive(t, components[c], "%s in %v", c, components)
 	}
-	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27}, versions(t, pool, "sluice.goose_db_version"))
+	require.Equal(t, []int64{0, 1, 2, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28}, versions(t, pool, "sluice.goose_db_version"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_cibuilds"))
 	require.Equal(t, []int64{0, 1}, versions(t, pool, "sluice.goose_db_version_exports"))
 	require.Equal(t, []int64{0, 1, 2, 3}, versions(t, pool, "sluice.goose_db_version_taskcancel"))

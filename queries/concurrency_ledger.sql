@@ -366,9 +366,9 @@ WHERE l.kind = pk.kind AND l.admitted IS NOT NULL;
 -- depth, since a round gives a key at most its limit and resumes at most
 -- its limit ahead; reading 64 of each key cost 1 ms a key with 20,000
 -- parked over 100 keys), and how many of its jobs wait unparked (others);
--- the keys in the round's order, served longest ago first, with when the
--- key last had a turn (served_us) and when it began waiting for its next
--- (since_us: its last turn, or its arrival). kind_waiting
+-- the keys in the round's order, the one that began waiting for its turn
+-- longest ago first (since_us: its last turn, or, never served, its
+-- arrival), with when the key last had a turn (served_us). kind_waiting
 -- is read only where the round uses it (a partitioned kind with parked
 -- jobs). A front job is a waiter without a grant (waiting in
 -- a worker, or resumed ahead and not fetched yet: no worker), a parked
@@ -395,10 +395,10 @@ turn AS (
     -- (that one tells the round that it read the order in part).
     SELECT lim.kind, t.key, t.n FROM lim
     CROSS JOIN LATERAL (
-        SELECT kl.key, row_number() OVER (ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key) AS n
+        SELECT kl.key, row_number() OVER (ORDER BY COALESCE(kl.served_at, kl.arrived_at), kl.key) AS n
         FROM concurrency_key_lines kl
         WHERE kl.kind = lim.kind AND kl.waiting
-        ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, kl.key
+        ORDER BY COALESCE(kl.served_at, kl.arrived_at), kl.key
         LIMIT sqlc.arg(turn_keys)::integer + 1
     ) t
     WHERE lim.fields IS NOT NULL
@@ -532,7 +532,7 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = f.job_id) IS NULL)
             ) x
         ) f)
-    ORDER BY kl.served_at NULLS FIRST, kl.arrived_at, k.key), '[]')
+    ORDER BY COALESCE(kl.served_at, kl.arrived_at), k.key), '[]')
       FROM keys k LEFT JOIN concurrency_key_lines kl ON kl.kind = k.kind AND kl.key = k.key
       WHERE k.kind = lim.kind)
 )), '[]'))::jsonb AS state

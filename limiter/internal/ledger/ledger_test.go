@@ -232,28 +232,77 @@ func TestKeysNotServedGoInTheOrderTheyCame(t *testing.T) {
 	require.Equal(t, []int64{first.ID}, g.LocalOrder, "the slot goes to the key that came first")
 }
 
-// TestAKeyServedAtItsDecisionWaitsItsTurn: under a per-kind limit of 2
-// over keys, key A's first two jobs take the slots at their decision (A is
-// served), and A's third and then B's first wait. The slot that frees goes
-// to B, served never, although A began to wait first: round-robin across
-// keys counts a slot taken at a decision as a turn, as one granted.
-func TestAKeyServedAtItsDecisionWaitsItsTurn(t *testing.T) {
+// TestKeysTakeTurnsInTheOrderTheyBeganWaiting: under a per-kind limit of
+// 1 over keys (1 per key), keys take their turns as a queue, each from its
+// last turn or, never served, its arrival. Z's three jobs and then K's
+// first wait behind a holder; Z is served first (it came first), then K,
+// then Z again (served before K was). K's job ends with nothing of K
+// waiting, so K's row goes; K's next job comes after Z's last turn, and
+// waits for Z's third job: a key back after its row went is not a key
+// never served (torture seed 996502126: such a key took three turns ahead
+// of a key that waited). A key served at its decision goes to the back
+// then: A, served as its two jobs took both slots of a limit of 2, and B,
+// which came after, take their turns A, then B.
+func TestKeysTakeTurnsInTheOrderTheyBeganWaiting(t *testing.T) {
 	t.Parallel()
-	const kind = "test.servedatdecision"
-	pool, l := newLedger(t, "w1")
-	setLimits(t, l, kind, "max_concurrency = 2, partition_fields = '{key}', key_max = 2")
-	a1 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-time.Second))
-	a2 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-time.Second))
-	require.Equal(t, ledger.Slot, decideOne(t, l, a1, nil).Action)
-	require.Equal(t, ledger.Slot, decideOne(t, l, a2, nil).Action)
-	a3 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-500*time.Millisecond))
-	require.Equal(t, ledger.Wait, decideOne(t, l, a3, nil).Action, "the limit is full: it waits")
-	b1 := running(t, pool, kind, `{"key": "B"}`, "w1", 1, time.Now())
-	require.Equal(t, ledger.Wait, decideOne(t, l, b1, nil).Action)
+	ctx := context.Background()
+	t.Run("a key back after its row went", func(t *testing.T) {
+		t.Parallel()
+		const kind = "test.turns.back"
+		pool, l := newLedger(t, "w1")
+		setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
+		guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
+		job := func(key string) ledger.Job {
+			return running(t, pool, kind, `{"key": "`+key+`"}`, "w1", 1, time.Now())
+		}
+		release := func(j ledger.Job, key string) []int64 {
+			t.Helper()
+			g, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: j.ID, Kind: kind, Key: `"` + key + `"`}}}, nil)
+			require.NoError(t, err)
+			return g.LocalOrder
+		}
+		holder := job("H")
+		require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
+		var z []ledger.Job
+		for range 3 {
+			z = append(z, job("Z"))
+			require.Equal(t, ledger.Wait, decideOne(t, l, z[len(z)-1], guess).Action)
+		}
+		k1 := job("K")
+		require.Equal(t, ledger.Wait, decideOne(t, l, k1, guess).Action)
 
-	g, err := l.Release(context.Background(), ledger.Release{Ended: []ledger.Held{{ID: a1.ID, Kind: kind, Key: `"A"`}}}, nil)
-	require.NoError(t, err)
-	require.Equal(t, []int64{b1.ID}, g.LocalOrder, "the slot went to the key served at its decision, not to the key never served")
+		require.Equal(t, []int64{z[0].ID}, release(holder, "H"), "Z came first")
+		require.Equal(t, []int64{k1.ID}, release(z[0], "Z"), "K waited since before Z's turn")
+		require.Equal(t, []int64{z[1].ID}, release(k1, "K"), "Z's turn")
+		require.Zero(t, count(t, pool, `SELECT count(*) FROM concurrency_key_lines WHERE kind = $1 AND key = '"K"'`, kind),
+			"K's row stayed with nothing of K waiting: the test no longer tests a key back after its row went")
+		k2 := job("K")
+		require.Equal(t, ledger.Wait, decideOne(t, l, k2, guess).Action)
+		require.Equal(t, []int64{z[2].ID}, release(z[1], "Z"),
+			"K, back after its row went, took a second turn ahead of Z, which began waiting for its turn before K came back")
+		require.Equal(t, []int64{k2.ID}, release(z[2], "Z"))
+	})
+	t.Run("a key served at its decision", func(t *testing.T) {
+		t.Parallel()
+		const kind = "test.turns.decision"
+		pool, l := newLedger(t, "w1")
+		setLimits(t, l, kind, "max_concurrency = 2, partition_fields = '{key}', key_max = 2")
+		a1 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-time.Second))
+		a2 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-time.Second))
+		require.Equal(t, ledger.Slot, decideOne(t, l, a1, nil).Action)
+		require.Equal(t, ledger.Slot, decideOne(t, l, a2, nil).Action)
+		a3 := running(t, pool, kind, `{"key": "A"}`, "w1", 1, time.Now().Add(-500*time.Millisecond))
+		require.Equal(t, ledger.Wait, decideOne(t, l, a3, nil).Action, "the limit is full: it waits")
+		b1 := running(t, pool, kind, `{"key": "B"}`, "w1", 1, time.Now())
+		require.Equal(t, ledger.Wait, decideOne(t, l, b1, nil).Action)
+
+		g, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: a1.ID, Kind: kind, Key: `"A"`}}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, []int64{a3.ID}, g.LocalOrder, "A, served before B came, goes first")
+		g, err = l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: a2.ID, Kind: kind, Key: `"A"`}}}, nil)
+		require.NoError(t, err)
+		require.Equal(t, []int64{b1.ID}, g.LocalOrder, "B's turn: A was served again")
+	})
 }
 
 // TestDecideARetryAfresh: a job retried at once is fetched again before
