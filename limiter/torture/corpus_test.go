@@ -87,6 +87,8 @@ var corpus = []corpusSeed{
 		"ledger's TestARetryTakesAGrantGivenBeforeItCameBack"},
 	{797934157, "a grant given back, started on", "under a per-key rate, a job's start was granted and claimed while its worker was deciding it again; a per-kind limit added meanwhile made the decision give the start back and put the job in the line, and the job began on the grant its worker had heard while it decided, one start more than the rate in the window",
 		"limiter's TestAGrantGivenBackIsNotStartedOn"},
+	{996502126, "a key back after its row went took extra turns", "under a kind-wide rate over keys, a key whose last job ended with nothing of it waiting lost its row and its last turn, came back as a key never served, and had three turns ahead of a key that waited: 10 starts of other keys where 9 are allowed",
+		"ledger's TestKeysTakeTurnsInTheOrderTheyBeganWaiting"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
