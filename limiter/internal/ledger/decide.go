@@ -595,28 +595,26 @@ func (k *kindDecision) hold(d *decided, ks *keyLine, reason string, orderOnly bo
 // (reason: its concurrency or rate; not its turn), takes instead what is
 // reserved for the newest younger job of its line on its way (resumed, not
 // fetched yet, or fetched with it) that no older job of the decision took:
-// its slot and its start, as d needs them. Order is by job id within a line; the younger one waits in the
-// line again: parked, if it was not fetched yet, else resumed ahead
-// (LedgerStealGrants). Never for a reservation (sluice run).
+// its slot and its start, as d needs them. Order is by job id within a
+// line; the younger one waits in the line again: parked, if it was not
+// fetched yet, else resumed ahead (LedgerStealGrants). Never for a
+// reservation (sluice run).
 func (k *kindDecision) steals(d *decided, ks *keyLine, reason string, orderOnly bool) bool {
 	c := &k.c
 	if orderOnly || d.Reserve {
 		return false
 	}
 	switch reason {
-	case ReasonLimit, ReasonKeyLimit, ReasonRate, ReasonKeyRate:
-	case ReasonFIFO, ReasonKeyFIFO:
-		// Capacity holds it too (not orderOnly), and jobs wait ahead: of
-		// other keys, for the kind (the grant on its way was its key's
-		// turn, which its oldest job here takes), or of its own line. A
-		// steal only moves a grant from a younger job to an older one, so
-		// it never passes a job the younger one would not pass: an older
-		// job of its line, granted or waiting, does not stop it (seed
-		// 564674972: a retry, held behind an older job granted and not
-		// fetched, parked at its fetch while two younger jobs fetched
+	case ReasonLimit, ReasonKeyLimit, ReasonRate, ReasonKeyRate, ReasonFIFO, ReasonKeyFIFO:
+		// Held by its turn, capacity holds it too (not orderOnly). Whatever
+		// waits ahead of it, of other keys or of its own line, granted or
+		// not: a steal only moves a grant from a younger job to an older
+		// one, so it never passes a job the younger one would not pass
+		// (seed 564674972: a retry, held behind an older job granted and
+		// not fetched, parked at its fetch while two younger jobs fetched
 		// with it began on slots reserved before it came back).
 	default:
-		return false
+		return false // a breaker
 	}
 	var victims []int64
 	switch {
