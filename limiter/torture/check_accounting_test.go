@@ -175,11 +175,14 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 
 // resumedAndTakenBackNear reports whether job id of kind was resumed (made
 // available from pending) with a grant on its way to it, within slotLead
-// after t, and a change of its kind's limits began less than slotLead
-// after the resume (a grant leads to a start within slotLead) and before
-// the job ran: it went back to pending without running, its grant taken
-// back by the change, which holds it until its commit, slotLag before t
-// at the earliest.
+// after t, and a change of its kind's limits took that grant back in its
+// own transaction (deleted the job's reserved slot or start) less than
+// slotLead after the resume (a grant leads to a start within slotLead) and
+// before the job ran: it went back to pending without running, and the
+// change held the slot until its commit, slotLag before t at the
+// earliest. The change may have begun before the resume: it waited for
+// the kind's lock while the round that resumed the job held it (torture
+// seed 743141786).
 func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) bool {
 	cs := r.changes[id]
 	for i, c := range cs {
@@ -199,9 +202,13 @@ func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) boo
 		if back.IsZero() || r.startedSince(id, c.at, back) {
 			continue
 		}
-		for _, l := range r.limits[kind] {
-			if !l.began.IsZero() && !l.began.Before(c.at) && l.began.Before(back) && l.began.Before(c.at.Add(slotLead)) &&
-				l.at.After(t.Add(-slotLag)) {
+		until := back
+		if lead := c.at.Add(slotLead); lead.Before(until) {
+			until = lead
+		}
+		changes, _ := r.grantTakenBack(kind, id, c.at, until)
+		for _, l := range changes {
+			if l.at.After(t.Add(-slotLag)) {
 				return true
 			}
 		}

@@ -194,9 +194,9 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 				cov.excuse("fairness", "an older job of its key came back and took its key's turn")
 			}
 			if others > bound {
-				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, %d more each for the older jobs of its key that came back, the kind's limit, and %d resumed ahead: %d; limits %s); %s",
+				vs.add("fairness", "%s key %s: job %d, fetched at %s behind %d waiting jobs of %d other keys, started at %s after %d starts of %d other keys (one turn each, %d more each for the older jobs of its key that came back, the kind's limit, and %d resumed ahead: %d; limits %s; %s); %s; limiter's rows: %s",
 					kind, jb.args.Key, b, fb.at.Format(time.StampMicro), backlog, len(waitingKeys), xb.start.Format(time.StampMicro),
-					others, len(started), own, ahead, bound, l, r.history(b))
+					others, len(started), own, ahead, bound, l, r.recentLimits(kind, xb.start), r.history(b), r.lineAt(b, xb.start))
 				continue
 			}
 			if excuse != "" {

@@ -1426,29 +1426,44 @@ func TestCheckAccountingJobFetchedByAWorkerKilledSoon(t *testing.T) {
 }
 
 // TestCheckAccountingResumedGrantTakenBack: job 1, parked, is resumed at
-// 500 ms with a grant, fetched at 700 ms, and parked again without
-// running: a change of limits that began at 650 ms (committed at 800 ms)
-// took its grant back. A sample at 600 ms counts its slot as near.
-// Without the change, the same record is a slot no job stood for; so is
-// one whose change began 1.1 s after the resume (a grant leads to a start
-// within slotLead).
+// 500 ms with a grant (a reserved slot, transaction 5), fetched at 700 ms,
+// and parked again without running: a change of limits (transaction 9,
+// committed at 800 ms) deleted its reserved slot at revoke ms. A sample
+// at 600 ms counts its slot as near, whether the change began after the
+// resume or before it (it waited for the kind's lock while the round that
+// resumed the job held it: torture seed 743141786). Without the change,
+// the same record is a slot no job stood for; so is one whose change took
+// the grant back 1.1 s after the resume (a grant leads to a start within
+// slotLead), and one whose change did not take this job's grant back.
 func TestCheckAccountingResumedGrantTakenBack(t *testing.T) {
 	for _, c := range []struct {
-		began, at int // the change (0: none)
-		found     bool
-	}{{650, 800, false}, {0, 0, true}, {1600, 1700, true}} {
+		began, revoke, at int // the change (0: none); revoke 0: it did not take the grant back
+		found             bool
+	}{
+		{650, 700, 800, false},
+		{400, 650, 800, false}, // began before the resume (seed 743141786)
+		{0, 0, 0, true},
+		{1600, 1650, 1700, true},
+		{650, 0, 800, true},
+	} {
 		f := newFakeRecord(limits{max: 2})
 		f.parked(1)
 		f.state(1, "pending", "available", 500)
+		f.r.line = map[int64][]lineEvent{}
+		f.r.line[1] = append(f.r.line[1], lineEvent{what: "concurrency_executions INSERT", reserved: true, at: f.at(500), tx: 5})
 		f.fetched(1, "w1", 700)
 		f.state(1, "running", "pending", max(900, c.at+100))
 		if c.began != 0 {
-			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(c.at), began: f.at(c.began),
+			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(c.at), began: f.at(c.began), tx: 9,
 				limits: limits{present: true, max: 3}})
+		}
+		if c.revoke != 0 {
+			f.r.line[1] = append(f.r.line[1], lineEvent{what: "concurrency_executions DELETE", reserved: true, at: f.at(c.revoke), tx: 9})
 		}
 		f.r.samples = []sample{{at: f.at(600), counted: map[string]int{"torture.a": 1}, rows: map[string]int{"torture.a": 1}}}
 		if got := f.found("accounting"); (len(got) > 0) != c.found {
-			t.Errorf("change began at %d ms: accounting violations %q, want found %v", c.began, got, c.found)
+			t.Errorf("change began at %d ms, took the grant back at %d ms: accounting violations %q, want found %v",
+				c.began, c.revoke, got, c.found)
 		}
 	}
 }
