@@ -89,6 +89,10 @@ var corpus = []corpusSeed{
 		"limiter's TestAGrantGivenBackIsNotStartedOn"},
 	{996502126, "a key back after its row went took extra turns", "under a kind-wide rate over keys, a key whose last job ended with nothing of it waiting lost its row and its last turn, came back as a key never served, and had three turns ahead of a key that waited: 10 starts of other keys where 9 are allowed",
 		"ledger's TestKeysTakeTurnsInTheOrderTheyBeganWaiting"},
+	{339187757, "a grant given back for a new rate lost its key's turn", "a slot granted at its key's turn as its parking completed, a rate per key set before it began: decided again, it gave the slot back and waited behind every key whose turn came after its own, 10 and 11 starts of other keys where 9 are allowed",
+		"ledger's TestAGrantGivenBackForANewRateKeepsItsTurn"},
+	{743141786, "accounting excused only changes begun after a resume", "the check's own bug: a change of limits that began before a round resumed a job with a grant, and took that grant back once the round let go of the kind's lock, was not counted as holding the slot until its commit",
+		"TestCheckAccountingResumedGrantTakenBack"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -202,6 +202,10 @@ type decided struct {
 	claim    bool // it claims its grant
 	restamp  bool // the start it holds is logged again, now
 	admit    bool // it takes a slot (or logs a start) now
+	// keepsTurn: it gives back a grant (or a slot) that its key's turn
+	// gave it, because the limits changed since; decided afresh, it keeps
+	// that turn (blocker).
+	keepsTurn bool
 	// steal: it takes the slot reserved for a younger job of its line on
 	// its way (that one waits in the line again, resumed ahead).
 	steal int64
@@ -398,6 +402,7 @@ func (k *kindDecision) decideOne(d *decided) {
 		// came) that holds a grant made before a change its worker has
 		// not heard yet (seed 256556233: a slot granted before a rate was
 		// set, and a start it never had).
+		d.keepsTurn = h.SlotHeld || h.StartHeld || h.SlotReserved || h.StartReserved
 		k.giveBack(d, ks)
 		k.decideNew(d, ks)
 	case h.SlotHeld || h.StartHeld:
@@ -430,7 +435,7 @@ func (k *kindDecision) decideOne(d *decided) {
 		// Part of a grant (its slot or its start went: a reaper, the
 		// safety net, limits changed since): it goes back, and the job is
 		// decided afresh.
-		d.giveBack = true
+		d.giveBack, d.keepsTurn = true, true
 		d.h.SlotReserved, d.h.StartReserved = false, false
 		k.decideNew(d, ks)
 	default:
@@ -688,6 +693,16 @@ func (k *kindDecision) blocker(d *decided, ks *keyLine) (reason string, orderOnl
 	if !c.Keyed() {
 		keyFIFO = ReasonFIFO
 	}
+	olderOfItsLine := (ks.Front != 0 && ks.Front < d.ID) || (ks.Fetched != 0 && ks.Fetched < d.ID)
+	if d.keepsTurn && capacity == "" && !olderOfItsLine {
+		// Its grant, given at its key's turn, went back for a change of
+		// limits alone, and they have room for it: it takes it again now.
+		// Else its key, served, would wait behind every key that waits,
+		// while its job waited on (torture seed 339187757: a slot granted
+		// as its parking completed, a rate per key set before it began,
+		// eleven starts of six other keys ahead of it).
+		return "", false
+	}
 	if d.h.Waiter {
 		// In the line already (it came ahead): it starts by a grant, at its
 		// turn.
@@ -700,12 +715,10 @@ func (k *kindDecision) blocker(d *decided, ks *keyLine) (reason string, orderOnl
 	switch {
 	case c.HasParked && c.Regime() == KindWide && c.Keyed():
 		order = ReasonFIFO // jobs of the kind wait for the kind: the round goes across keys
-	case ks.Front != 0 && ks.Front < d.ID:
-		order = keyFIFO
-	case ks.Fetched != 0 && ks.Fetched < d.ID:
-		// An older job of its line, fetched by a worker, is being decided
-		// there: it goes first (the grant round after its decision gives
-		// this one its turn).
+	case olderOfItsLine:
+		// An older job of its line waits, or, fetched by a worker, is being
+		// decided there: it goes first (the grant round after its decision
+		// gives this one its turn).
 		order = keyFIFO
 	}
 	switch {

@@ -1294,3 +1294,55 @@ func TestAJobAheadStepsBackForAnotherKeysGrant(t *testing.T) {
 		})
 	}
 }
+
+// TestAGrantGivenBackForANewRateKeepsItsTurn: under a per-kind limit of 1
+// over keys, key k's job is granted the slot that frees at k's turn, with
+// key c's job waiting since before it. A rate per key is set before k's
+// job begins: its grant holds no start, so its decision gives the slot
+// back and decides it afresh. The window has room and so has the limit:
+// it starts at once, on the turn its key was given, rather than wait
+// behind c, which k was served before (torture seed 339187757: a job
+// granted as its parking completed waited behind six other keys' turns).
+// With the window full it waits, and its slot is c's.
+func TestAGrantGivenBackForANewRateKeepsItsTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, full := range []bool{false, true} {
+		t.Run(map[bool]string{false: "room", true: "window full"}[full], func(t *testing.T) {
+			t.Parallel()
+			const kind = "test.turn.kept"
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
+			guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
+			holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now().Add(-time.Second))
+			require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
+			k := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-900*time.Millisecond))
+			require.Equal(t, ledger.Wait, decideOne(t, l, k, guess).Action, "the limit is full: it waits")
+			c := running(t, pool, kind, `{"key": "c"}`, "w1", 1, time.Now().Add(-800*time.Millisecond))
+			require.Equal(t, ledger.Wait, decideOne(t, l, c, guess).Action)
+
+			g, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: holder.ID, Kind: kind, Key: `"a"`}}}, nil)
+			require.NoError(t, err)
+			require.Equal(t, []int64{k.ID}, g.LocalOrder, "k came first: the slot is its")
+
+			setLimits(t, l, kind, "rate_max = 1, rate_period = interval '1 minute', rate_per_key = true")
+			if full {
+				other := running(t, pool, kind, `{"key": "k"}`, "w2", 1, time.Now())
+				exec(t, pool, `INSERT INTO concurrency_starts (kind, key, job_id, started_at) VALUES ($1, '"k"', $2, now())`, kind, other.ID)
+			}
+			guess[kind] = ledger.Limits{Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}, RateMax: 1, RatePeriod: time.Minute, RatePerKey: true}
+			k.Dispatched = false // its wait ended as its grant came
+			d := decideOne(t, l, k, guess)
+			if full {
+				require.Contains(t, []ledger.Action{ledger.Wait, ledger.Parked}, d.Action, "its key's window is full")
+				require.Equal(t, ledger.ReasonKeyRate, d.Reason)
+				return
+			}
+			require.Equal(t, ledger.Slot, d.Action, "its grant went back for the rate, and the limits have room: it keeps its key's turn (reason %q)", d.Reason)
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_starts WHERE job_id = $1`, k.ID), "its start logged")
+			n, rows := admitted(t, pool, kind)
+			require.Equal(t, 1, rows)
+			require.Equal(t, 1, n)
+		})
+	}
+}
