@@ -375,8 +375,10 @@ WHERE l.kind = pk.kind AND l.admitted IS NOT NULL;
 -- job, or a job fetched by a worker and not decided yet (marked by its
 -- fetch within the last two seconds, still running; never ready), with
 -- whether it is ready (a parked job still completing its parking, unless
--- it is more than 5 s late, a job resumed ahead still stepping back from
--- its worker, and a job not decided yet hold up the younger ones),
+-- it is more than 5 s late, and a job not decided yet hold up the younger
+-- ones; a job resumed ahead still stepping back from its worker, marked
+-- and running, is ready: its slot is reserved for it as River's
+-- completion makes it available, and its key keeps its turn),
 -- resumable (pending) and, for a key's parked job, completing (its
 -- parking marked in its worker, not written by River's completer yet, and
 -- not late: a grant may be reserved for it, see LedgerGrantParked).
@@ -454,7 +456,9 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  WHERE p.kind = lim.kind AND p.key IS NULL
                  ORDER BY p.job_id LIMIT sqlc.arg(depth)::integer)
                 UNION ALL
-                (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead
+                (SELECT w.job_id, false, w.worker_id,
+                        (w.worker_id IS NOT NULL OR j.state = 'available' OR j.metadata->>'sluice_park' = 'ahead'),
+                        true, j.queue, w.reason, w.ahead
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = lim.kind AND w.key IS NULL
@@ -519,7 +523,9 @@ SELECT jsonb_build_object('kinds', COALESCE(jsonb_agg(jsonb_build_object(
                  WHERE p.kind = k.kind AND p.key = k.key
                  ORDER BY p.job_id LIMIT lim.key_depth)
                 UNION ALL
-                (SELECT w.job_id, false, w.worker_id, (w.worker_id IS NOT NULL OR j.state = 'available'), true, j.queue, w.reason, w.ahead, false
+                (SELECT w.job_id, false, w.worker_id,
+                        (w.worker_id IS NOT NULL OR j.state = 'available' OR j.metadata->>'sluice_park' = 'ahead'),
+                        true, j.queue, w.reason, w.ahead, false
                  FROM concurrency_waiters w
                  JOIN river_job j ON j.id = w.job_id AND (j.state = 'running' OR (w.worker_id IS NULL AND j.state = 'available'))
                  WHERE w.kind = k.kind AND w.key = k.key

@@ -317,10 +317,13 @@ func (r *record) grantTakenBack(kind string, id int64, from, to time.Time) (chan
 
 // grantedWhileParking is when a grant round reserved a slot or a start
 // for job id in [from, to] while the job was running: granted as its
-// parking completed (ok false: none).
+// parking completed (LedgerGrantParked), or as its step back did (a job
+// resumed ahead, stepping back from its worker: LedgerInsertSlots, a slot
+// reserved for a job without a worker) (ok false: none).
 func (r *record) grantedWhileParking(id int64, from, to time.Time) (time.Time, bool) {
 	for _, e := range r.line[id] {
-		if !e.reserved || !strings.HasSuffix(e.what, " INSERT") || !strings.Contains(e.query, "name: LedgerGrantParked ") ||
+		if !e.reserved || !strings.HasSuffix(e.what, " INSERT") ||
+			!(strings.Contains(e.query, "name: LedgerGrantParked ") || strings.Contains(e.query, "name: LedgerInsertSlots ")) ||
 			e.at.Before(from) || e.at.After(to) {
 			continue
 		}

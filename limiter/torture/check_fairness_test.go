@@ -14,7 +14,7 @@ import (
 // rate) holds other keys' jobs back (at least fairnessBacklog of them
 // wait, one at least parked or in a worker). Its job is fetched within
 // fairnessFetch of its insert, and from its fetch to its start (or to its
-// grant, when its turn came while its parking completed and the grant
+// grant, when its turn came while its parking or step back completed and the grant
 // stood) at most a turn of the round goes to other keys: one start per other key, plus the
 // kind's limit and the jobs of other keys resumed ahead and on their way
 // at its fetch (the starts let go before it was decided), and a turn
@@ -146,13 +146,14 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 				}
 				end, excuse = until, "judged up to a change of its partition or kind-wide limit" // the promise ended there
 			}
-			// Its turn came as a grant while its parking completed: the slot
-			// is its own from the grant, and the wait after it is River's
-			// completion's (it parks the job and resumes it at once), not
-			// the line's: it is judged up to the grant, while that grant
-			// stood (no older job of its key took it back).
+			// Its turn came as a grant while its parking (or its step back)
+			// completed: the slot is its own from the grant, and the wait
+			// after it is River's completion's (it parks the job and
+			// resumes it at once, or makes it available), not the line's:
+			// it is judged up to the grant, while that grant stood (no older
+			// job of its key took it back).
 			if g, ok := r.grantKeptWhileParking(kind, b, fb.at, end); ok && g.After(from) {
-				end, excuse = g, "granted as its parking completed: judged up to the grant"
+				end, excuse = g, "granted as its parking or step back completed: judged up to the grant"
 			}
 			// Its worker killed before it started: it is judged up to the
 			// kill (its wait after it is the rescue's, not the line's).
@@ -310,7 +311,8 @@ func (r *record) youngerOfItsInsert(ids []int64, b int64) bool {
 }
 
 // grantKeptWhileParking is when job id of kind was granted a slot or a
-// start in [from, to] while its parking completed (grantedWhileParking),
+// start in [from, to] while its parking or its step back completed
+// (grantedWhileParking),
 // if that grant was taken back by nothing but a change of the kind's
 // limits (in the change's own transaction) before River's completion
 // wrote the parking (ok false: no such grant).

@@ -1600,3 +1600,53 @@ func TestCheckFairnessAnOlderJobOfItsKeyTakesItsTurn(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckFairnessJudgedUpToAGrantOnItsWayBack: B's job, fetched at 110
+// ms behind A's backlog (the kind's limit 2, A's jobs 100 ms each), is
+// granted its slot at 130 ms while River has it running: its parking
+// completing (LedgerGrantParked) or its step back (a job resumed ahead
+// giving its worker's River slot back: LedgerInsertSlots, a slot reserved
+// for a job without a worker). River's completion writes it at 380 ms, and
+// the job, fetched again, starts at 400 ms, after four starts of A (one
+// turn and the kind's limit: 3). Its turn came at the grant: it is judged
+// up to it. Not granted, or its grant taken back by an older job of its
+// line, the same record breaks the promise.
+func TestCheckFairnessJudgedUpToAGrantOnItsWayBack(t *testing.T) {
+	for _, c := range []struct {
+		name, grant string // grant: the statement that reserved its slot ("": none)
+		parked, taken  bool
+		want           int
+	}{
+		{"step back", "LedgerInsertSlots", false, false, 0},
+		{"parking", "LedgerGrantParked", true, false, 0},
+		{"no grant", "", false, false, 1},
+		{"grant taken by an older job", "LedgerInsertSlots", false, true, 1},
+	} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, keyMax: 2})
+		f.r.line = map[int64][]lineEvent{}
+		f.backlog(8, 100)
+		f.job(20, "B")
+		f.r.jobs[20].inserted = f.at(100)
+		f.r.changes[20][0].at = f.at(100)
+		f.fetched(20, "w1", 110)
+		if c.grant != "" {
+			f.r.line[20] = append(f.r.line[20], lineEvent{what: "concurrency_executions INSERT", reserved: true, at: f.at(130), tx: 7,
+				query: "-- name: " + c.grant + " :exec\nINSERT ..."})
+		}
+		if c.taken {
+			f.r.line[20] = append(f.r.line[20], lineEvent{what: "concurrency_executions DELETE", reserved: true, at: f.at(200), tx: 8,
+				query: "-- name: LedgerStealGrants :exec\nWITH ..."})
+		}
+		if c.parked {
+			f.state(20, "running", "pending", 380)
+			f.state(20, "pending", "available", 380)
+		} else {
+			f.state(20, "running", "available", 380)
+		}
+		f.fetched(20, "w1", 390)
+		f.started(20, "w1", 400, 10)
+		if got := f.found("fairness"); len(got) != c.want {
+			t.Errorf("%s: fairness violations %q, want %d", c.name, got, c.want)
+		}
+	}
+}

@@ -1346,3 +1346,45 @@ func TestAGrantGivenBackForANewRateKeepsItsTurn(t *testing.T) {
 		})
 	}
 }
+
+// TestAJobSteppingBackIsGrantedAtItsKeysTurn: under a per-kind limit of 1
+// over keys, key k's job waits first, key c's after it. k's job, resumed
+// ahead, is stepping back from its worker (marked, River's completion of
+// it not written yet) when the slot frees: the round reserves the slot for
+// it, at its key's turn, as for a parking still completing, and c waits
+// on. Passed over, its key lost its turn to every other key for as long
+// as River's completer took (torture seed 926243880: 240 ms, 15 starts of
+// other keys where 14 are allowed).
+func TestAJobSteppingBackIsGrantedAtItsKeysTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.stepping.back"
+	pool, l := newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
+	guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
+	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
+	k := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-900*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, l, k, guess).Action, "the limit is full: it waits")
+	c := running(t, pool, kind, `{"key": "c"}`, "w1", 1, time.Now().Add(-800*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, l, c, guess).Action)
+	// k's job steps back, as LedgerStepBackDispatched leaves it.
+	exec(t, pool, `UPDATE river_job SET metadata = metadata || '{"sluice_park": "ahead"}' WHERE id = $1`, k.ID)
+	exec(t, pool, `UPDATE concurrency_waiters SET worker_id = NULL, ahead = true WHERE job_id = $1`, k.ID)
+
+	g, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: holder.ID, Kind: kind, Key: `"a"`}}}, nil)
+	require.NoError(t, err)
+	require.Empty(t, g.LocalOrder, "the slot is k's: c waits on")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE job_id = $1 AND reserved AND worker_id IS NULL`, k.ID),
+		"a slot reserved for the job stepping back")
+	require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_waiters WHERE job_id = $1`, k.ID), "it stays in the line until it is fetched")
+
+	// River's completion makes it available; fetched again, it claims its slot.
+	exec(t, pool, `UPDATE river_job SET state = 'available', metadata = metadata - 'sluice_park' WHERE id = $1`, k.ID)
+	exec(t, pool, `UPDATE river_job SET state = 'running', attempted_at = now() WHERE id = $1`, k.ID)
+	k.FetchedAt = time.Now()
+	require.Equal(t, ledger.Slot, decideOne(t, l, k, guess).Action, "fetched again, it starts on the slot reserved for it")
+	n, rows := admitted(t, pool, kind)
+	require.Equal(t, 1, rows)
+	require.Equal(t, 1, n)
+}
