@@ -1613,9 +1613,9 @@ func TestCheckFairnessAnOlderJobOfItsKeyTakesItsTurn(t *testing.T) {
 // line, the same record breaks the promise.
 func TestCheckFairnessJudgedUpToAGrantOnItsWayBack(t *testing.T) {
 	for _, c := range []struct {
-		name, grant string // grant: the statement that reserved its slot ("": none)
-		parked, taken  bool
-		want           int
+		name, grant   string // grant: the statement that reserved its slot ("": none)
+		parked, taken bool
+		want          int
 	}{
 		{"step back", "LedgerInsertSlots", false, false, 0},
 		{"parking", "LedgerGrantParked", true, false, 0},
