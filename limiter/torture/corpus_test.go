@@ -95,8 +95,6 @@ var corpus = []corpusSeed{
 		"TestCheckAccountingResumedGrantTakenBack"},
 	{926243880, "a job stepping back lost its key's turns", "a job resumed ahead stepped back to free its worker's River slot; River's completer wrote the step back 240 ms later, and the rounds, which did not grant a job still stepping back, served the other keys meanwhile: 15 starts of other keys where 14 are allowed",
 		"ledger's TestAJobSteppingBackIsGrantedAtItsKeysTurn"},
-	{330480119, "a grant short of the new limits counted against itself", "as 339187757, for a slot reserved as the job's parking completed: its decision gave the slot back and decided it with that slot still in the counts, so the per-kind limit of 2 looked full and it waited behind other keys' turns: 9 and 15 starts of other keys where 7 and 9 are allowed",
-		"ledger's TestAParkingsGrantGivenBackForANewRateKeepsItsTurn"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
