@@ -1295,6 +1295,25 @@ func TestAJobAheadStepsBackForAnotherKeysGrant(t *testing.T) {
 	}
 }
 
+// waitBehindAHolder sets kind up under a per-kind limit of 1 over keys (1
+// per key): key a's holder takes the slot, and then key k's job and key
+// c's job wait for it, in that order. It returns the pool, the ledger of
+// w1, its guess of the limits and the three jobs.
+func waitBehindAHolder(t *testing.T, kind string) (pool *pgxpool.Pool, l *ledger.Ledger, guess map[string]ledger.Limits,
+	holder, k, c ledger.Job) {
+	t.Helper()
+	pool, l = newLedger(t, "w1")
+	setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
+	guess = map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
+	holder = running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now().Add(-time.Second))
+	require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
+	k = running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-900*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, l, k, guess).Action, "the limit is full: it waits")
+	c = running(t, pool, kind, `{"key": "c"}`, "w1", 1, time.Now().Add(-800*time.Millisecond))
+	require.Equal(t, ledger.Wait, decideOne(t, l, c, guess).Action)
+	return pool, l, guess, holder, k, c
+}
+
 // TestAGrantGivenBackForANewRateKeepsItsTurn: under a per-kind limit of 1
 // over keys, key k's job is granted the slot that frees at k's turn, with
 // key c's job waiting since before it. A rate per key is set before k's
@@ -1311,15 +1330,7 @@ func TestAGrantGivenBackForANewRateKeepsItsTurn(t *testing.T) {
 		t.Run(map[bool]string{false: "room", true: "window full"}[full], func(t *testing.T) {
 			t.Parallel()
 			const kind = "test.turn.kept"
-			pool, l := newLedger(t, "w1")
-			setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
-			guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
-			holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now().Add(-time.Second))
-			require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
-			k := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-900*time.Millisecond))
-			require.Equal(t, ledger.Wait, decideOne(t, l, k, guess).Action, "the limit is full: it waits")
-			c := running(t, pool, kind, `{"key": "c"}`, "w1", 1, time.Now().Add(-800*time.Millisecond))
-			require.Equal(t, ledger.Wait, decideOne(t, l, c, guess).Action)
+			pool, l, guess, holder, k, _ := waitBehindAHolder(t, kind)
 
 			g, err := l.Release(ctx, ledger.Release{Ended: []ledger.Held{{ID: holder.ID, Kind: kind, Key: `"a"`}}}, nil)
 			require.NoError(t, err)
@@ -1359,15 +1370,7 @@ func TestAJobSteppingBackIsGrantedAtItsKeysTurn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const kind = "test.stepping.back"
-	pool, l := newLedger(t, "w1")
-	setLimits(t, l, kind, "max_concurrency = 1, partition_fields = '{key}', key_max = 1")
-	guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 1, KeyMax: 1, Fields: []string{"key"}}}
-	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now().Add(-time.Second))
-	require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
-	k := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-900*time.Millisecond))
-	require.Equal(t, ledger.Wait, decideOne(t, l, k, guess).Action, "the limit is full: it waits")
-	c := running(t, pool, kind, `{"key": "c"}`, "w1", 1, time.Now().Add(-800*time.Millisecond))
-	require.Equal(t, ledger.Wait, decideOne(t, l, c, guess).Action)
+	pool, l, guess, holder, k, _ := waitBehindAHolder(t, kind)
 	// k's job steps back, as LedgerStepBackDispatched leaves it.
 	exec(t, pool, `UPDATE river_job SET metadata = metadata || '{"sluice_park": "ahead"}' WHERE id = $1`, k.ID)
 	exec(t, pool, `UPDATE concurrency_waiters SET worker_id = NULL, ahead = true WHERE job_id = $1`, k.ID)
