@@ -282,7 +282,7 @@ func (r *record) grantParkingTakenBackNear(kind string, id int64, t time.Time) b
 		if back.IsZero() {
 			continue
 		}
-		g, ok := r.grantedWhileParking(id, c.at, back)
+		g, ok := r.grantedWhileCompleting(id, c.at, back)
 		if !ok || !g.Before(t.Add(slotLead)) || r.startedSince(id, c.at, back) {
 			continue
 		}
@@ -315,12 +315,12 @@ func (r *record) grantTakenBack(kind string, id int64, from, to time.Time) (chan
 	return changes, other
 }
 
-// grantedWhileParking is when a grant round reserved a slot or a start
+// grantedWhileCompleting is when a grant round reserved a slot or a start
 // for job id in [from, to] while the job was running: granted as its
 // parking completed (LedgerGrantParked), or as its step back did (a job
 // resumed ahead, stepping back from its worker: LedgerInsertSlots, a slot
 // reserved for a job without a worker) (ok false: none).
-func (r *record) grantedWhileParking(id int64, from, to time.Time) (time.Time, bool) {
+func (r *record) grantedWhileCompleting(id int64, from, to time.Time) (time.Time, bool) {
 	for _, e := range r.line[id] {
 		if !e.reserved || !strings.HasSuffix(e.what, " INSERT") ||
 			!(strings.Contains(e.query, "name: LedgerGrantParked ") || strings.Contains(e.query, "name: LedgerInsertSlots ")) ||

@@ -14,8 +14,9 @@ import (
 // rate) holds other keys' jobs back (at least fairnessBacklog of them
 // wait, one at least parked or in a worker). Its job is fetched within
 // fairnessFetch of its insert, and from its fetch to its start (or to its
-// grant, when its turn came while its parking or step back completed and the grant
-// stood) at most a turn of the round goes to other keys: one start per other key, plus the
+// grant, when its turn came while its parking or step back completed and
+// the grant stood) at most a turn of the round goes to other keys: one
+// start per other key, plus the
 // kind's limit and the jobs of other keys resumed ahead and on their way
 // at its fetch (the starts let go before it was decided), and a turn
 // more per other key for each start of an older job of its own key (one
@@ -152,7 +153,7 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 			// resumes it at once, or makes it available), not the line's:
 			// it is judged up to the grant, while that grant stood (no older
 			// job of its key took it back).
-			if g, ok := r.grantKeptWhileParking(kind, b, fb.at, end); ok && g.After(from) {
+			if g, ok := r.grantKeptWhileCompleting(kind, b, fb.at, end); ok && g.After(from) {
 				end, excuse = g, "granted as its parking or step back completed: judged up to the grant"
 			}
 			// Its worker killed before it started: it is judged up to the
@@ -310,14 +311,13 @@ func (r *record) youngerOfItsInsert(ids []int64, b int64) bool {
 	return false
 }
 
-// grantKeptWhileParking is when job id of kind was granted a slot or a
+// grantKeptWhileCompleting is when job id of kind was granted a slot or a
 // start in [from, to] while its parking or its step back completed
-// (grantedWhileParking),
-// if that grant was taken back by nothing but a change of the kind's
-// limits (in the change's own transaction) before River's completion
-// wrote the parking (ok false: no such grant).
-func (r *record) grantKeptWhileParking(kind string, id int64, from, to time.Time) (time.Time, bool) {
-	g, ok := r.grantedWhileParking(id, from, to)
+// (grantedWhileCompleting), if that grant was taken back by nothing but a
+// change of the kind's limits (in the change's own transaction) before
+// River's completion wrote the parking (ok false: no such grant).
+func (r *record) grantKeptWhileCompleting(kind string, id int64, from, to time.Time) (time.Time, bool) {
+	g, ok := r.grantedWhileCompleting(id, from, to)
 	if !ok {
 		return time.Time{}, false
 	}

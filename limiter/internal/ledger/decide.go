@@ -247,7 +247,7 @@ func (tx *Tx) decide(locks []lock, guess map[string]Limits, kinds []string, jobs
 	all := make([]*decided, len(jobs))
 	for i, j := range jobs {
 		h := holdings[j.ID]
-		d := &decided{Job: j, h: h, granted: h.SlotHeld || h.SlotReserved || h.StartHeld || h.StartReserved}
+		d := &decided{Job: j, h: h, granted: h.granted()}
 		if heldBehind != nil {
 			d.HeldBehind = heldBehind(j)
 		}
@@ -402,7 +402,7 @@ func (k *kindDecision) decideOne(d *decided) {
 		// came) that holds a grant made before a change its worker has
 		// not heard yet (seed 256556233: a slot granted before a rate was
 		// set, and a start it never had).
-		d.keepsTurn = h.SlotHeld || h.StartHeld || h.SlotReserved || h.StartReserved
+		d.keepsTurn = h.granted()
 		k.giveBack(d, ks)
 		k.decideNew(d, ks)
 	case h.SlotHeld || h.StartHeld:

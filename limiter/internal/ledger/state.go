@@ -31,6 +31,12 @@ type jobHolding struct {
 	Ahead         bool   `json:"ahead"`
 }
 
+// granted reports whether the job holds a grant of its line: a slot or a
+// start, reserved for it or taken.
+func (h jobHolding) granted() bool {
+	return h.SlotHeld || h.SlotReserved || h.StartHeld || h.StartReserved
+}
+
 // kindLine is a kind's line as a decision reads it: its limits, the
 // oldest job waiting for the kind itself (0: none), the newest slots of a
 // kind without a partition reserved for jobs on their way (newest first,
