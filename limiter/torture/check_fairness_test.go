@@ -139,6 +139,18 @@ func checkFairness(r *record, vs *violations, cov coverage) {
 					}
 				}
 			}
+			// So may the starts of its own key after its fetch: an older job
+			// that came back, or a younger one fetched with it that the
+			// order check lets go first (a start of its key is its key's
+			// turn, and fills its key's window).
+			for _, x := range r.kindRuns(kind) {
+				if x.key != jb.args.Key || x.job == b || !x.start.After(fb.at) || !x.start.Before(until) {
+					continue
+				}
+				if t := r.keyRateFrees(kind, jb.args.Key, r.limitsAt(kind, x.start), x.start); t.After(from) {
+					from, excuse = t, "its key's own rate, filled after its fetch by a start of its key"
+				}
+			}
 			end := xb.start.Add(-wakeJitter)
 			if until.Before(xb.start) {
 				if !until.After(from) {

@@ -1253,6 +1253,39 @@ func TestCheckFairnessKeyRate(t *testing.T) {
 	}
 }
 
+// TestCheckFairnessKeyRateFilledAfterItsFetch: under a per-key rate of
+// 2/1s, B's one earlier start (5 ms) leaves its window room at its job's
+// fetch (110 ms); a younger job of B's, fetched with it in another worker,
+// starts first at 115 ms (the order check's "fetched at about the same
+// time"), and fills B's window until about 1 s: A's starts before that are
+// not ahead of B's job (seed 870277562: 15 starts of 7 other keys where 9
+// were allowed, all while its key's window was full). With the younger
+// job's start after B's job's own, the window had room, and A's 12 starts
+// are.
+func TestCheckFairnessKeyRateFilledAfterItsFetch(t *testing.T) {
+	for _, youngerFirst := range []bool{true, false} {
+		f := newFakeRecord(limits{max: 2, fields: []string{"key"}, rateMax: 2, ratePeriod: time.Second, ratePerKey: true})
+		f.backlog(16, 100)
+		f.startedEarlier(17, 1)
+		f.arrives(110, 1010)
+		f.job(30, "B")
+		f.r.jobs[30].inserted = f.at(105)
+		f.fetched(30, "w2", 111)
+		if youngerFirst {
+			f.started(30, "w2", 115, 10)
+		} else {
+			f.started(30, "w2", 1020, 10)
+		}
+		got := f.found("fairness")
+		if youngerFirst && len(got) > 0 {
+			t.Fatalf("B's window filled by its younger job at 115 ms: B was held back by its own rate, not by A: %q", got)
+		}
+		if !youngerFirst && (len(got) != 1 || !strings.Contains(got[0], "after 12 starts")) {
+			t.Fatalf("B's window had room: fairness violations %q", got)
+		}
+	}
+}
+
 // TestCheckFairnessKeyRateFreesAPeriodAfterTheCodeBegan: under a per-key
 // rate of 2/1s, B's two jobs began at 5 and 6 ms (the limiter logged their
 // starts up to 150 ms before: its window frees between 855 and 1,006 ms),

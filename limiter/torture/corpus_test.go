@@ -95,6 +95,8 @@ var corpus = []corpusSeed{
 		"TestCheckAccountingResumedGrantTakenBack"},
 	{926243880, "a job stepping back lost its key's turns", "a job resumed ahead stepped back to free its worker's River slot; River's completer wrote the step back 240 ms later, and the rounds, which did not grant a job still stepping back, served the other keys meanwhile: 15 starts of other keys where 14 are allowed",
 		"ledger's TestAJobSteppingBackIsGrantedAtItsKeysTurn"},
+	{870277562, "fairness reckoned a key's rate window at the fetch only", "the check's own bug: a younger job of the key, fetched with the judged one and let go first, filled the key's rate window, and the other keys' starts while it stayed full counted against the judged job: 15 starts of other keys where 9 are allowed",
+		"TestCheckFairnessKeyRateFilledAfterItsFetch"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
