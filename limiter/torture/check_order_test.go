@@ -28,7 +28,9 @@ import (
 //     it: River hands jobs out in its own order.)
 //
 // In both, jobs let start together may start up to togetherTolerance apart
-// in either order, a job fetched by a worker since killed waits for the
+// in either order, a job granted while its parking or step back completed
+// (before the younger one's start, the grant standing) waits for River, not
+// for its turn, a job fetched by a worker since killed waits for the
 // reaper, and a job the test cancelled is not waiting for its turn. A run
 // fetched, or started, within changeWindow of a change of its kind's order
 // regime may follow either regime: a pair is a violation only under every
@@ -197,6 +199,14 @@ func (r *record) orderExcuse(l limits, i int64, w wait, xj run, fj change) strin
 	if r.cancelledBy(i, xj.start) {
 		return "cancelled"
 	}
+	if r.grantStood(i, w.since, xj.start) {
+		// Its turn came first: a slot (or a start) reserved for it while
+		// its parking or its step back completed, standing at the younger
+		// one's start. It waits for River's completion to make it
+		// available and a worker to fetch it again (a few hundred ms at
+		// worst), not for its turn (seeds 884311840, 902252574).
+		return "granted as its parking or step back completed"
+	}
 	if l.strict() {
 		if w.how == "fetched" && w.worker != xj.worker &&
 			(w.since.After(fj.at.Add(-fetchTolerance)) || w.since.After(xj.start.Add(-fetchTolerance))) {
@@ -248,6 +258,23 @@ func (r *record) orderExcuse(l limits, i int64, w wait, xj run, fj change) strin
 		}
 		return ""
 	}
+}
+
+// grantStood reports whether job id was granted a slot or a start in
+// [from, at] while its parking or its step back completed
+// (grantedWhileCompleting), and that grant still stood at at: no row of
+// it was deleted since.
+func (r *record) grantStood(id int64, from, at time.Time) bool {
+	g, ok := r.grantedWhileCompleting(id, from, at)
+	if !ok {
+		return false
+	}
+	for _, e := range r.line[id] {
+		if strings.HasSuffix(e.what, " DELETE") && e.at.After(g) && !e.at.After(at) {
+			return false
+		}
+	}
+	return true
 }
 
 // scheduledAt is job id's scheduled_at as of its last change at or before

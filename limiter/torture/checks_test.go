@@ -577,6 +577,50 @@ func TestCheckOrderByFetchAcrossWorkers(t *testing.T) {
 	}
 }
 
+// TestCheckOrderAnOlderJobGrantedOnItsWayBack: under a per-kind limit
+// alone, job 1 waits in w1 from 0 ms and steps back; a slot is reserved
+// for it at 150 ms while River's completion of the step back is under way
+// (written at 300 ms); job 2, fetched by w2 at 100 ms, starts at 200 ms,
+// and job 1 only at 320 ms. Its turn came first, and its grant stood: no
+// violation (seeds 884311840, 902252574). With no grant, a grant after
+// job 2's start, or a grant taken back before it, job 1 waited for its
+// turn: one.
+func TestCheckOrderAnOlderJobGrantedOnItsWayBack(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		grantMs, backMs int // 0: none
+		want            int
+	}{
+		{"granted before the younger one's start", 150, 0, 0},
+		{"no grant", 0, 0, 1},
+		{"granted after it", 250, 0, 1},
+		{"granted, taken back", 150, 180, 1},
+	} {
+		f := newFakeRecord(limits{max: 2})
+		f.r.line = map[int64][]lineEvent{}
+		f.worker("w2")
+		f.job(1, "")
+		f.job(2, "")
+		f.fetched(1, "w1", 0)
+		f.fetched(2, "w2", 100)
+		if c.grantMs != 0 {
+			f.r.line[1] = append(f.r.line[1], lineEvent{what: "concurrency_executions INSERT", reserved: true, at: f.at(c.grantMs), tx: 7,
+				query: "-- name: LedgerInsertSlots :exec\nINSERT ..."})
+		}
+		if c.backMs != 0 {
+			f.r.line[1] = append(f.r.line[1], lineEvent{what: "concurrency_executions DELETE", reserved: true, at: f.at(c.backMs), tx: 8,
+				query: "-- name: LedgerStealGrants :exec\nWITH ..."})
+		}
+		f.started(2, "w2", 200, 10)
+		f.state(1, "running", "available", 300)
+		f.fetched(1, "w1", 310)
+		f.started(1, "w1", 320, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Errorf("%s: order violations %q, want %d", c.name, got, c.want)
+		}
+	}
+}
+
 func TestCheckLivenessFindsAStall(t *testing.T) {
 	f := newFakeRecord(limits{max: 2})
 	f.job(1, "")

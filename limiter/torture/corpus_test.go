@@ -97,6 +97,8 @@ var corpus = []corpusSeed{
 		"ledger's TestAJobSteppingBackIsGrantedAtItsKeysTurn"},
 	{870277562, "fairness reckoned a key's rate window at the fetch only", "the check's own bug: a younger job of the key, fetched with the judged one and let go first, filled the key's rate window, and the other keys' starts while it stayed full counted against the judged job: 15 starts of other keys where 9 are allowed",
 		"TestCheckFairnessKeyRateFilledAfterItsFetch"},
+	{884311840, "order counted a job granted on its way back as waiting", "the check's own bug: an older job granted a slot while its step back completed (River wrote it 70 ms later) was counted as waiting for its turn while a younger job granted after it, refetched sooner, started first",
+		"TestCheckOrderAnOlderJobGrantedOnItsWayBack"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule
