@@ -99,6 +99,8 @@ var corpus = []corpusSeed{
 		"TestCheckFairnessKeyRateFilledAfterItsFetch"},
 	{884311840, "order counted a job granted on its way back as waiting", "the check's own bug: an older job granted a slot while its step back completed (River wrote it 70 ms later) was counted as waiting for its turn while a younger job granted after it, refetched sooner, started first",
 		"TestCheckOrderAnOlderJobGrantedOnItsWayBack"},
+	{601894557, "a lowered key limit took the older job's slot", "two jobs of a key held slots, not begun, as the key's limit went from 3 to 1; decided again, the older gave its slot back and parked (the younger's slot still counted), and the younger began",
+		"ledger's TestRecheckUnderALoweredLimitKeepsTheOlderSlot, local's TestAJobDecidedAgainBehindAnOlderOneIsHeld"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

@@ -393,7 +393,7 @@ func (k *kindDecision) decideOne(d *decided) {
 		// Cancelled while it waited: it parks whatever it holds (its
 		// parking cancels it; what it holds is given back).
 		d.d.Action, d.d.Reason, d.giveBack = Parked, ReasonLimit, true
-	case (d.Recheck || h.SlotHeld || h.StartHeld) && !k.holdsAll(h, ks):
+	case (d.Recheck || h.SlotHeld || h.StartHeld) && !k.holdsAll(d, ks):
 		// Decided or granted before the limits now in force, not begun,
 		// and not holding what they ask: what it holds goes back and it is
 		// decided afresh, in this transaction (no younger job takes its
@@ -457,15 +457,36 @@ func (k *kindDecision) claimGrant(d *decided, ks *keyLine) {
 	}
 }
 
-// holdsAll reports whether a job holding h (ks: its key's line) holds all
-// the kind's limits ask of a job that starts: a slot under a concurrency
-// limit, within it (a limit lowered below the slots taken sends the slots
-// not begun on back to the line), a start under a rate; never under a
-// circuit breaker.
-func (k *kindDecision) holdsAll(h jobHolding, ks *keyLine) bool {
-	c := k.c
-	over := (c.Max > 0 && c.Admitted > c.Max) || (c.KeyMax > 0 && ks.Slots > c.KeyMax)
+// holdsAll reports whether job d (ks: its key's line) holds all the
+// kind's limits ask of a job that starts: a slot under a concurrency
+// limit, within it, a start under a rate; never under a circuit breaker.
+// A limit lowered below the slots taken sends the slots not begun on back
+// to the line, the youngest first: the slots that younger jobs of this
+// batch hold, decided after d, go back before d's (torture seed
+// 601894557: of two jobs of a key holding slots as its limit went from 3
+// to 1, the older, decided first, gave its slot back, and the younger
+// began).
+func (k *kindDecision) holdsAll(d *decided, ks *keyLine) bool {
+	c, h := k.c, d.h
+	kindYounger, keyYounger := k.youngerHolding(d)
+	over := (c.Max > 0 && c.Admitted-kindYounger > c.Max) || (c.KeyMax > 0 && ks.Slots-keyYounger > c.KeyMax)
 	return c.Max >= 0 && (!c.Slotted() || ((h.SlotHeld || h.SlotReserved) && !over)) && (c.RateMax == 0 || h.StartHeld || h.StartReserved)
+}
+
+// youngerHolding counts the jobs of this batch younger than d (decided
+// after it: the batch is in job-id order) that hold a slot taken and not
+// begun on, of d's kind and of d's key.
+func (k *kindDecision) youngerHolding(d *decided) (kind, key int32) {
+	for _, y := range k.batch {
+		if y.ID <= d.ID || !y.h.SlotHeld || y.h.SlotStale {
+			continue
+		}
+		kind++
+		if y.h.Key == d.h.Key {
+			key++
+		}
+	}
+	return kind, key
 }
 
 // giveBack gives back, in the decision's counts, what d holds (its slot,

@@ -684,6 +684,45 @@ func TestRecheckUnderALoweredLimit(t *testing.T) {
 	require.Equal(t, ledger.Slot, decideOne(t, l, oldest, nil).Action, "a job within the lowered limit lost its slot")
 }
 
+// TestRecheckUnderALoweredLimitKeepsTheOlderSlot: two jobs holding slots
+// in one worker, not begun, decided again together after their limit was
+// lowered below the slots taken (per key from 3 to 1; per kind from 2 to
+// 1): the younger gives its slot back and the older keeps its own, as a
+// lowering takes back the newest grants first (torture seed 601894557:
+// the older, decided first, gave its slot back while the younger still
+// counted, and the younger began).
+func TestRecheckUnderALoweredLimitKeepsTheOlderSlot(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, before, after string }{
+		{"per key", "partition_fields = '{key}', key_max = 3", "key_max = 1"},
+		{"per kind", "max_concurrency = 2", "max_concurrency = 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			kind := "test.lowered.older." + strings.ReplaceAll(c.name, " ", "")
+			pool, l := newLedger(t, "w1")
+			setLimits(t, l, kind, c.before)
+			older := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-time.Second))
+			younger := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-time.Second))
+			require.Equal(t, ledger.Slot, decideOne(t, l, older, nil).Action)
+			require.Equal(t, ledger.Slot, decideOne(t, l, younger, nil).Action)
+			setLimits(t, l, kind, c.after)
+
+			older.Recheck, younger.Recheck = true, true
+			d, err := l.Decide(context.Background(), []ledger.Job{older, younger}, nil, time.Second, nil)
+			require.NoError(t, err)
+			require.Len(t, d.Decisions, 2)
+			got := map[int64]ledger.Action{}
+			for _, x := range d.Decisions {
+				got[x.Job] = x.Action
+			}
+			require.Equal(t, ledger.Slot, got[older.ID], "the older job lost its slot to the younger one")
+			require.NotEqual(t, ledger.Slot, got[younger.ID], "the younger job kept a slot beyond the lowered limit")
+			require.Equal(t, 1, count(t, pool, `SELECT count(*) FROM concurrency_executions WHERE kind = $1`, kind), "slots left")
+		})
+	}
+}
+
 // TestLookaheadCountsAKeysJobsAheadAlready: under a per-key limit of 1,
 // key k1's slot is taken, a younger job of k1 was resumed ahead already,
 // and an older one parked since. When a slot of another key turns over,

@@ -614,13 +614,25 @@ func (q *Queue) olderNotBegunLocked(j *Job) bool {
 // Undecide makes a Working job that has not begun, and holds no slot or a
 // slot of the line, Deciding again, in its place in the line order: its
 // kind's limits changed before it began (it was decided to run free and a
-// limit came, or the kind became a circuit breaker). It returns false when
-// the job is not Working or holds a leased slot.
+// limit came, or the kind became a circuit breaker). While a job of its
+// key ahead of it decides (or waits to be decided) here, it is Held
+// instead, with what it holds, as at Begin: the older job's decision may
+// take its slot (a swap) rather than give its own back for a limit
+// lowered below the slots the two hold (torture seed 601894557: of two
+// jobs of a key holding slots as the key's limit went from 3 to 1, the
+// older, deciding again, gave its slot back and parked, and the younger,
+// deciding again after it, began). It returns false when the job is not
+// Working, holds a leased slot, or is Held so.
 func (q *Queue) Undecide(id int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j := q.jobs[id]
 	if j == nil || j.state != Working || j.begun || j.slot == LeasedSlot {
+		return false
+	}
+	if len(j.wake) == 0 && q.blockedLocked(j) {
+		j.state, j.heldSlot, j.held, q.mayHold = Held, j.slot, true, true
+		q.insertLocked(j)
 		return false
 	}
 	j.state = Deciding

@@ -94,11 +94,20 @@ func events() []event {
 			event{fmt.Sprintf("undecide %d", id), func(m *model) string {
 				j := m.q.Get(id)
 				free := j != nil && j.State() == Working && j.Slot() != LeasedSlot && !j.begun
-				if m.q.Undecide(id) != free {
-					return fmt.Sprintf("job %d: Undecide answered %v for a job working without a leased slot: %v", id, !free, free)
+				blocked := false
+				if free {
+					m.q.mu.Lock()
+					blocked = len(j.wake) == 0 && m.q.blockedLocked(j)
+					m.q.mu.Unlock()
 				}
-				if free && j.State() != Deciding {
+				if m.q.Undecide(id) != (free && !blocked) {
+					return fmt.Sprintf("job %d: Undecide answered %v for a job working without a leased slot: %v, held behind a job of its key deciding: %v", id, !free, free, blocked)
+				}
+				if free && !blocked && j.State() != Deciding {
 					return fmt.Sprintf("job %d undecided is %s", id, j.State())
+				}
+				if blocked && j.State() != Held {
+					return fmt.Sprintf("job %d, undecided behind a job of its key deciding, is %s", id, j.State())
 				}
 				return ""
 			}},
@@ -490,6 +499,46 @@ func TestOlderJobBeginsFirst(t *testing.T) {
 		if j.State() != Working || !q.Begin(2) {
 			t.Fatalf("job 2 did not begin after job 1 (%s)", j.State())
 		}
+	}
+}
+
+// TestAJobDecidedAgainBehindAnOlderOneIsHeld: two jobs of a key hold
+// their slots, not begun, when a change of limits sends them back to the
+// ledger. The older goes first (Deciding); the younger, sent back while
+// the older decides, is Held with its slot instead, so the older's
+// decision may take that slot (HeldBehind, a swap) rather than give its
+// own back (torture seed 601894557). Once the older has its answer, the
+// younger is released and goes back to the ledger in its turn.
+func TestAJobDecidedAgainBehindAnOlderOneIsHeld(t *testing.T) {
+	now := time.Now()
+	q := NewQueue("k")
+	q.Fetch([]Fetched{{ID: 1, Key: "a", Fetched: now}, {ID: 2, Key: "a", Fetched: now}})
+	q.Work(1, LineSlot)
+	q.Work(2, LineSlot)
+	if !q.Undecide(1) {
+		t.Fatal("job 1, working and not begun, not sent back to the ledger")
+	}
+	if q.Undecide(2) {
+		t.Fatal("job 2 sent back to the ledger while job 1 of its key decides")
+	}
+	if j := q.Get(2); j.State() != Held || j.heldSlot != LineSlot {
+		t.Fatalf("job 2 is %s (held slot %v), want Held with its slot of the line", j.State(), j.heldSlot)
+	}
+	if !q.HeldBehind(1) {
+		t.Fatal("job 1's decision does not see the slot job 2 holds for it")
+	}
+	if !q.Work(1, LineSlot) {
+		t.Fatal("job 1 not given its slot back")
+	}
+	j := q.Get(2)
+	if j.State() != Held {
+		t.Fatalf("job 2 released before job 1 began: %s", j.State())
+	}
+	if !q.Begin(1) {
+		t.Fatal("job 1 held back")
+	}
+	if j.State() != Working || !q.Undecide(2) {
+		t.Fatalf("job 2 not sent back to the ledger once job 1 began (%s)", j.State())
 	}
 }
 
