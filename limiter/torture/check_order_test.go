@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
@@ -39,7 +40,9 @@ import (
 // window) is exempt, unless the limiter's own rows show it decided the run
 // (a slot, a start or a place in the line written between its fetch and
 // its start): then it is judged under the limits its decisions may have
-// followed (a decision under way finishes by the limits it read); or
+// followed (a decision under way finishes by the limits it read), and, if
+// it began on a slot of the line with no slot row before it (handed over
+// in memory), under a per-kind limit alone in force at its start too; or
 // unless its worker's run log says it started on a leased slot (which
 // writes no row per job): then it is judged under the per-kind limits
 // alone that its worker may have read between its fetch and its start.
@@ -73,6 +76,20 @@ func checkOrder(r *record, vs *violations, cov coverage) {
 				// an exemption into a judgment): under the limits in force
 				// when it did.
 				followed = r.limitedRegimesAt(kind, decided)
+				if xj.slot == "line" && !r.slotWritten(xj.job, fj.at, xj.start) {
+					// Its slot of the line came with no row before it began:
+					// handed over in memory by a job of its worker that ended,
+					// which a worker does under a per-kind limit alone, in
+					// fetch order (the move written afterwards): under those
+					// limits too, if they held at its start (seed 33732833: a
+					// job placed in the line under a rate, the rate cleared,
+					// and handed a slot ahead of older jobs fetched after it).
+					for _, m := range leasedRegimes(r.limitedRegimesAt(kind, []time.Time{xj.start})) {
+						if !slices.ContainsFunc(followed, func(f limits) bool { return regime(f) == regime(m) }) {
+							followed = append(followed, m)
+						}
+					}
+				}
 			case xj.slot == "leased" && len(leasedRegimes(r.limitedRegimesAt(kind, []time.Time{fj.at, xj.start}))) > 0:
 				// Its worker's limiter let it start on a leased slot (its run
 				// log says so; a leased slot writes no row per job): under a
@@ -298,6 +315,18 @@ func (r *record) scheduledAt(id int64, t time.Time) time.Time {
 func (r *record) letGo(id int64, from, to time.Time) bool {
 	for _, e := range r.line[id] {
 		if strings.Contains(e.query, "name: LedgerLetGo ") && !e.at.Before(from) && !e.at.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// slotWritten reports whether the limiter wrote a slot row for job id (a
+// slot taken, granted or claimed) in [from, to].
+func (r *record) slotWritten(id int64, from, to time.Time) bool {
+	for _, e := range r.line[id] {
+		if strings.HasPrefix(e.what, "concurrency_executions ") && !strings.HasSuffix(e.what, "DELETE") &&
+			!e.at.Before(from) && !e.at.After(to) {
 			return true
 		}
 	}

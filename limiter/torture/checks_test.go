@@ -621,6 +621,52 @@ func TestCheckOrderAnOlderJobGrantedOnItsWayBack(t *testing.T) {
 	}
 }
 
+// TestCheckOrderJudgesAHandOverByTheLimitsAtItsStart: job 2, fetched at
+// 10 ms and placed in the line at 20 ms under a per-kind limit and a rate
+// (order by job id), begins at 500 ms on a slot of the line with no slot
+// row written for it before (handed over in memory), while job 1, older,
+// fetched again at 400 ms, waits in the same worker. With the rate cleared
+// at 300 ms the hand-over followed the per-kind limit alone, in fetch
+// order, where job 1 (fetched after it) does not go first: no violation
+// (seed 33732833). With the rate in force throughout, or with a slot row
+// written before its start (the ledger's grant, under the rate), one.
+func TestCheckOrderJudgesAHandOverByTheLimitsAtItsStart(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		cleared, slotRow bool
+		want             int
+	}{
+		{"rate cleared, handed over", true, false, 0},
+		{"rate in force", false, false, 1},
+		{"rate cleared, granted before the change", true, true, 1},
+	} {
+		f := newFakeRecord(limits{max: 2, rateMax: 5, ratePeriod: time.Second})
+		f.r.line = map[int64][]lineEvent{}
+		if c.cleared {
+			f.r.limits["torture.a"] = append(f.r.limits["torture.a"], limitChange{at: f.at(300), limits: limits{present: true, max: 2}})
+		}
+		f.job(1, "")
+		f.job(2, "")
+		f.fetched(1, "w2", 5)
+		f.state(1, "running", "pending", 8)
+		f.fetched(2, "w1", 10)
+		f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_waiters INSERT", at: f.at(20), tx: 5,
+			query: "-- name: LedgerWait :exec\nINSERT ..."})
+		if c.slotRow {
+			f.r.line[2] = append(f.r.line[2], lineEvent{what: "concurrency_executions INSERT", at: f.at(250), tx: 6,
+				query: "-- name: LedgerInsertSlots :exec\nINSERT ..."})
+		}
+		f.state(1, "pending", "available", 390)
+		f.fetched(1, "w1", 400)
+		f.started(2, "w1", 500, 10)
+		f.r.runs[len(f.r.runs)-1].slot = "line"
+		f.started(1, "w1", 700, 10)
+		if got := f.found("order"); len(got) != c.want {
+			t.Errorf("%s: order violations %q, want %d", c.name, got, c.want)
+		}
+	}
+}
+
 func TestCheckLivenessFindsAStall(t *testing.T) {
 	f := newFakeRecord(limits{max: 2})
 	f.job(1, "")
