@@ -97,8 +97,14 @@ func (r *record) rateSince(kind string, t time.Time) limitChange {
 // row of concurrency_starts written, or claimed) in [from, to]: a start it
 // decided under a rate then.
 func (r *record) startLogged(id int64, from, to time.Time) bool {
+	return r.rowWritten(id, "concurrency_starts", from, to)
+}
+
+// rowWritten reports whether the limiter inserted or updated a row of
+// table for job id in [from, to].
+func (r *record) rowWritten(id int64, table string, from, to time.Time) bool {
 	for _, e := range r.line[id] {
-		if strings.HasPrefix(e.what, "concurrency_starts ") && !strings.HasSuffix(e.what, "DELETE") &&
+		if strings.HasPrefix(e.what, table+" ") && !strings.HasSuffix(e.what, "DELETE") &&
 			!e.at.Before(from) && !e.at.After(to) {
 			return true
 		}

@@ -324,13 +324,7 @@ func (r *record) letGo(id int64, from, to time.Time) bool {
 // slotWritten reports whether the limiter wrote a slot row for job id (a
 // slot taken, granted or claimed) in [from, to].
 func (r *record) slotWritten(id int64, from, to time.Time) bool {
-	for _, e := range r.line[id] {
-		if strings.HasPrefix(e.what, "concurrency_executions ") && !strings.HasSuffix(e.what, "DELETE") &&
-			!e.at.Before(from) && !e.at.After(to) {
-			return true
-		}
-	}
-	return false
+	return r.rowWritten(id, "concurrency_executions", from, to)
 }
 
 // decisionsOf is when the limiter wrote a row for job id (a slot, a start,
