@@ -12,12 +12,13 @@ import (
 )
 
 // sampleSQL reads the limiter's count of the torture kinds' slots, all in
-// one snapshot at the database's clock: each limit row's count (admitted,
+// one snapshot: the time after it (clock_timestamp(), read as the query
+// runs, after its snapshot was taken), each limit row's count (admitted,
 // kept under a per-kind limit), the slot rows and leased slots it stands
 // for, and per key the slot rows and the key's count (its row in
 // concurrency_key_lines).
 const sampleSQL = `
-SELECT statement_timestamp(),
+SELECT clock_timestamp(),
        COALESCE((SELECT json_object_agg(kind, admitted) FROM concurrency_limits
                  WHERE kind LIKE 'torture.%' AND admitted IS NOT NULL), '{}'),
        COALESCE((SELECT json_object_agg(kind, n) FROM (
@@ -38,11 +39,17 @@ SELECT statement_timestamp(),
                                                    'worker', e.worker_id))
                  FROM concurrency_executions e WHERE e.kind LIKE 'torture.%'), '[]')`
 
-// readSample reads one accounting sample.
+// readSample reads one accounting sample, its snapshot between s.at and
+// s.to. The time before it is the client's clock before the query is
+// sent, not statement_timestamp(): under the extended protocol that is
+// when the Execute message arrived, after the Bind message took the
+// snapshot (torture seeds 870277547, 33732862 and 775596301: a sample
+// stamped up to 1.5 ms after a job began, its snapshot taken before the
+// commit that gave the job its slot).
 func readSample(ctx context.Context, pool *pgxpool.Pool) (sample, error) {
-	var s sample
+	s := sample{at: time.Now()}
 	var counted, rows, keys, keyCounts, slots []byte
-	if err := pool.QueryRow(ctx, sampleSQL).Scan(&s.at, &counted, &rows, &keys, &keyCounts, &slots); err != nil {
+	if err := pool.QueryRow(ctx, sampleSQL).Scan(&s.to, &counted, &rows, &keys, &keyCounts, &slots); err != nil {
 		return s, fmt.Errorf("read the slots: %w", err)
 	}
 	for _, x := range []struct {
@@ -85,9 +92,9 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 				// Written in the same transactions, they agree in every
 				// snapshot.
 				vs.add("accounting", "%s at %s: its limit row counts %d slots, but its slot rows and leased slots are %d (limits %s)",
-					kind, s.at.Format(time.StampMicro), counted, rows, r.limitsAt(kind, s.at))
+					kind, s.when(), counted, rows, r.limitsAt(kind, s.at))
 			}
-			sure, near := r.slotsAt(kind, "", s.at)
+			sure, near := r.slotsAt(kind, "", s)
 			for _, c := range []struct {
 				what string
 				n    int
@@ -97,11 +104,11 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 				case !c.ok:
 				case c.n < sure:
 					vs.add("accounting", "%s at %s: %s %d slots, but %d jobs that hold one are working (limits %s; %s); the slots: %s; the jobs: %s",
-						kind, s.at.Format(time.StampMicro), c.what, c.n, sure, r.limitsAt(kind, s.at), r.recentLimits(kind, s.at),
-						r.describeSlots(s, kind, ""), r.describeSure(kind, "", s.at))
+						kind, s.when(), c.what, c.n, sure, r.limitsAt(kind, s.at), r.recentLimits(kind, s.at),
+						r.describeSlots(s, kind, ""), r.describeSure(kind, "", s))
 				case c.n > near:
 					vs.add("accounting", "%s at %s: %s %d slots, but only %d jobs work within %s before and %s after (limits %s; %s); the slots: %s",
-						kind, s.at.Format(time.StampMicro), c.what, c.n, near, slotLead, slotLag, r.limitsAt(kind, s.at),
+						kind, s.when(), c.what, c.n, near, slotLead, slotLag, r.limitsAt(kind, s.at),
 						r.recentLimits(kind, s.at), r.describeSlots(s, kind, ""))
 				}
 			}
@@ -117,7 +124,7 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 				if json.Unmarshal([]byte(partition), &key) != nil {
 					continue
 				}
-				ksure, knear := r.slotsAt(kind, key, s.at)
+				ksure, knear := r.slotsAt(kind, key, s)
 				for _, c := range []struct {
 					what string
 					n    int
@@ -125,11 +132,11 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 					switch {
 					case c.n < ksure:
 						vs.add("accounting", "%s key %s at %s: %d %s, but %d jobs of the key that hold one are working; the slots: %s; the jobs: %s",
-							kind, key, s.at.Format(time.StampMicro), c.n, c.what, ksure, r.describeSlots(s, kind, partition),
-							r.describeSure(kind, key, s.at))
+							kind, key, s.when(), c.n, c.what, ksure, r.describeSlots(s, kind, partition),
+							r.describeSure(kind, key, s))
 					case c.n > knear:
 						vs.add("accounting", "%s key %s at %s: %d %s, but only %d jobs of the key work within %s before and %s after; the slots: %s",
-							kind, key, s.at.Format(time.StampMicro), c.n, c.what, knear, slotLead, slotLag, r.describeSlots(s, kind, partition))
+							kind, key, s.when(), c.n, c.what, knear, slotLead, slotLag, r.describeSlots(s, kind, partition))
 					}
 				}
 			}
@@ -137,11 +144,13 @@ func checkAccounting(r *record, vs *violations, cov coverage) {
 	}
 }
 
-// slotsAt is, for kind (and key, unless ""), the runs in progress at t
-// that surely hold a slot (every limit their start may have followed, and
-// every one since, with a cap), and the runs in progress at some time within
-// slotLag before t and slotLead after it.
-func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
+// slotsAt is, for kind (and key, unless ""), the runs in progress from
+// before sample s's snapshot to after it that surely hold a slot (every
+// limit their start may have followed, and every one since, with a cap),
+// and the runs in progress at some time within slotLag before it and
+// slotLead after it.
+func (r *record) slotsAt(kind, key string, s sample) (sure, near int) {
+	t := s.at
 	for _, x := range r.kindRuns(kind) {
 		if key != "" && x.key != key {
 			continue
@@ -151,10 +160,10 @@ func (r *record) slotsAt(kind, key string, t time.Time) (sure, near int) {
 		if k := r.killedAt(x.worker); !k.IsZero() && !k.After(end) {
 			lag = max(lag, rescueTime) // its slot waits for the reaper
 		}
-		if x.start.Before(t.Add(slotLead)) && end.After(t.Add(-lag)) {
+		if x.start.Before(s.until().Add(slotLead)) && end.After(t.Add(-lag)) {
 			near++
 		}
-		if r.surelyHolds(kind, key, x, t) {
+		if r.surelyHolds(kind, key, x, s) {
 			sure++
 		}
 	}
@@ -217,13 +226,15 @@ func (r *record) resumedAndTakenBackNear(kind string, id int64, t time.Time) boo
 }
 
 // surelyHolds reports whether run x of kind (key, unless "") is in
-// progress at t and surely holds a slot: every limit its start may have
-// followed, and every one since, has a cap.
-func (r *record) surelyHolds(kind, key string, x run, t time.Time) bool {
-	if !x.start.Before(t) || !r.runEnd(x).After(t) {
+// progress from before sample s's snapshot (begun before s.at: its slot
+// committed before) to after it (ended after s.to: its slot freed after)
+// and surely holds a slot: every limit its start may have followed, and
+// every one since, has a cap.
+func (r *record) surelyHolds(kind, key string, x run, s sample) bool {
+	if !x.start.Before(s.at) || !r.runEnd(x).After(s.until()) {
 		return false
 	}
-	for _, l := range r.limitsDuring(kind, x.start, t) {
+	for _, l := range r.limitsDuring(kind, x.start, s.until()) {
 		if key != "" && !(l.keyed() && l.keyCap() != unlimited) {
 			return false
 		}
@@ -235,11 +246,12 @@ func (r *record) surelyHolds(kind, key string, x run, t time.Time) bool {
 }
 
 // describeSure describes the runs of kind (of key, unless "") that surely
-// hold a slot at t, with their jobs' histories, for a report.
-func (r *record) describeSure(kind, key string, t time.Time) string {
+// hold a slot at sample s, with their jobs' histories, for a report.
+func (r *record) describeSure(kind, key string, s sample) string {
+	t := s.at
 	var out []string
 	for _, x := range r.kindRuns(kind) {
-		if (key == "" || x.key == key) && r.surelyHolds(kind, key, x, t) {
+		if (key == "" || x.key == key) && r.surelyHolds(kind, key, x, s) {
 			out = append(out, fmt.Sprintf("job %d (key %s, run on %s %s–%s, slot %q): %s; limiter's rows: %s", x.job, x.key, x.worker,
 				x.start.Format("05.000000"), r.runEnd(x).Format("05.000000"), x.slot, r.history(x.job), r.lineAt(x.job, t)))
 		}

@@ -1072,6 +1072,32 @@ func TestCheckAccountingPerKey(t *testing.T) {
 	}
 }
 
+// TestCheckAccountingJudgesASampleBetweenItsTimes: a sample's snapshot
+// lies somewhere between its two times (the client's clock before the
+// query, clock_timestamp() in it). A job that began between them may have
+// begun after the snapshot, and one that ended between them may have
+// given its slot back before it: neither surely holds a slot the sample
+// must show. A job working through both times does.
+func TestCheckAccountingJudgesASampleBetweenItsTimes(t *testing.T) {
+	for _, c := range []struct {
+		start, end int // the run, in ms; the sample is taken from 2500 to 2502 ms
+		found      bool
+	}{
+		{2501, 5000, false}, // began between the times
+		{0, 2501, false},    // ended between the times
+		{2499, 5000, true},  // began before: its slot committed before the snapshot
+	} {
+		f := newFakeRecord(limits{max: 4})
+		f.job(1, "")
+		f.ran(1, c.start, c.end-c.start, "ok")
+		f.r.samples = []sample{{at: f.at(2500), to: f.at(2502), counted: map[string]int{"torture.a": 0},
+			rows: map[string]int{"torture.a": 0}}}
+		if got := f.found("accounting"); (len(got) > 0) != c.found {
+			t.Errorf("run %d–%d ms, sampled 2500–2502 ms: accounting violations %q, want found %v", c.start, c.end, got, c.found)
+		}
+	}
+}
+
 // TestCheckFairnessFindsAKeyHeldBack: under a per-kind limit of 2 and a
 // per-key limit, key B's job arrives while 6 jobs of key A wait; it is
 // fetched at once but starts only after 4 more of A's jobs: more than a

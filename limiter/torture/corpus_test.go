@@ -101,6 +101,8 @@ var corpus = []corpusSeed{
 		"TestCheckOrderAnOlderJobGrantedOnItsWayBack"},
 	{601894557, "a lowered key limit took the older job's slot", "two jobs of a key held slots, not begun, as the key's limit went from 3 to 1; decided again, the older gave its slot back and parked (the younger's slot still counted), and the younger began",
 		"ledger's TestRecheckUnderALoweredLimitKeepsTheOlderSlot, local's TestAJobDecidedAgainBehindAnOlderOneIsHeld"},
+	{33732862, "accounting read a sample's time after its snapshot", "the check's own bug: the sample's time was statement_timestamp(), which under the extended protocol is the Execute message's arrival, after the Bind message took the snapshot; a sample stamped 1.5 ms after four jobs began missed the slot rows committed before they began (also 870277547 and 775596301)",
+		"TestCheckAccountingJudgesASampleBetweenItsTimes"},
 }
 
 // TestTortureCorpus runs every seed of the corpus with the whole schedule

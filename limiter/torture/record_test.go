@@ -202,7 +202,9 @@ type record struct {
 
 // sample is the limiter's count of the torture kinds' slots at one moment.
 type sample struct {
-	at time.Time // the database's clock
+	// at is a time before the sample's snapshot was taken, to a time
+	// after it (zero: at).
+	at, to time.Time
 	// counted is each limited kind's count on its limit row (admitted);
 	// rows the slot rows and leased slots it stands for.
 	counted, rows map[string]int
@@ -211,6 +213,19 @@ type sample struct {
 	keyRows, keyCounted map[string]map[string]int
 	// slots are the slot rows, for a report.
 	slots []sampleSlot
+}
+
+// until is a time after the sample's snapshot was taken.
+func (s sample) until() time.Time {
+	if s.to.IsZero() {
+		return s.at
+	}
+	return s.to
+}
+
+// when is the sample's times, for a report.
+func (s sample) when() string {
+	return s.at.Format(time.StampMicro) + "–" + s.until().Format("05.000000")
 }
 
 // sampleSlot is a slot row of a sample.
