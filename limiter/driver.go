@@ -196,6 +196,7 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 	if out.res, err = tx.JobGetAvailable(ctx, params); err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
+	fetchedAt := time.Now()
 	var marks []ledger.Fetched
 	if out.res != nil {
 		// By the copy of the limits as it is (no statement on another
@@ -226,6 +227,12 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 	}
 	if out.ahead > 0 {
 		l.trace("parked ahead", "queue", params.Queue, "jobs", out.ahead, "took", time.Since(t0))
+	}
+	if out.res != nil && len(out.res.Jobs) > 0 {
+		// Other workers see the fetch's jobs (its marks) from its commit:
+		// how long after River's statement that came.
+		l.trace("fetch committed", "queue", params.Queue, "jobs", len(out.res.Jobs), "first", out.res.Jobs[0].ID,
+			"after_fetch", time.Since(fetchedAt))
 	}
 	for _, m := range marks {
 		if m.Leased {
