@@ -237,6 +237,7 @@ func BenchmarkBreakerRaised(b *testing.B) {
 		perJob := float64(parkings(b, pool, kind)) / n
 		b.Logf("breaker raised to %d over %d parked jobs of %d ms: drained in %s (ideal %s), %.3f parkings per job, at most %d available at once",
 			limit, n, ms, elapsed.Round(time.Millisecond), ideal, perJob, maxAvailable)
+		b.Logf("from a job's end to the next start: %s", tracker.turnovers(start))
 		b.ReportMetric(float64(elapsed.Milliseconds()), "drain-ms")
 		b.ReportMetric(float64(ideal.Milliseconds()), "ideal-ms")
 		b.ReportMetric(ideal.Seconds()/elapsed.Seconds(), "ratio")

@@ -2,6 +2,8 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,6 +43,62 @@ type probeTracker struct {
 	mu      sync.Mutex
 	order   []int
 	worked  map[int]int
+	events  []probeEvent
+}
+
+// probeEvent is a probe job's start or end in a worker.
+type probeEvent struct {
+	at     time.Time
+	worker string
+	start  bool
+}
+
+func (p *probeTracker) event(worker string, start bool) {
+	p.mu.Lock()
+	p.events = append(p.events, probeEvent{time.Now(), worker, start})
+	p.mu.Unlock()
+}
+
+// turnovers describes how long after a job's end the next job began (each
+// start since paired with the earliest end not paired yet), split by
+// whether they ran in the same worker (a slot handed over in memory) or in
+// different ones (through the ledger): count, mean, p50, p90, p99, max and
+// sum in ms.
+func (p *probeTracker) turnovers(since time.Time) string {
+	p.mu.Lock()
+	ev := slices.Clone(p.events)
+	p.mu.Unlock()
+	slices.SortFunc(ev, func(a, b probeEvent) int { return a.at.Compare(b.at) })
+	var ends []probeEvent
+	var same, cross []float64
+	for _, e := range ev {
+		switch {
+		case e.at.Before(since):
+		case !e.start:
+			ends = append(ends, e)
+		case len(ends) > 0:
+			g := float64(e.at.Sub(ends[0].at).Microseconds()) / 1000
+			if ends[0].worker == e.worker {
+				same = append(same, g)
+			} else {
+				cross = append(cross, g)
+			}
+			ends = ends[1:]
+		}
+	}
+	describe := func(v []float64) string {
+		if len(v) == 0 {
+			return "none"
+		}
+		slices.Sort(v)
+		sum := 0.0
+		for _, x := range v {
+			sum += x
+		}
+		return fmt.Sprintf("%d, mean %.2f, p50 %.2f, p90 %.2f, p99 %.2f, max %.1f, sum %.0f ms", len(v), sum/float64(len(v)),
+			v[len(v)/2], v[len(v)*9/10], v[len(v)*99/100], v[len(v)-1], sum)
+	}
+	return "same worker " + describe(same) + "; across workers " + describe(cross)
 }
 
 func newProbeTracker() *probeTracker { return &probeTracker{worked: map[int]int{}} }
@@ -93,6 +151,9 @@ type probeWorker struct {
 func (w *probeWorker) Work(ctx context.Context, job *river.Job[probeArgs]) error {
 	w.tracker.enter(job.Args.Seq)
 	defer w.tracker.leave()
+	by := job.AttemptedBy[len(job.AttemptedBy)-1]
+	w.tracker.event(by, true)
+	defer w.tracker.event(by, false)
 	select {
 	case <-time.After(time.Duration(job.Args.MS) * time.Millisecond):
 		return nil
