@@ -89,6 +89,9 @@ func dump(t *testing.T, r *record) {
 		fmt.Fprintf(&b, "job %d (%s key %s):", id, r.jobs[id].kind, r.jobs[id].args.Key)
 		for _, c := range r.changes[id] {
 			fmt.Fprintf(&b, " %s %s→%s@%s", c.client, c.from, c.to, c.at.Format("05.000000"))
+			if at, ok := r.commits[c.tx]; ok && c.to == "running" {
+				fmt.Fprintf(&b, " (committed @%s)", at.Format("05.000000"))
+			}
 			if !c.scheduledAt.IsZero() {
 				fmt.Fprintf(&b, " (scheduled %s)", c.scheduledAt.Format("05.000000"))
 			}

@@ -317,6 +317,9 @@ func (r *record) history(id int64) string {
 		fmt.Fprintf(&b, " %s→%s at %s", c.from, c.to, c.at.Format("15:04:05.000000"))
 		if c.to == "running" {
 			fmt.Fprintf(&b, " by %s", c.client)
+			if at, ok := r.commits[c.tx]; ok && at.Sub(c.at) >= time.Millisecond {
+				fmt.Fprintf(&b, " (the fetch committed %s later)", at.Sub(c.at).Round(10*time.Microsecond))
+			}
 			workers[c.client] = true
 		}
 		b.WriteString(";")

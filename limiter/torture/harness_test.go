@@ -91,6 +91,22 @@ END $$;
 CREATE TRIGGER a_torture_log_state AFTER INSERT OR UPDATE OR DELETE ON river_job
     FOR EACH ROW EXECUTE FUNCTION public.torture_log_state();
 
+-- When each fetch's transaction committed (other workers see its jobs,
+-- the limiter's fetch marks among them, from then on): logged by a
+-- trigger deferred to the commit, once per transaction, for diagnosis.
+CREATE TABLE public.torture_commits (
+    tx bigint PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION public.torture_log_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.torture_commits (tx) VALUES (NEW.tx) ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER torture_log_commit AFTER INSERT ON public.torture_states
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (NEW.new_state = 'running') EXECUTE FUNCTION public.torture_log_commit();
+
 CREATE TABLE public.torture_limits (
     id               bigserial PRIMARY KEY,
     kind             text NOT NULL,

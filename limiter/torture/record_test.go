@@ -175,6 +175,9 @@ type workerEvent struct {
 type record struct {
 	runs    []run
 	changes map[int64][]change // by job, in order
+	// commits are when the transactions that fetched jobs committed (by
+	// transaction), for diagnosis.
+	commits map[int64]time.Time
 	limits  map[string][]limitChange
 	jobs    map[int64]*job
 	ops     []clientOp
@@ -375,6 +378,22 @@ func loadRecord(ctx context.Context, pool *pgxpool.Pool, runsDir string, inserte
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read state changes: %w", err)
 	}
+	commits, err := pool.Query(ctx, `SELECT tx, at FROM public.torture_commits`)
+	if err != nil {
+		return nil, fmt.Errorf("read fetch commits: %w", err)
+	}
+	r.commits = map[int64]time.Time{}
+	for commits.Next() {
+		var tx int64
+		var at time.Time
+		if err := commits.Scan(&tx, &at); err != nil {
+			return nil, err
+		}
+		r.commits[tx] = at
+	}
+	if err := commits.Err(); err != nil {
+		return nil, fmt.Errorf("read fetch commits: %w", err)
+	}
 	for id, cs := range r.changes {
 		// Changes of one statement are logged in row order, at increasing
 		// clock times; keep them in time order whatever the log's order.
@@ -565,4 +584,36 @@ func unseenPendingFolded(cs []change) []change {
 		out = append(out, c)
 	}
 	return out
+}
+
+// lateFetchCommit is how long after River's statement a fetch may commit
+// before the test reports it: the limiter's take of a spare leased slot at
+// a fetch assumes that a fetch elsewhere commits within the difference
+// between its fetch tolerance and the age of the view it reads (50 ms and
+// 30 ms: local.TakeFresh).
+const lateFetchCommit = 20 * time.Millisecond
+
+// lateFetchCommits counts the fetches (transactions that moved jobs to
+// running) that committed more than d after the first of their jobs was
+// marked running, and the latest such commit's lag.
+func (r *record) lateFetchCommits(d time.Duration) (n int, worst time.Duration) {
+	first := map[int64]time.Time{} // transaction → its first running mark
+	for _, cs := range r.changes {
+		for _, c := range cs {
+			if c.to == "running" {
+				if f, ok := first[c.tx]; !ok || c.at.Before(f) {
+					first[c.tx] = c.at
+				}
+			}
+		}
+	}
+	for tx, f := range first {
+		if at, ok := r.commits[tx]; ok {
+			if lag := at.Sub(f); lag > d {
+				n++
+				worst = max(worst, lag)
+			}
+		}
+	}
+	return n, worst
 }
