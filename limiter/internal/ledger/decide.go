@@ -433,10 +433,12 @@ func (k *kindDecision) decideOne(d *decided) {
 		k.claimGrant(d, ks)
 	case h.SlotReserved || h.StartReserved:
 		// Part of a grant (its slot or its start went: a reaper, the
-		// safety net, limits changed since): it goes back, and the job is
-		// decided afresh.
-		d.giveBack, d.keepsTurn = true, true
-		d.h.SlotReserved, d.h.StartReserved = false, false
+		// safety net, limits changed since): it goes back, out of the
+		// counts the decision goes by too (else its own slot fills the
+		// limit it is decided under: torture seed 330480119), and the job
+		// is decided afresh.
+		d.keepsTurn = true
+		k.giveBack(d, ks)
 		k.decideNew(d, ks)
 	default:
 		k.decideNew(d, ks)
