@@ -35,7 +35,8 @@ test: ## run the whole test suite against real Postgres (TEST_DATABASE_URL, else
 
 # TORTURE_DURATION (a Go duration) sets the budget; TORTURE_SEED=N replays one
 # seed, alone (no scenarios); TORTURE_WORKER_LOGS=DIR keeps each worker
-# process's log there.
+# process's log there; TORTURE_FAILED_LOGS=DIR has the workers trace the
+# limiter and keeps the logs of the seeds that fail only.
 torture: ## run the limiter's torture test: its scenarios, then seeded random schedules against real workers for TORTURE_DURATION (default 10m), every promise checked, with the coverage table
 	@$(PG) with-server env TORTURE=1 TORTURE_DURATION=$${TORTURE_DURATION:-10m} $(GO) test -count=1 -timeout 0 -v -run '$(if $(TORTURE_SEED),^TestTorture$$,^TestTorture)' ./limiter/torture/
 

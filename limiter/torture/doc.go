@@ -8,8 +8,10 @@
 // The schedule is drawn from the seed alone, before the run, and logged:
 // TORTURE_SEED=N replays the same operations at the same offsets. For
 // diagnosis, TORTURE_DUMP=1 logs every job's record, TORTURE_DEBUG=1 makes
-// the workers log the limiter's rounds, and TORTURE_WORKER_LOGS=DIR keeps
-// each worker's log in DIR/<test>/<worker>.log (a directory per seed).
+// the workers log the limiter's rounds, TORTURE_WORKER_LOGS=DIR keeps
+// each worker's log in DIR/<test>/<worker>.log (a directory per seed), and
+// TORTURE_FAILED_LOGS=DIR does both for the seeds that fail only, in
+// DIR/seed-N/<worker>.log.
 //
 // The checks read an independent record only: each real execution from
 // its worker's run log (a file of JSON lines, each written as it happens,

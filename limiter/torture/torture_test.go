@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -263,6 +264,9 @@ func (x *torture) finish(clearAll [2]bool) *tally {
 	for _, v := range vs.list {
 		t.Errorf("seed %d: %s", x.seed, v)
 	}
+	if dir := os.Getenv(failedLogsEnv); dir != "" && len(vs.list) > 0 {
+		x.keepWorkerLogs(filepath.Join(dir, fmt.Sprintf("seed-%d", x.seed)))
+	}
 	t.Logf("seed %d: %s\n%s", x.seed, x.tally, res.coverage.table())
 	if n, worst := rec.lateFetchCommits(lateFetchCommit); n > 0 {
 		t.Logf("seed %d: %d fetches committed more than %s after River's statement marked their jobs running (the latest %s after): other workers saw those jobs only then",
@@ -303,6 +307,28 @@ func (x *torture) alive() []*workerProc {
 		}
 	}
 	return out
+}
+
+// failedLogsEnv names a directory where a seed that fails leaves its
+// workers' logs, the limiter's debug trace in them (the workers log at
+// debug level when it is set): a failure that does not replay can still
+// be read.
+const failedLogsEnv = "TORTURE_FAILED_LOGS"
+
+// keepWorkerLogs writes every worker's log of the seed to dir, one file
+// per worker.
+func (x *torture) keepWorkerLogs(dir string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		x.t.Errorf("%s: %v", failedLogsEnv, err)
+		return
+	}
+	for _, w := range x.allWorkers() {
+		if err := os.WriteFile(filepath.Join(dir, w.id+".log"), []byte(w.output()), 0o644); err != nil {
+			x.t.Errorf("%s: %v", failedLogsEnv, err)
+			return
+		}
+	}
+	x.t.Logf("seed %d: the workers' logs are in %s", x.seed, dir)
 }
 
 func (x *torture) allWorkers() []*workerProc {

@@ -179,7 +179,7 @@ func (l *runLog) end(n int64, outcome string) error {
 // SIGTERM (a graceful stop) or SIGKILL.
 func workerMain(id string) int {
 	level := slog.LevelWarn
-	if os.Getenv("TORTURE_DEBUG") != "" {
+	if os.Getenv("TORTURE_DEBUG") != "" || os.Getenv(failedLogsEnv) != "" {
 		level = slog.LevelDebug // the limiter's trace of each job, for diagnosis
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
