@@ -101,8 +101,6 @@ var corpus = []corpusSeed{
 		"TestCheckOrderAnOlderJobGrantedOnItsWayBack"},
 	{601894557, "a lowered key limit took the older job's slot", "two jobs of a key held slots, not begun, as the key's limit went from 3 to 1; decided again, the older gave its slot back and parked (the younger's slot still counted), and the younger began",
 		"ledger's TestRecheckUnderALoweredLimitKeepsTheOlderSlot, local's TestAJobDecidedAgainBehindAnOlderOneIsHeld"},
-	{330480119, "a grant short of the new limits counted against itself", "as 339187757, for a slot reserved as the job's parking completed: its decision gave the slot back and decided it with that slot still in the counts, so the per-kind limit of 2 looked full and it waited behind other keys' turns: 9 and 15 starts of other keys where 7 and 9 are allowed",
-		"ledger's TestAParkingsGrantGivenBackForANewRateKeepsItsTurn"},
 	{33732862, "accounting read a sample's time after its snapshot", "the check's own bug: the sample's time was statement_timestamp(), which under the extended protocol is the Execute message's arrival, after the Bind message took the snapshot; a sample stamped 1.5 ms after four jobs began missed the slot rows committed before they began (also 870277547 and 775596301)",
 		"TestCheckAccountingJudgesASampleBetweenItsTimes"},
 }

@@ -433,12 +433,10 @@ func (k *kindDecision) decideOne(d *decided) {
 		k.claimGrant(d, ks)
 	case h.SlotReserved || h.StartReserved:
 		// Part of a grant (its slot or its start went: a reaper, the
-		// safety net, limits changed since): it goes back, out of the
-		// counts the decision goes by too (else its own slot fills the
-		// limit it is decided under: torture seed 330480119), and the job
-		// is decided afresh.
-		d.keepsTurn = true
-		k.giveBack(d, ks)
+		// safety net, limits changed since): it goes back, and the job is
+		// decided afresh.
+		d.giveBack, d.keepsTurn = true, true
+		d.h.SlotReserved, d.h.StartReserved = false, false
 		k.decideNew(d, ks)
 	default:
 		k.decideNew(d, ks)

@@ -1430,30 +1430,3 @@ func TestAJobSteppingBackIsGrantedAtItsKeysTurn(t *testing.T) {
 	require.Equal(t, 1, rows)
 	require.Equal(t, 1, n)
 }
-
-// TestAParkingsGrantGivenBackForANewRateKeepsItsTurn: as
-// TestAGrantGivenBackForANewRateKeepsItsTurn, for a slot reserved for a
-// job as its parking completed (LedgerGrantParked: reserved, no worker),
-// the job fetched again once River's completion made it available
-// (torture seed 330480119).
-func TestAParkingsGrantGivenBackForANewRateKeepsItsTurn(t *testing.T) {
-	t.Parallel()
-	const kind = "test.turn.kept.parked"
-	pool, l := newLedger(t, "w1")
-	setLimits(t, l, kind, "max_concurrency = 2, partition_fields = '{key}', key_max = 3")
-	guess := map[string]ledger.Limits{kind: {Kind: kind, Max: 2, KeyMax: 3, Fields: []string{"key"}}}
-	holder := running(t, pool, kind, `{"key": "a"}`, "w1", 1, time.Now().Add(-time.Second))
-	require.Equal(t, ledger.Slot, decideOne(t, l, holder, guess).Action)
-	k := running(t, pool, kind, `{"key": "k"}`, "w1", 1, time.Now().Add(-900*time.Millisecond))
-	exec(t, pool, `INSERT INTO concurrency_executions (job_id, kind, reserved, key) VALUES ($1, $2, true, '"k"')`, k.ID, kind)
-	c := running(t, pool, kind, `{"key": "c"}`, "w1", 1, time.Now().Add(-800*time.Millisecond))
-	setLimits(t, l, kind, "rate_max = 2, rate_period = interval '1 second', rate_per_key = true") // recounts: k's slot counts
-	require.Equal(t, ledger.Wait, decideOne(t, l, c, guess).Action, "the limit is full: c waits for the kind")
-	n, _ := admitted(t, pool, kind)
-	require.Equal(t, 2, n)
-
-	guess[kind] = ledger.Limits{Kind: kind, Max: 2, KeyMax: 3, Fields: []string{"key"}, RateMax: 2, RatePeriod: time.Second, RatePerKey: true}
-	k.FetchedAt = time.Now()
-	d := decideOne(t, l, k, guess)
-	require.Equal(t, ledger.Slot, d.Action, "its grant went back for the rate, and the limits have room: it keeps its key's turn (reason %q)", d.Reason)
-}
