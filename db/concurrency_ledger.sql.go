@@ -448,6 +448,21 @@ func (q *Queries) LedgerEndAheadWaits(ctx context.Context, kind string) error {
 	return err
 }
 
+const ledgerFetching = `-- name: LedgerFetching :exec
+SELECT pg_advisory_xact_lock_shared(hashtextextended('sluice.fetching', 0))::text
+`
+
+// Marks the fetch's transaction as a fetch in flight, before River's
+// statement: the transaction-level advisory lock on
+// hashtextextended('sluice.fetching', 0), shared (fetches never wait for
+// each other; nothing takes it exclusive). LedgerLeaseState reads who
+// holds it: the jobs a fetch marks show from its commit, and a fetch in
+// flight a while may hold jobs fetched well before another worker's.
+func (q *Queries) LedgerFetching(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, ledgerFetching)
+	return err
+}
+
 const ledgerGrantParked = `-- name: LedgerGrantParked :exec
 WITH p AS (
     SELECT unnest($1::bigint[]) AS job_id, unnest($2::text[]) AS key
@@ -920,7 +935,17 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
                        WHERE cl.kind = l.kind AND cl.worker_id <> $1::text),
                       (SELECT min(f.fetched_at) FROM concurrency_fetches f JOIN river_job j ON j.id = f.job_id AND (j.state = 'running') IS TRUE
                        WHERE f.kind = l.kind AND f.worker_id <> $1::text
-                         AND f.fetched_at > statement_timestamp() - interval '2 seconds')),
+                         AND f.fetched_at > statement_timestamp() - interval '2 seconds'),
+                      -- a fetch in flight (LedgerFetching) for more than
+                      -- in_flight_ms, begun within 2 seconds, of another
+                      -- connection: it may hold jobs of the kind, marked at
+                      -- its start (fetched_at is now()) once it commits
+                      (SELECT min(a.xact_start) FROM pg_catalog.pg_locks lk JOIN pg_catalog.pg_stat_activity a ON a.pid = lk.pid
+                       WHERE lk.locktype = 'advisory' AND lk.granted AND lk.objsubid = 1 AND lk.pid <> pg_backend_pid()
+                         AND lk.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+                         AND ((lk.classid::bigint << 32) | lk.objid::bigint) = hashtextextended('sluice.fetching', 0)
+                         AND a.xact_start < statement_timestamp() - make_interval(secs => $3::bigint / 1000.0)
+                         AND a.xact_start > statement_timestamp() - interval '2 seconds')),
                 '9999-12-31'::timestamptz)::timestamptz AS oldest_other,
        COALESCE((SELECT min(p.job_id) FROM concurrency_parked_jobs p WHERE p.kind = l.kind), 0)::bigint AS oldest_parked,
        COALESCE((SELECT min(e.job_id) FROM concurrency_executions e WHERE e.kind = l.kind AND e.reserved), 0)::bigint AS oldest_reserved,
@@ -932,12 +957,13 @@ SELECT l.max_concurrency, COALESCE(l.admitted, 0)::integer AS admitted,
                    AND (SELECT e.job_id FROM concurrency_executions e WHERE e.job_id = w.job_id) IS NULL),
                 '9999-12-31'::timestamptz)::timestamptz AS oldest_other_waiter
 FROM concurrency_limits l
-WHERE l.kind = $3
+WHERE l.kind = $4
 `
 
 type LedgerLeaseStateParams struct {
 	WorkerID       string `json:"worker_id"`
 	WantedWindowMs int64  `json:"wanted_window_ms"`
+	InFlightMs     int64  `json:"in_flight_ms"`
 	Kind           string `json:"kind"`
 }
 
@@ -963,7 +989,9 @@ type LedgerLeaseStateRow struct {
 // limit fairly), and when the oldest job waiting in another worker for a
 // leased slot (published, or marked leased by its fetch and not published
 // yet), or fetched there and not decided yet (marked for the line: that
-// worker's leased path was closed), was fetched (9999-12-31: none), which
+// worker's leased path was closed; or a fetch in flight for more than
+// in_flight_ms, by its start: its marks are not committed yet), was
+// fetched (9999-12-31: none), which
 // goes before this worker's younger jobs; and, for the hand-over of a
 // freed slot in memory, its oldest parked job, its oldest job granted a
 // slot not claimed yet and its oldest job resumed ahead and not fetched
@@ -974,7 +1002,12 @@ type LedgerLeaseStateRow struct {
 // rounds count them too), it goes before a job fetched more than the
 // fetch tolerance after it (ledger.LeaseState.OldestOtherLine).
 func (q *Queries) LedgerLeaseState(ctx context.Context, arg LedgerLeaseStateParams) (*LedgerLeaseStateRow, error) {
-	row := q.db.QueryRow(ctx, ledgerLeaseState, arg.WorkerID, arg.WantedWindowMs, arg.Kind)
+	row := q.db.QueryRow(ctx, ledgerLeaseState,
+		arg.WorkerID,
+		arg.WantedWindowMs,
+		arg.InFlightMs,
+		arg.Kind,
+	)
 	var i LedgerLeaseStateRow
 	err := row.Scan(
 		&i.MaxConcurrency,

@@ -186,6 +186,9 @@ func (e *fetchExecutor) fetch(ctx context.Context, params *riverdriver.JobGetAva
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op once committed
 	out := &fetchedJobs{}
 	t0 := time.Now()
+	if err := l.ledger.Fetching(ctx, e.d.UnwrapTx(tx)); err != nil {
+		return nil, err
+	}
 	if parkAhead {
 		ahead, err := l.ledger.ParkAhead(ctx, e.d.UnwrapTx(tx), params.Queue, limited, parkAheadScan, l.gate.slotsOf(params.Queue))
 		if err != nil {

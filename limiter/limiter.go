@@ -181,7 +181,12 @@ func New(cfg Config) (*Limiter, error) {
 	l := &Limiter{pool: cfg.Pool, q: db.New(pgkit.CustomPlans(cfg.Pool)), logger: cfg.Logger, metrics: cfg.Metrics,
 		workerID: workerID, parkAfter: cfg.ParkAfter, ignoreLimits: cfg.IgnoreLimits, neverPark: cfg.NeverPark,
 		stopCh: make(chan struct{})}
-	l.ledger = ledger.New(ledger.Config{Pool: cfg.Pool, WorkerID: workerID, Logger: cfg.Logger})
+	// Another worker's fetch in flight counts as holding jobs fetched at its
+	// start once it could hold one fetched more than the line's fetch
+	// tolerance before a job here that a fresh view lets go (a view is
+	// fresh for TakeFresh).
+	l.ledger = ledger.New(ledger.Config{Pool: cfg.Pool, WorkerID: workerID, Logger: cfg.Logger,
+		FetchInFlight: local.LineFetchTolerance - local.TakeFresh})
 	l.limits = newLimitsCopy(l)
 	l.queues.all = map[string]*local.Queue{}
 	l.deciders.l = l

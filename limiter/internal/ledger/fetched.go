@@ -42,6 +42,16 @@ func (l *Ledger) MarkFetched(ctx context.Context, tx db.DBTX, jobs []Fetched) er
 	return nil
 }
 
+// Fetching marks tx, a fetch's transaction, as a fetch in flight until it
+// ends (before River's statement): LeaseState counts one in flight for
+// longer than FetchInFlight as holding jobs fetched at its start.
+func (l *Ledger) Fetching(ctx context.Context, tx db.DBTX) error {
+	if err := db.New(tx).LedgerFetching(ctx); err != nil {
+		return fmt.Errorf("mark the fetch in flight: %w", err)
+	}
+	return nil
+}
+
 // ParkAhead parks, on tx (the transaction of River's fetch, before it),
 // the next available jobs of queue, at most scan of limits' kinds looked
 // at in River's fetch order, that a decision at their fetch would park

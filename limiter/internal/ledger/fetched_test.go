@@ -479,3 +479,41 @@ func TestParkAheadReadsEachLineByItsIndex(t *testing.T) {
 	require.Less(t, fetched, int64(50_000), "parked jobs read to pick 500 jobs behind 2,008")
 	require.Equal(t, []string{"on", "on"}, settings, "the fetch's plan settings after the pick")
 }
+
+// TestLeaseStateCountsAFetchInFlight: a fetch's marks show from its
+// commit, so another connection's fetch in flight for longer than
+// FetchInFlight counts in the lease state as a job fetched at its start
+// (torture seed 530070960: a job took a spare leased slot 50 ms after an
+// older one was fetched elsewhere, whose fetch had not committed); one in
+// flight for less, the reader's own, and one ended do not.
+func TestLeaseStateCountsAFetchInFlight(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const kind = "test.fetchinflight"
+	pool, _, _ := leaseHolder(t, kind, 3, 1)
+	soon := ledger.New(ledger.Config{Pool: pool, WorkerID: "w1", FetchInFlight: time.Millisecond})
+	late := ledger.New(ledger.Config{Pool: pool, WorkerID: "w1", FetchInFlight: time.Hour})
+	oldestOther := func(l *ledger.Ledger) time.Time {
+		t.Helper()
+		st, err := l.LeaseState(ctx, kind, 50*time.Millisecond)
+		require.NoError(t, err)
+		return st.OldestOther
+	}
+
+	fetch, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = fetch.Rollback(ctx) }()
+	require.NoError(t, soon.Fetching(ctx, fetch))
+	var began time.Time
+	require.NoError(t, fetch.QueryRow(ctx, `SELECT now()`).Scan(&began))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_sleep(0.005)`).Scan(new(any)))
+
+	require.True(t, oldestOther(late).IsZero(), "a fetch in flight for less than FetchInFlight counted")
+	require.True(t, began.Equal(oldestOther(soon)), "a fetch in flight for longer than FetchInFlight did not count from its start (%s)", began)
+	st, err := soon.LeaseStateOn(ctx, fetch, kind, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, st.OldestOther.IsZero(), "the reader's own fetch counted")
+
+	require.NoError(t, fetch.Commit(ctx))
+	require.True(t, oldestOther(soon).IsZero(), "a fetch that ended still counts")
+}

@@ -44,9 +44,10 @@ const (
 
 // Ledger runs the limiter's transactions on a pool, for one worker.
 type Ledger struct {
-	pool   *pgxpool.Pool
-	worker string
-	logger *slog.Logger
+	pool     *pgxpool.Pool
+	worker   string
+	logger   *slog.Logger
+	inFlight time.Duration
 }
 
 // Config configures a Ledger.
@@ -58,14 +59,24 @@ type Config struct {
 	WorkerID string
 	// Logger receives the ledger's log lines.
 	Logger *slog.Logger
+	// FetchInFlight is how long another connection's fetch may be in
+	// flight before LeaseState counts it as holding jobs fetched at its
+	// start (DefaultFetchInFlight when zero).
+	FetchInFlight time.Duration
 }
+
+// DefaultFetchInFlight is Config.FetchInFlight's default.
+const DefaultFetchInFlight = 10 * time.Millisecond
 
 // New returns a Ledger on cfg.
 func New(cfg Config) *Ledger {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Ledger{pool: cfg.Pool, worker: cfg.WorkerID, logger: cfg.Logger}
+	if cfg.FetchInFlight <= 0 {
+		cfg.FetchInFlight = DefaultFetchInFlight
+	}
+	return &Ledger{pool: cfg.Pool, worker: cfg.WorkerID, logger: cfg.Logger, inFlight: cfg.FetchInFlight}
 }
 
 // WorkerID is the worker the ledger writes for.
