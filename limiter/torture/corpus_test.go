@@ -101,6 +101,8 @@ var corpus = []corpusSeed{
 		"TestCheckOrderAnOlderJobGrantedOnItsWayBack"},
 	{601894557, "a lowered key limit took the older job's slot", "two jobs of a key held slots, not begun, as the key's limit went from 3 to 1; decided again, the older gave its slot back and parked (the younger's slot still counted), and the younger began",
 		"ledger's TestRecheckUnderALoweredLimitKeepsTheOlderSlot, local's TestAJobDecidedAgainBehindAnOlderOneIsHeld"},
+	{530070960, "a fetch slow to commit was passed", "under a per-kind limit of 1 alone, a job took the spare leased slot at its fetch 50.02 ms after an older job was fetched in another worker (it waited 165 ms): the view read at the fetch did not show the older job, whose fetch, it is thought, had not committed (not reproduced in 6 replays; fetches that commit more than 20 ms after River's statement came in 6 and 9 seeds of two 20-minute runs)",
+		"ledger's TestLeaseStateCountsAFetchInFlight"},
 	{33732862, "accounting read a sample's time after its snapshot", "the check's own bug: the sample's time was statement_timestamp(), which under the extended protocol is the Execute message's arrival, after the Bind message took the snapshot; a sample stamped 1.5 ms after four jobs began missed the slot rows committed before they began (also 870277547 and 775596301)",
 		"TestCheckAccountingJudgesASampleBetweenItsTimes"},
 }
