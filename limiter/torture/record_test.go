@@ -587,10 +587,10 @@ func unseenPendingFolded(cs []change) []change {
 }
 
 // lateFetchCommit is how long after River's statement a fetch may commit
-// before the test reports it: the limiter's take of a spare leased slot at
-// a fetch assumes that a fetch elsewhere commits within the difference
-// between its fetch tolerance and the age of the view it reads (50 ms and
-// 30 ms: local.TakeFresh).
+// before the test reports it: the order promise's 50 ms less the age of
+// the view a leased slot is given on (30 ms: local.TakeFresh). A fetch
+// later than that would let a younger job pass its jobs, were it not
+// counted while in flight (ledger.LeaseState, after 10 ms).
 const lateFetchCommit = 20 * time.Millisecond
 
 // lateFetchCommits counts the fetches (transactions that moved jobs to

@@ -269,7 +269,7 @@ func (x *torture) finish(clearAll [2]bool) *tally {
 	}
 	t.Logf("seed %d: %s\n%s", x.seed, x.tally, res.coverage.table())
 	if n, worst := rec.lateFetchCommits(lateFetchCommit); n > 0 {
-		t.Logf("seed %d: %d fetches committed more than %s after River's statement marked their jobs running (the latest %s after): other workers saw those jobs only then",
+		t.Logf("seed %d: %d fetches committed more than %s after River's statement marked their jobs running (the latest %s after): other workers saw those jobs only as a fetch in flight until then",
 			x.seed, n, lateFetchCommit, worst.Round(10*time.Microsecond))
 	}
 	return x.tally

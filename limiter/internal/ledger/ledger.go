@@ -65,7 +65,9 @@ type Config struct {
 	FetchInFlight time.Duration
 }
 
-// DefaultFetchInFlight is Config.FetchInFlight's default.
+// DefaultFetchInFlight is Config.FetchInFlight's default, the value the
+// limiter derives from its tolerances (local.LineFetchTolerance less
+// local.TakeFresh) and passes.
 const DefaultFetchInFlight = 10 * time.Millisecond
 
 // New returns a Ledger on cfg.
